@@ -1,0 +1,133 @@
+// mc2/group.h: communicators, symmetric memory and point-to-point messages.
+#ifndef MC2_GROUP_H_
+#define MC2_GROUP_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "mc2/work.h"
+
+namespace mc2 {
+
+namespace internal {
+class GroupImpl;
+struct SymmetricAllocation;
+}  // namespace internal
+
+class Group;
+
+// Settings of a world. Zero / empty fields take their value from the
+// environment (named beside each field), then from the default.
+struct WorldOptions {
+  // Per-operation timeout. MC2_TIMEOUT, default 300 s.
+  std::chrono::nanoseconds timeout{0};
+  // Bytes of symmetric heap per rank (in-process worlds only: under `mc2 run`
+  // the launcher's --heap / MC2_HEAP_BYTES sets it). Default 64 MiB.
+  size_t heap_bytes = 0;
+  // Deterministic reductions (bitwise identical for every algorithm):
+  // -1 = MC2_DETERMINISTIC (default on), 0 = off, 1 = on.
+  int deterministic = -1;
+};
+
+// Memory in the symmetric heap: allocated by every rank of a group with the
+// same size, addressable by all of them. Collectives on symmetric buffers run
+// zero-copy; one-sided Put/Get and signals work on them.
+//
+// Freeing is local and immediate: the caller must make sure no peer still
+// accesses the buffer (e.g. a Barrier after the last use). Move-only.
+class SymmetricBuffer {
+ public:
+  SymmetricBuffer() = default;
+  SymmetricBuffer(SymmetricBuffer&&) noexcept;
+  SymmetricBuffer& operator=(SymmetricBuffer&&) noexcept;
+  ~SymmetricBuffer();
+
+  void* data() const { return data_; }
+  size_t size() const { return bytes_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+
+ private:
+  friend class Group;
+  std::shared_ptr<internal::SymmetricAllocation> alloc_;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A communicator: an ordered set of ranks that run collectives together.
+//
+// Every collective on a group must be called by all its ranks in the same
+// order with matching arguments. Calls on one group must come from one thread
+// at a time. Groups are cheap handles: copies refer to the same group.
+class Group {
+ public:
+  Group() = default;
+
+  // The world of this process as set up by `mc2 run` (MC2_* environment).
+  // Throws mc2::Error(kInvalidArgument) when not launched by mc2, and the
+  // error of a failed set-up (kShmExhausted, kTimeout, kPeerDied) otherwise.
+  static Group FromEnv(const WorldOptions& options = {});
+  // True when this process was started by `mc2 run`.
+  static bool LaunchedByMc2();
+
+  // Runs `body(group)` on `size` threads, each a rank of a fresh in-process
+  // world, and returns when all have returned. If any throws, the world is
+  // aborted (the others' pending operations fail) and the first exception is
+  // rethrown here. For tests and single-process experiments.
+  static void RunInProcess(int size, const std::function<void(Group&)>& body,
+                           const WorldOptions& options = {});
+
+  bool valid() const { return impl_ != nullptr; }
+  int rank() const;
+  int size() const;
+  // The rank of this process in the world the group belongs to.
+  int world_rank() const;
+  // Per-operation timeout used by this group's operations.
+  std::chrono::nanoseconds timeout() const;
+  bool deterministic() const;
+
+  // Collective: splits this group into one group per `color`; ranks within
+  // a new group are ordered by (key, old rank). A negative color returns an
+  // invalid Group (the rank joins no new group).
+  Group Split(int color, int key) const;
+
+  // Collective: allocates `bytes` of symmetric memory on every rank (sizes
+  // must match). Throws kShmExhausted when the heap is full.
+  SymmetricBuffer AllocSymmetric(size_t bytes) const;
+  // Whether [ptr, ptr+bytes) lies in this rank's symmetric heap.
+  bool IsSymmetric(const void* ptr, size_t bytes) const;
+
+  // One-sided access to `peer`'s instance of `buffer` at byte `offset`.
+  // Synchronous: the copy is complete when the call returns.
+  void Put(const SymmetricBuffer& buffer, int peer, size_t offset, const void* src,
+           size_t bytes) const;
+  void Get(const SymmetricBuffer& buffer, int peer, size_t offset, void* dst,
+           size_t bytes) const;
+  // Signals: kNumSignals monotonically increasing 64-bit counters per rank.
+  // SignalAdd increments `peer`'s counter `slot` by `value` after all earlier
+  // Puts from this rank to `peer` are visible; WaitSignal blocks until this
+  // rank's counter `slot` reaches at least `value` (or the timeout/failure).
+  static constexpr int kNumSignals = 64;
+  void SignalAdd(int peer, int slot, uint64_t value) const;
+  void WaitSignal(int slot, uint64_t value) const;
+  uint64_t ReadSignal(int slot) const;
+
+  // Tagged point-to-point messages. A Send matches the Recv with the same
+  // (source, tag) posted in the same order; sizes must match exactly.
+  Work Send(const void* data, size_t bytes, int peer, int tag = 0) const;
+  Work Recv(void* data, size_t bytes, int peer, int tag = 0) const;
+
+  internal::GroupImpl* impl() const { return impl_.get(); }
+  explicit Group(std::shared_ptr<internal::GroupImpl> impl) : impl_(std::move(impl)) {}
+
+ private:
+  std::shared_ptr<internal::GroupImpl> impl_;
+};
+
+}  // namespace mc2
+
+#endif  // MC2_GROUP_H_

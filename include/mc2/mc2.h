@@ -1,0 +1,11 @@
+// mc2/mc2.h: the whole public API.
+#ifndef MC2_MC2_H_
+#define MC2_MC2_H_
+
+#include "mc2/collectives.h"
+#include "mc2/error.h"
+#include "mc2/group.h"
+#include "mc2/tensor.h"
+#include "mc2/work.h"
+
+#endif  // MC2_MC2_H_

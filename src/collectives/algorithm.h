@@ -1,0 +1,96 @@
+// Shared vocabulary of the collective algorithms: the validated arguments of
+// one call, and the helpers algorithms use to reach peers' data.
+//
+// Every algorithm is a "pull" schedule: a rank writes only its own output
+// (and its own heap), and reads peers' data either in place (when the peer's
+// buffer is in its symmetric heap) or from the peer's scratch, where the peer
+// staged it. Flags in the group's control area order these accesses.
+#ifndef MC2_COLLECTIVES_ALGORITHM_H_
+#define MC2_COLLECTIVES_ALGORITHM_H_
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "engine/group_impl.h"
+#include "mc2/collectives.h"
+
+namespace mc2::collectives {
+
+using internal::GroupImpl;
+using internal::OpContext;
+using internal::OpKind;
+
+struct CollArgs {
+  OpKind kind = OpKind::kBarrier;
+  const char* send = nullptr;
+  char* recv = nullptr;
+  size_t count = 0;  // elements: per rank block for gather/scatter/rs/a2a kinds
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = -1;
+  size_t esize = 4;
+  bool in_place = false;
+  bool deterministic = true;
+  // V variants (elements). all_gatherv / reduce_scatterv: counts, displs of
+  // every rank's block. all_to_allv: send/recv counts and displs.
+  std::vector<size_t> counts, displs;
+  std::vector<size_t> send_counts, send_displs, recv_counts, recv_displs;
+  // Bytes of this rank's send and recv buffers (for the symmetric test).
+  size_t send_bytes = 0, recv_bytes = 0;
+  // A private copy of the input that the call owns (in-place all-to-all).
+  std::shared_ptr<std::vector<char>> owned_send;
+};
+
+using AlgorithmFn = void (*)(OpContext&, const CollArgs&);
+
+// Runs `rounds` staged rounds on flag stream `stream`. In round k every rank
+// calls stage(k, half) to copy what peers will need into its scratch half
+// k % 2, publishes, waits for every member, then calls consume(k, half_off)
+// where half_off is the area-relative offset of half k % 2 (use g->Ptr(peer,
+// half_off) to read a peer's staged data). Halves are reused two rounds later
+// only after every peer has moved past them.
+void RunStagedRounds(OpContext& ctx, int stream, size_t rounds,
+                     const std::function<void(size_t k, char* my_half)>& stage,
+                     const std::function<void(size_t k, uint64_t half_off)>& consume);
+
+// Waits until every member's flag on `stream` reaches FlagValue(seq, step).
+void WaitAll(OpContext& ctx, int stream, uint64_t step);
+// Publishes FlagValue(seq, step) on `stream`.
+void PublishStep(OpContext& ctx, int stream, uint64_t step, size_t payload = 0);
+
+// Ends an operation whose peers may have read this rank's user buffers in
+// place: everyone publishes done, and a rank whose buffers were exposed
+// waits until every peer is done.
+void FinishOperation(OpContext& ctx, bool my_buffers_exposed);
+
+// Algorithms, one file each. A null entry means "not provided".
+struct AlgorithmTable {
+  AlgorithmFn fn[kNumAlgorithms][16] = {};  // [algorithm][OpKind]
+};
+const AlgorithmTable& Algorithms();
+// Adds the algorithms beyond direct/rabenseifner (registry.cc).
+void RegisterMoreAlgorithms(AlgorithmTable& table);
+
+// direct.cc
+// Whether a direct call's inputs are small enough to be staged in the inline
+// area before arrival; decided identically on every rank from arguments the
+// fingerprint checks. DirectInlineBytes: what each rank would stage.
+bool DirectInline(const CollArgs& a, int n);
+size_t DirectInlineBytes(const CollArgs& a, int n);
+void DirectAllReduce(OpContext&, const CollArgs&);
+void DirectReduce(OpContext&, const CollArgs&);
+void DirectBroadcast(OpContext&, const CollArgs&);
+void DirectAllGatherV(OpContext&, const CollArgs&);
+void DirectGather(OpContext&, const CollArgs&);
+void DirectScatter(OpContext&, const CollArgs&);
+void DirectReduceScatterV(OpContext&, const CollArgs&);
+void DirectAllToAllV(OpContext&, const CollArgs&);
+void DirectBarrier(OpContext&, const CollArgs&);
+// rabenseifner.cc
+void RabenseifnerAllReduce(OpContext&, const CollArgs&);
+
+}  // namespace mc2::collectives
+
+#endif  // MC2_COLLECTIVES_ALGORITHM_H_

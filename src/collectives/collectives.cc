@@ -1,0 +1,467 @@
+// The public collective calls: validate once, fingerprint, pick the
+// algorithm, and hand the call to the progress engine (the one dispatch
+// point for every collective).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "collectives/algorithm.h"
+#include "collectives/selector.h"
+#include "core/enforce.h"
+#include "core/log.h"
+
+namespace mc2 {
+
+namespace collectives {
+
+const AlgorithmTable& Algorithms() {
+  static const AlgorithmTable table = [] {
+    AlgorithmTable t;
+    auto set = [&](Algorithm a, OpKind k, AlgorithmFn f) {
+      t.fn[static_cast<int>(a)][static_cast<int>(k)] = f;
+    };
+    set(Algorithm::kDirect, OpKind::kAllReduce, DirectAllReduce);
+    set(Algorithm::kDirect, OpKind::kReduce, DirectReduce);
+    set(Algorithm::kDirect, OpKind::kBroadcast, DirectBroadcast);
+    set(Algorithm::kDirect, OpKind::kAllGather, DirectAllGatherV);
+    set(Algorithm::kDirect, OpKind::kAllGatherV, DirectAllGatherV);
+    set(Algorithm::kDirect, OpKind::kGather, DirectGather);
+    set(Algorithm::kDirect, OpKind::kScatter, DirectScatter);
+    set(Algorithm::kDirect, OpKind::kReduceScatter, DirectReduceScatterV);
+    set(Algorithm::kDirect, OpKind::kReduceScatterV, DirectReduceScatterV);
+    set(Algorithm::kDirect, OpKind::kAllToAll, DirectAllToAllV);
+    set(Algorithm::kDirect, OpKind::kAllToAllV, DirectAllToAllV);
+    set(Algorithm::kDirect, OpKind::kBarrier, DirectBarrier);
+    set(Algorithm::kRabenseifner, OpKind::kAllReduce, RabenseifnerAllReduce);
+    RegisterMoreAlgorithms(t);
+    return t;
+  }();
+  return table;
+}
+
+namespace {
+
+uint64_t HashCounts(const std::vector<size_t>& a, const std::vector<size_t>& b = {}) {
+  uint64_t h = 1469598103934665603ull;
+  for (auto* v : {&a, &b})
+    for (size_t x : *v) {
+      h ^= x;
+      h *= 1099511628211ull;
+    }
+  return h;
+}
+
+bool Overlap(const void* a, size_t an, const void* b, size_t bn) {
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return an && bn && x < y + bn && y < x + an;
+}
+
+void CheckCommon(const Group& g, const char* name, DType dtype) {
+  MC2_CHECK_ARG(g.valid(), "{}: the group is invalid (empty)", name);
+  MC2_CHECK_ARG(static_cast<int>(dtype) < kNumDTypes, "{}: dtype {} is not a valid mc2::DType",
+                name, static_cast<int>(dtype));
+}
+
+void CheckRoot(const Group& g, const char* name, int root) {
+  MC2_CHECK_ARG(root >= 0 && root < g.size(), "{}: root {} is out of range [0, {})", name, root,
+                g.size());
+}
+
+void CheckPtr(const char* name, const char* what, const void* p, size_t bytes) {
+  MC2_CHECK_ARG(p != nullptr || bytes == 0, "{}: {} is null but {} bytes are needed", name, what,
+                bytes);
+}
+
+Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t select_bytes) {
+  GroupImpl* gi = g.impl();
+  const int n = gi->size();
+  a.esize = DTypeSize(a.dtype);
+  a.deterministic = gi->world().deterministic;
+  Algorithm algo = collectives::SelectAlgorithm(a.kind, opts.algorithm, n, select_bytes);
+  AlgorithmFn fn = Algorithms().fn[static_cast<int>(algo)][static_cast<int>(a.kind)];
+  MC2_ENFORCE(fn != nullptr, "no implementation of {} for {}", AlgorithmName(algo),
+              internal::OpKindName(a.kind));
+
+  internal::Fingerprint fp;
+  fp.kind = static_cast<uint16_t>(a.kind);
+  fp.dtype = static_cast<uint8_t>(a.dtype);
+  fp.op = static_cast<uint8_t>(a.op);
+  fp.root = a.root;
+  fp.count = a.count;
+  if (a.kind == OpKind::kAllGatherV || a.kind == OpKind::kReduceScatterV)
+    fp.aux = HashCounts(a.counts, a.displs);
+  // Algorithms may differ across ranks only if the user forces different
+  // ones; record the choice so such a mix is reported, not run.
+  fp.aux ^= static_cast<uint64_t>(algo) << 56;
+
+  // What the peers may read in place: reducing collectives never expose an
+  // in-place buffer (it is overwritten while others still read it).
+  bool reducing = a.kind == OpKind::kAllReduce || a.kind == OpKind::kReduce;
+  const void* expose_send = (a.in_place && reducing) ? nullptr : a.send;
+  if (a.kind == OpKind::kAllGather || a.kind == OpKind::kAllGatherV ||
+      a.kind == OpKind::kGather) {
+    if (a.in_place) expose_send = a.recv + a.displs[gi->rank()] * a.esize;
+  }
+  if (a.kind == OpKind::kBroadcast && a.in_place) expose_send = a.recv;
+  if (a.kind == OpKind::kScatter && a.in_place) expose_send = a.send;
+  size_t expose_bytes = a.send_bytes;
+  if (a.kind == OpKind::kAllGather || a.kind == OpKind::kAllGatherV || a.kind == OpKind::kGather)
+    expose_bytes = a.counts[gi->rank()] * a.esize;
+  const void* expose_recv = a.recv;
+
+  bool small = select_bytes <= 4096;
+  auto timeout = opts.timeout;
+  return gi->Submit(
+      internal::OpKindName(a.kind), small,
+      [a = std::move(a), fn, algo, fp, expose_send, expose_bytes, expose_recv, timeout,
+       n](OpContext& ctx) {
+        GroupImpl* g = ctx.g;
+        if (timeout.count() > 0) ctx.deadline = internal::Clock::now() + timeout;
+        ctx.work->SetAlgorithm(AlgorithmName(algo));
+        MC2_LOG(kDebug, "{} #{}: {} count={} dtype={} on {} ranks", ctx.name, ctx.seq,
+                AlgorithmName(algo), a.count, DTypeName(a.dtype), n);
+        // Stage what travels with the arrival handshake.
+        char* inl = g->Ptr(g->rank(), g->InlineOff(ctx.seq));
+        bool exposed = expose_send && g->HeapOffset(expose_send, expose_bytes) != internal::kPrivate;
+        if (algo == Algorithm::kDirect && DirectInline(a, n) && !exposed) {
+          size_t b = DirectInlineBytes(a, n);
+          const char* src = static_cast<const char*>(expose_send);
+          if (a.kind == OpKind::kAllReduce || a.kind == OpKind::kReduce ||
+              a.kind == OpKind::kReduceScatter || a.kind == OpKind::kReduceScatterV)
+            src = a.send;
+          if (a.kind == OpKind::kAllGather || a.kind == OpKind::kAllGatherV ||
+              a.kind == OpKind::kGather) {
+            src = a.in_place ? a.recv + a.displs[g->rank()] * a.esize : a.send;
+            b = a.counts[g->rank()] * a.esize;
+          }
+          bool stages = true;
+          if (a.kind == OpKind::kBroadcast || a.kind == OpKind::kScatter)
+            stages = g->rank() == a.root;
+          if (stages && b) std::memcpy(inl, src, b);
+        }
+        if (a.kind == OpKind::kAllToAllV || a.kind == OpKind::kAllToAll) {
+          auto* t = reinterpret_cast<uint64_t*>(inl);
+          for (int r = 0; r < n; ++r) {
+            t[r] = a.send_counts[r];
+            t[n + r] = a.send_displs[r];
+          }
+        }
+        g->Arrive(ctx, fp, exposed ? expose_send : nullptr, expose_bytes, expose_recv,
+                  a.recv_bytes);
+        fn(ctx, a);
+      });
+}
+
+std::vector<size_t> Packed(const std::vector<size_t>& counts) {
+  std::vector<size_t> d(counts.size());
+  std::exclusive_scan(counts.begin(), counts.end(), d.begin(), size_t{0});
+  return d;
+}
+
+}  // namespace
+}  // namespace collectives
+
+using collectives::CollArgs;
+using collectives::CheckCommon;
+using collectives::CheckPtr;
+using collectives::CheckRoot;
+using collectives::Launch;
+using internal::OpKind;
+
+Work AllReduce(const Group& g, const void* send, void* recv, size_t count, DType dtype,
+               ReduceOp op, const CollectiveOptions& opts) {
+  CheckCommon(g, "all_reduce", dtype);
+  MC2_CHECK_ARG(IsValidReduction(dtype, op), "all_reduce: op {} is not defined for dtype {}",
+                ReduceOpName(op), DTypeName(dtype));
+  size_t bytes = count * DTypeSize(dtype);
+  CheckPtr("all_reduce", "send", send, bytes);
+  CheckPtr("all_reduce", "recv", recv, bytes);
+  MC2_CHECK_ARG(send == recv || !collectives::Overlap(send, bytes, recv, bytes),
+                "all_reduce: send and recv overlap without being the same buffer");
+  CollArgs a;
+  a.kind = OpKind::kAllReduce;
+  a.send = static_cast<const char*>(send);
+  a.recv = static_cast<char*>(recv);
+  a.count = count;
+  a.dtype = dtype;
+  a.op = op;
+  a.in_place = send == recv;
+  a.send_bytes = a.recv_bytes = bytes;
+  return Launch(g, std::move(a), opts, bytes);
+}
+
+Work Reduce(const Group& g, const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+            int root, const CollectiveOptions& opts) {
+  CheckCommon(g, "reduce", dtype);
+  CheckRoot(g, "reduce", root);
+  MC2_CHECK_ARG(IsValidReduction(dtype, op), "reduce: op {} is not defined for dtype {}",
+                ReduceOpName(op), DTypeName(dtype));
+  size_t bytes = count * DTypeSize(dtype);
+  bool is_root = g.rank() == root;
+  CheckPtr("reduce", "send", send, bytes);
+  if (is_root) CheckPtr("reduce", "recv", recv, bytes);
+  MC2_CHECK_ARG(!is_root || send == recv || !collectives::Overlap(send, bytes, recv, bytes),
+                "reduce: send and recv overlap without being the same buffer");
+  CollArgs a;
+  a.kind = OpKind::kReduce;
+  a.send = static_cast<const char*>(send);
+  a.recv = is_root ? static_cast<char*>(recv) : nullptr;
+  a.count = count;
+  a.dtype = dtype;
+  a.op = op;
+  a.root = root;
+  a.in_place = is_root && send == recv;
+  a.send_bytes = bytes;
+  a.recv_bytes = is_root ? bytes : 0;
+  return Launch(g, std::move(a), opts, bytes);
+}
+
+Work Broadcast(const Group& g, const void* send, void* recv, size_t count, DType dtype, int root,
+               const CollectiveOptions& opts) {
+  CheckCommon(g, "broadcast", dtype);
+  CheckRoot(g, "broadcast", root);
+  size_t bytes = count * DTypeSize(dtype);
+  bool is_root = g.rank() == root;
+  if (is_root) CheckPtr("broadcast", "send", send, bytes);
+  CheckPtr("broadcast", "recv", recv, bytes);
+  MC2_CHECK_ARG(!is_root || send == recv || !collectives::Overlap(send, bytes, recv, bytes),
+                "broadcast: send and recv overlap without being the same buffer");
+  CollArgs a;
+  a.kind = OpKind::kBroadcast;
+  a.send = is_root ? static_cast<const char*>(send) : nullptr;
+  a.recv = static_cast<char*>(recv);
+  a.count = count;
+  a.dtype = dtype;
+  a.root = root;
+  a.in_place = is_root && send == recv;
+  a.send_bytes = is_root ? bytes : 0;
+  a.recv_bytes = bytes;
+  return Launch(g, std::move(a), opts, bytes);
+}
+
+namespace {
+Work GatherLike(const Group& g, OpKind kind, const char* name, const void* send, void* recv,
+                std::vector<size_t> counts, std::vector<size_t> displs, DType dtype, int root,
+                const CollectiveOptions& opts) {
+  CheckCommon(g, name, dtype);
+  int n = g.size();
+  MC2_CHECK_ARG(static_cast<int>(counts.size()) == n, "{}: {} counts given for {} ranks", name,
+                counts.size(), n);
+  if (displs.empty()) displs = collectives::Packed(counts);
+  MC2_CHECK_ARG(static_cast<int>(displs.size()) == n, "{}: {} displacements given for {} ranks",
+                name, displs.size(), n);
+  size_t e = DTypeSize(dtype);
+  bool receives = root < 0 || g.rank() == root;
+  size_t span = 0;
+  for (int r = 0; r < n; ++r) span = std::max(span, displs[r] + counts[r]);
+  for (int r = 0; r < n && receives; ++r)
+    for (int q = r + 1; q < n; ++q)
+      MC2_CHECK_ARG(!collectives::Overlap(reinterpret_cast<void*>(displs[r] * e + 1), counts[r] * e,
+                                          reinterpret_cast<void*>(displs[q] * e + 1), counts[q] * e),
+                    "{}: the output blocks of ranks {} and {} overlap", name, r, q);
+  size_t mine = counts[g.rank()] * e;
+  char* recvc = static_cast<char*>(recv);
+  bool in_place = receives && send == recvc + displs[g.rank()] * e;
+  if (!in_place) CheckPtr(name, "send", send, mine);
+  if (receives) CheckPtr(name, "recv", recv, span * e);
+  MC2_CHECK_ARG(in_place || !receives || !collectives::Overlap(send, mine, recv, span * e),
+                "{}: send overlaps recv without being this rank's block of it (in place)", name);
+  CollArgs a;
+  a.kind = kind;
+  a.send = static_cast<const char*>(send);
+  a.recv = receives ? recvc : nullptr;
+  a.count = kind == OpKind::kAllGatherV ? 0 : counts[0];
+  a.dtype = dtype;
+  a.root = root;
+  a.in_place = in_place;
+  a.counts = std::move(counts);
+  a.displs = std::move(displs);
+  a.send_bytes = mine;
+  a.recv_bytes = receives ? span * e : 0;
+  size_t maxb = *std::max_element(a.counts.begin(), a.counts.end()) * e;
+  return Launch(g, std::move(a), opts, maxb);
+}
+}  // namespace
+
+Work AllGather(const Group& g, const void* send, void* recv, size_t count, DType dtype,
+               const CollectiveOptions& opts) {
+  MC2_CHECK_ARG(g.valid(), "all_gather: the group is invalid (empty)");
+  return GatherLike(g, OpKind::kAllGather, "all_gather", send, recv,
+                    std::vector<size_t>(g.size(), count), {}, dtype, -1, opts);
+}
+
+Work AllGatherV(const Group& g, const void* send, void* recv, std::span<const size_t> counts,
+                std::span<const size_t> displs, DType dtype, const CollectiveOptions& opts) {
+  return GatherLike(g, OpKind::kAllGatherV, "all_gatherv", send, recv,
+                    {counts.begin(), counts.end()}, {displs.begin(), displs.end()}, dtype, -1,
+                    opts);
+}
+
+Work Gather(const Group& g, const void* send, void* recv, size_t count, DType dtype, int root,
+            const CollectiveOptions& opts) {
+  MC2_CHECK_ARG(g.valid(), "gather: the group is invalid (empty)");
+  CheckRoot(g, "gather", root);
+  return GatherLike(g, OpKind::kGather, "gather", send, recv,
+                    std::vector<size_t>(g.size(), count), {}, dtype, root, opts);
+}
+
+Work Scatter(const Group& g, const void* send, void* recv, size_t count, DType dtype, int root,
+             const CollectiveOptions& opts) {
+  CheckCommon(g, "scatter", dtype);
+  CheckRoot(g, "scatter", root);
+  size_t e = DTypeSize(dtype), bytes = count * e;
+  bool is_root = g.rank() == root;
+  const char* sendc = static_cast<const char*>(send);
+  bool in_place = is_root && recv == sendc + root * bytes;
+  if (is_root) CheckPtr("scatter", "send", send, bytes * g.size());
+  CheckPtr("scatter", "recv", recv, bytes);
+  MC2_CHECK_ARG(!is_root || in_place || !collectives::Overlap(send, bytes * g.size(), recv, bytes),
+                "scatter: recv overlaps send without being the root's block of it (in place)");
+  CollArgs a;
+  a.kind = OpKind::kScatter;
+  a.send = is_root ? sendc : nullptr;
+  a.recv = static_cast<char*>(recv);
+  a.count = count;
+  a.dtype = dtype;
+  a.root = root;
+  a.in_place = in_place;
+  a.send_bytes = is_root ? bytes * g.size() : 0;
+  a.recv_bytes = bytes;
+  return Launch(g, std::move(a), opts, bytes);
+}
+
+Work ReduceScatterV(const Group& g, const void* send, void* recv, std::span<const size_t> counts,
+                    DType dtype, ReduceOp op, const CollectiveOptions& opts) {
+  CheckCommon(g, "reduce_scatterv", dtype);
+  MC2_CHECK_ARG(IsValidReduction(dtype, op), "reduce_scatter: op {} is not defined for dtype {}",
+                ReduceOpName(op), DTypeName(dtype));
+  int n = g.size();
+  MC2_CHECK_ARG(static_cast<int>(counts.size()) == n, "reduce_scatterv: {} counts for {} ranks",
+                counts.size(), n);
+  std::vector<size_t> c(counts.begin(), counts.end());
+  auto d = collectives::Packed(c);
+  size_t e = DTypeSize(dtype);
+  size_t total = d[n - 1] + c[n - 1];
+  const char* sendc = static_cast<const char*>(send);
+  bool in_place = recv == sendc + d[g.rank()] * e;
+  CheckPtr("reduce_scatter", "send", send, total * e);
+  CheckPtr("reduce_scatter", "recv", recv, c[g.rank()] * e);
+  MC2_CHECK_ARG(in_place || !collectives::Overlap(send, total * e, recv, c[g.rank()] * e),
+                "reduce_scatter: recv overlaps send without being this rank's block (in place)");
+  CollArgs a;
+  a.kind = OpKind::kReduceScatterV;
+  a.send = sendc;
+  a.recv = static_cast<char*>(recv);
+  a.dtype = dtype;
+  a.op = op;
+  a.in_place = in_place;
+  a.counts = std::move(c);
+  a.displs = std::move(d);
+  a.send_bytes = total * e;
+  a.recv_bytes = a.counts[g.rank()] * e;
+  size_t maxb = *std::max_element(a.counts.begin(), a.counts.end()) * e;
+  return Launch(g, std::move(a), opts, maxb * n);
+}
+
+Work ReduceScatter(const Group& g, const void* send, void* recv, size_t count, DType dtype,
+                   ReduceOp op, const CollectiveOptions& opts) {
+  MC2_CHECK_ARG(g.valid(), "reduce_scatter: the group is invalid (empty)");
+  std::vector<size_t> counts(g.size(), count);
+  // Same implementation; kind differs only for the fingerprint and tables.
+  CheckCommon(g, "reduce_scatter", dtype);
+  MC2_CHECK_ARG(IsValidReduction(dtype, op), "reduce_scatter: op {} is not defined for dtype {}",
+                ReduceOpName(op), DTypeName(dtype));
+  int n = g.size();
+  size_t e = DTypeSize(dtype);
+  const char* sendc = static_cast<const char*>(send);
+  bool in_place = recv == sendc + g.rank() * count * e;
+  CheckPtr("reduce_scatter", "send", send, count * n * e);
+  CheckPtr("reduce_scatter", "recv", recv, count * e);
+  MC2_CHECK_ARG(in_place || !collectives::Overlap(send, count * n * e, recv, count * e),
+                "reduce_scatter: recv overlaps send without being this rank's block (in place)");
+  CollArgs a;
+  a.kind = OpKind::kReduceScatter;
+  a.send = sendc;
+  a.recv = static_cast<char*>(recv);
+  a.count = count;
+  a.dtype = dtype;
+  a.op = op;
+  a.in_place = in_place;
+  a.counts = std::move(counts);
+  a.displs = collectives::Packed(a.counts);
+  a.send_bytes = count * n * e;
+  a.recv_bytes = count * e;
+  return Launch(g, std::move(a), opts, count * n * e);
+}
+
+Work AllToAllV(const Group& g, const void* send, std::span<const size_t> send_counts,
+               std::span<const size_t> send_displs, void* recv,
+               std::span<const size_t> recv_counts, std::span<const size_t> recv_displs,
+               DType dtype, const CollectiveOptions& opts) {
+  CheckCommon(g, "all_to_allv", dtype);
+  int n = g.size();
+  MC2_CHECK_ARG(static_cast<int>(send_counts.size()) == n &&
+                    static_cast<int>(recv_counts.size()) == n,
+                "all_to_allv: need {} send and recv counts", n);
+  MC2_CHECK_ARG(n <= 512, "all_to_allv: groups of more than 512 ranks are not supported");
+  std::vector<size_t> sc(send_counts.begin(), send_counts.end());
+  std::vector<size_t> rc(recv_counts.begin(), recv_counts.end());
+  std::vector<size_t> sd = send_displs.empty() ? collectives::Packed(sc)
+                                               : std::vector<size_t>(send_displs.begin(), send_displs.end());
+  std::vector<size_t> rd = recv_displs.empty() ? collectives::Packed(rc)
+                                               : std::vector<size_t>(recv_displs.begin(), recv_displs.end());
+  MC2_CHECK_ARG(static_cast<int>(sd.size()) == n && static_cast<int>(rd.size()) == n,
+                "all_to_allv: need {} send and recv displacements", n);
+  MC2_CHECK_ARG(sc[g.rank()] == rc[g.rank()],
+                "all_to_allv: this rank sends itself {} elements but expects {}", sc[g.rank()],
+                rc[g.rank()]);
+  size_t e = DTypeSize(dtype), sspan = 0, rspan = 0;
+  for (int r = 0; r < n; ++r) {
+    sspan = std::max(sspan, sd[r] + sc[r]);
+    rspan = std::max(rspan, rd[r] + rc[r]);
+  }
+  CheckPtr("all_to_allv", "send", send, sspan * e);
+  CheckPtr("all_to_allv", "recv", recv, rspan * e);
+  CollArgs a;
+  a.kind = OpKind::kAllToAllV;
+  a.in_place = send == recv;
+  MC2_CHECK_ARG(a.in_place || !collectives::Overlap(send, sspan * e, recv, rspan * e),
+                "all_to_allv: send and recv overlap without being the same buffer");
+  // In place, blocks would be overwritten before they are sent: work from a
+  // private copy of the input (documented cost of in-place all-to-all).
+  if (a.in_place) {
+    a.owned_send = std::make_shared<std::vector<char>>(static_cast<const char*>(send),
+                                                       static_cast<const char*>(send) + sspan * e);
+    send = a.owned_send->data();
+  }
+  a.send = static_cast<const char*>(send);
+  a.recv = static_cast<char*>(recv);
+  a.dtype = dtype;
+  a.send_counts = std::move(sc);
+  a.send_displs = std::move(sd);
+  a.recv_counts = std::move(rc);
+  a.recv_displs = std::move(rd);
+  a.send_bytes = a.in_place ? 0 : sspan * e;
+  a.recv_bytes = rspan * e;
+  size_t maxb = 0;
+  for (size_t c : a.send_counts) maxb = std::max(maxb, c * e);
+  return Launch(g, std::move(a), opts, maxb * n);
+}
+
+Work AllToAll(const Group& g, const void* send, void* recv, size_t count, DType dtype,
+              const CollectiveOptions& opts) {
+  MC2_CHECK_ARG(g.valid(), "all_to_all: the group is invalid (empty)");
+  std::vector<size_t> c(g.size(), count);
+  return AllToAllV(g, send, c, {}, recv, c, {}, dtype, opts);
+}
+
+Work Barrier(const Group& g, const CollectiveOptions& opts) {
+  MC2_CHECK_ARG(g.valid(), "barrier: the group is invalid (empty)");
+  CollArgs a;
+  a.kind = OpKind::kBarrier;
+  return Launch(g, std::move(a), opts, 0);
+}
+
+}  // namespace mc2

@@ -1,0 +1,40 @@
+// Flag and staging helpers shared by the algorithms.
+#include <algorithm>
+
+#include "collectives/algorithm.h"
+
+namespace mc2::collectives {
+
+void WaitAll(OpContext& ctx, int stream, uint64_t step) {
+  GroupImpl* g = ctx.g;
+  uint64_t v = GroupImpl::FlagValue(ctx.seq, step);
+  for (int r = 0; r < g->size(); ++r)
+    if (r != g->rank()) g->WaitFlag(ctx, r, GroupImpl::StepOff(stream), v);
+}
+
+void PublishStep(OpContext& ctx, int stream, uint64_t step, size_t payload) {
+  ctx.g->Publish(GroupImpl::StepOff(stream), GroupImpl::FlagValue(ctx.seq, step), payload);
+}
+
+void RunStagedRounds(OpContext& ctx, int stream, size_t rounds,
+                     const std::function<void(size_t k, char* my_half)>& stage,
+                     const std::function<void(size_t k, uint64_t half_off)>& consume) {
+  GroupImpl* g = ctx.g;
+  for (size_t k = 0; k < rounds; ++k) {
+    // Half k % 2 was last read in round k - 2; a peer that staged round
+    // k - 1 has finished consuming round k - 2.
+    if (k >= 2) WaitAll(ctx, stream, k);
+    uint64_t half_off = g->ScratchOff(static_cast<int>(k % 2));
+    stage(k, g->Ptr(g->rank(), half_off));
+    PublishStep(ctx, stream, k + 1);
+    WaitAll(ctx, stream, k + 1);
+    consume(k, half_off);
+  }
+}
+
+void FinishOperation(OpContext& ctx, bool my_buffers_exposed) {
+  ctx.g->FinishReads(ctx);
+  if (my_buffers_exposed) ctx.g->WaitReadersDone(ctx);
+}
+
+}  // namespace mc2::collectives

@@ -1,0 +1,126 @@
+#include "core/env.h"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+
+#include "mc2/error.h"
+
+namespace mc2::core {
+namespace {
+
+[[noreturn]] void Bad(std::string_view what, std::string_view text, std::string_view form) {
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("{}='{}' is invalid: expected {}", what, text, form));
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+// Splits "1.5G" into 1.5 and "G". Returns false if there is no leading number.
+bool SplitNumber(std::string_view s, double* value, std::string_view* unit) {
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == 0) return false;
+  std::string num(s.substr(0, i));
+  char* end = nullptr;
+  *value = std::strtod(num.c_str(), &end);
+  if (end != num.c_str() + num.size() || !std::isfinite(*value)) return false;
+  *unit = Trim(s.substr(i));
+  return true;
+}
+
+std::string Lower(std::string_view s) {
+  std::string r(s);
+  for (auto& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return r;
+}
+
+}  // namespace
+
+size_t ParseBytes(std::string_view text, std::string_view what) {
+  constexpr std::string_view kForm = "a byte count such as 1048576, 64K, 256M or 2G";
+  double v;
+  std::string_view unit;
+  if (!SplitNumber(Trim(text), &v, &unit)) Bad(what, text, kForm);
+  std::string u = Lower(unit);
+  double mult;
+  if (u.empty() || u == "b") mult = 1;
+  else if (u == "k" || u == "kb" || u == "kib") mult = 1024.0;
+  else if (u == "m" || u == "mb" || u == "mib") mult = 1024.0 * 1024;
+  else if (u == "g" || u == "gb" || u == "gib") mult = 1024.0 * 1024 * 1024;
+  else if (u == "t" || u == "tb" || u == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
+  else Bad(what, text, kForm);
+  double bytes = v * mult;
+  if (bytes > 9.0e18 || bytes != std::floor(bytes)) Bad(what, text, kForm);
+  return static_cast<size_t>(bytes);
+}
+
+std::chrono::nanoseconds ParseDuration(std::string_view text, std::string_view what) {
+  constexpr std::string_view kForm =
+      "a positive duration such as 300 (seconds), 1.5s, 250ms, 10us or 5m";
+  double v;
+  std::string_view unit;
+  if (!SplitNumber(Trim(text), &v, &unit)) Bad(what, text, kForm);
+  std::string u = Lower(unit);
+  double ns;
+  if (u.empty() || u == "s") ns = v * 1e9;
+  else if (u == "ms") ns = v * 1e6;
+  else if (u == "us") ns = v * 1e3;
+  else if (u == "ns") ns = v;
+  else if (u == "m" || u == "min") ns = v * 60e9;
+  else if (u == "h") ns = v * 3600e9;
+  else Bad(what, text, kForm);
+  if (!(ns >= 1) || ns > 9.0e18) Bad(what, text, kForm);
+  return std::chrono::nanoseconds(static_cast<int64_t>(ns));
+}
+
+bool ParseBool(std::string_view text, std::string_view what) {
+  std::string t = Lower(Trim(text));
+  if (t == "1" || t == "true" || t == "yes" || t == "on") return true;
+  if (t == "0" || t == "false" || t == "no" || t == "off") return false;
+  Bad(what, text, "one of 1, 0, true, false, yes, no, on, off");
+}
+
+long ParseInt(std::string_view text, std::string_view what, long lo, long hi) {
+  std::string_view t = Trim(text);
+  long v = 0;
+  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  if (ec != std::errc() || p != t.data() + t.size() || v < lo || v > hi)
+    Bad(what, text, fmt::format("an integer in [{}, {}]", lo, hi));
+  return v;
+}
+
+std::optional<std::string> GetEnv(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+size_t EnvBytes(const char* name, size_t dflt) {
+  auto v = GetEnv(name);
+  return v ? ParseBytes(*v, name) : dflt;
+}
+
+std::chrono::nanoseconds EnvDuration(const char* name, std::chrono::nanoseconds dflt) {
+  auto v = GetEnv(name);
+  return v ? ParseDuration(*v, name) : dflt;
+}
+
+bool EnvBool(const char* name, bool dflt) {
+  auto v = GetEnv(name);
+  return v ? ParseBool(*v, name) : dflt;
+}
+
+long EnvInt(const char* name, long dflt, long lo, long hi) {
+  auto v = GetEnv(name);
+  return v ? ParseInt(*v, name, lo, hi) : dflt;
+}
+
+}  // namespace mc2::core

@@ -1,0 +1,37 @@
+// Parsing of configuration strings (environment variables and options).
+//
+// Every parser either returns a value or throws mc2::Error(kInvalidArgument)
+// whose message names the variable or option, the offending text and the
+// accepted form -- a bad MC2_* variable never crashes and is never ignored.
+#ifndef MC2_CORE_ENV_H_
+#define MC2_CORE_ENV_H_
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace mc2::core {
+
+// "1048576", "64K", "256M", "1G", "1.5G", "512MiB", "2GB" (K/M/G/T are
+// binary: 1K = 1024). `what` names the source for error messages.
+size_t ParseBytes(std::string_view text, std::string_view what);
+// "300" (seconds), "1.5s", "250ms", "10us", "5m". Must be > 0.
+std::chrono::nanoseconds ParseDuration(std::string_view text, std::string_view what);
+// "1/0", "true/false", "yes/no", "on/off".
+bool ParseBool(std::string_view text, std::string_view what);
+// A non-negative integer in [lo, hi].
+long ParseInt(std::string_view text, std::string_view what, long lo, long hi);
+
+// The raw value of an environment variable, or nullopt when unset or empty.
+std::optional<std::string> GetEnv(const char* name);
+// Typed getters: the default when unset; throws naming `name` when invalid.
+size_t EnvBytes(const char* name, size_t dflt);
+std::chrono::nanoseconds EnvDuration(const char* name, std::chrono::nanoseconds dflt);
+bool EnvBool(const char* name, bool dflt);
+long EnvInt(const char* name, long dflt, long lo, long hi);
+
+}  // namespace mc2::core
+
+#endif  // MC2_CORE_ENV_H_

@@ -1,0 +1,400 @@
+// The public Group API: world set-up, Split, symmetric memory, one-sided
+// access, signals and point-to-point messages.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <thread>
+#include <utility>
+
+#include "core/enforce.h"
+#include "core/env.h"
+#include "core/log.h"
+#include "engine/group_impl.h"
+#include "mc2/group.h"
+
+namespace mc2 {
+namespace internal {
+
+struct SymmetricAllocation {
+  std::shared_ptr<World> world;
+  const GroupImpl* group = nullptr;  // identity only: Put/Get check it
+  std::vector<uint64_t> offsets;     // heap offset on each member
+  int rank = 0;
+  size_t bytes = 0;
+  ~SymmetricAllocation() { world->heap->Free(offsets[rank]); }
+};
+
+namespace {
+
+std::shared_ptr<World> MakeWorld(std::unique_ptr<transport::Transport> tx,
+                                 const WorldOptions& options) {
+  auto world = std::make_shared<World>();
+  world->timeout = options.timeout.count() > 0
+                       ? options.timeout
+                       : core::EnvDuration("MC2_TIMEOUT", std::chrono::seconds(300));
+  world->deterministic = options.deterministic >= 0 ? options.deterministic != 0
+                                                    : core::EnvBool("MC2_DETERMINISTIC", true);
+  world->heap = std::make_unique<engine::HeapAllocator>(transport::kHeapHeaderBytes,
+                                                        tx->HeapBytes());
+  world->transport = std::move(tx);
+  World* raw = world.get();
+  world->engine = std::make_unique<engine::ProgressEngine>([raw](const std::exception_ptr& ep) {
+    try {
+      std::rethrow_exception(ep);
+    } catch (const Error& e) {
+      raw->transport->Abort(e);
+    } catch (const std::exception& e) {
+      raw->transport->Abort(Error(ErrorCode::kInternal, e.what()));
+    } catch (...) {
+      raw->transport->Abort(Error(ErrorCode::kInternal, "unknown exception"));
+    }
+  });
+  return world;
+}
+
+// The world group's control area is the first allocation of every heap, so
+// its offset is the same on every rank without any exchange.
+std::shared_ptr<GroupImpl> MakeWorldGroup(std::shared_ptr<World> world) {
+  int size = world->transport->size();
+  int rank = world->transport->rank();
+  size_t scratch = GroupImpl::DefaultScratchBytes();
+  size_t need = GroupImpl::AreaBytes(size, scratch);
+  auto off = world->heap->Allocate(need);
+  if (!off)
+    throw Error(ErrorCode::kShmExhausted,
+                fmt::format("the symmetric heap ({} bytes per rank) cannot hold the world "
+                            "group's {} bytes of control area and scratch; raise "
+                            "MC2_HEAP_BYTES / --heap or lower MC2_SCRATCH_BYTES",
+                            world->transport->HeapBytes(), need),
+                rank, "init");
+  std::vector<int> members(size);
+  std::iota(members.begin(), members.end(), 0);
+  auto g = std::make_shared<GroupImpl>(std::move(world), std::move(members), rank,
+                                       std::vector<uint64_t>(size, *off), scratch);
+  // The first operation doubles as the start-up barrier.
+  g->RunSync("init", [](OpContext& ctx) {
+    Fingerprint fp;
+    fp.kind = static_cast<uint16_t>(OpKind::kInit);
+    fp.count = static_cast<uint64_t>(ctx.g->size());
+    ctx.g->Arrive(ctx, fp, nullptr, 0, nullptr, 0);
+  });
+  return g;
+}
+
+Fingerprint ExchangeFingerprint(uint64_t what, uint64_t count) {
+  Fingerprint fp;
+  fp.kind = static_cast<uint16_t>(OpKind::kExchange);
+  fp.aux = what;
+  fp.count = count;
+  return fp;
+}
+
+}  // namespace
+}  // namespace internal
+
+using internal::Fingerprint;
+using internal::GroupImpl;
+using internal::OpContext;
+using internal::OpKind;
+
+Group Group::FromEnv(const WorldOptions& options) {
+  auto tx = transport::CreateTransportFromEnv();
+  return Group(internal::MakeWorldGroup(internal::MakeWorld(std::move(tx), options)));
+}
+
+bool Group::LaunchedByMc2() { return transport::LaunchedByMc2(); }
+
+void Group::RunInProcess(int size, const std::function<void(Group&)>& body,
+                         const WorldOptions& options) {
+  size_t heap = options.heap_bytes ? options.heap_bytes : size_t{64} << 20;
+  auto txs = transport::CreateInProcessTransports(size, heap);
+  std::mutex mu;
+  std::exception_ptr first;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r, tx = std::move(txs[r])]() mutable {
+      std::shared_ptr<internal::World> world;
+      auto record = [&](std::exception_ptr ep, const Error& e) {
+        // Abort so that the other ranks' pending operations fail promptly.
+        if (world) world->transport->Abort(e);
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first) first = ep;
+      };
+      try {
+        world = internal::MakeWorld(std::move(tx), options);
+        Group g(internal::MakeWorldGroup(world));
+        body(g);
+      } catch (const Error& e) {
+        record(std::current_exception(), e);
+      } catch (const std::exception& e) {
+        record(std::current_exception(),
+               Error(ErrorCode::kInternal, fmt::format("rank {} threw: {}", r, e.what())));
+      } catch (...) {
+        record(std::current_exception(),
+               Error(ErrorCode::kInternal, fmt::format("rank {} threw", r)));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+int Group::rank() const { return impl_->rank(); }
+int Group::size() const { return impl_->size(); }
+int Group::world_rank() const { return impl_->world_rank(impl_->rank()); }
+std::chrono::nanoseconds Group::timeout() const { return impl_->world().timeout; }
+bool Group::deterministic() const { return impl_->world().deterministic; }
+
+Group Group::Split(int color, int key) const {
+  MC2_CHECK_ARG(impl_, "Split on an invalid (empty) group");
+  GroupImpl* g = impl_.get();
+  int n = g->size();
+  struct Entry {
+    int32_t color;
+    int32_t key;
+  };
+  std::vector<Entry> all(n);
+  g->RunSync("split", [&](OpContext& ctx) {
+    g->Arrive(ctx, internal::ExchangeFingerprint(1, 0), nullptr, 0, nullptr, 0);
+    Entry mine{color, key};
+    g->ExchangeInline(ctx, &mine, sizeof(mine), all.data());
+  });
+  std::vector<int> order;  // old group ranks in the new group, sorted
+  for (int r = 0; r < n; ++r)
+    if (all[r].color == color && color >= 0) order.push_back(r);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return all[a].key < all[b].key; });
+  int new_size = static_cast<int>(order.size());
+  size_t scratch = GroupImpl::DefaultScratchBytes();
+  uint64_t mine = internal::kPrivate;
+  if (color >= 0) {
+    if (auto off = g->world().heap->Allocate(GroupImpl::AreaBytes(new_size, scratch))) mine = *off;
+  }
+  std::vector<uint64_t> offs(n);
+  g->RunSync("split", [&](OpContext& ctx) {
+    g->Arrive(ctx, internal::ExchangeFingerprint(2, 0), nullptr, 0, nullptr, 0);
+    g->ExchangeInline(ctx, &mine, sizeof(mine), offs.data());
+  });
+  if (color < 0) return Group();
+  std::vector<int> members;
+  std::vector<uint64_t> areas;
+  int new_rank = -1;
+  std::string failed;
+  for (int i = 0; i < new_size; ++i) {
+    int r = order[i];
+    if (r == g->rank()) new_rank = i;
+    members.push_back(g->world_rank(r));
+    areas.push_back(offs[r]);
+    if (offs[r] == internal::kPrivate) failed += fmt::format(" {}", r);
+  }
+  if (!failed.empty()) {
+    if (mine != internal::kPrivate) g->world().heap->Free(mine);
+    throw Error(ErrorCode::kShmExhausted,
+                fmt::format("Split: the symmetric heap of rank(s){} cannot hold the new group's "
+                            "control area ({} bytes); raise MC2_HEAP_BYTES",
+                            failed, GroupImpl::AreaBytes(new_size, scratch)),
+                g->rank(), "split");
+  }
+  auto child = std::make_shared<GroupImpl>(g->world_ptr(), std::move(members), new_rank,
+                                           std::move(areas), scratch);
+  return Group(child);
+}
+
+SymmetricBuffer::SymmetricBuffer(SymmetricBuffer&& o) noexcept { *this = std::move(o); }
+SymmetricBuffer& SymmetricBuffer::operator=(SymmetricBuffer&& o) noexcept {
+  alloc_ = std::move(o.alloc_);
+  data_ = std::exchange(o.data_, nullptr);
+  bytes_ = std::exchange(o.bytes_, 0);
+  return *this;
+}
+SymmetricBuffer::~SymmetricBuffer() = default;
+
+SymmetricBuffer Group::AllocSymmetric(size_t bytes) const {
+  MC2_CHECK_ARG(impl_, "AllocSymmetric on an invalid (empty) group");
+  GroupImpl* g = impl_.get();
+  auto off = g->world().heap->Allocate(bytes);
+  uint64_t mine = off ? *off : internal::kPrivate;
+  std::vector<uint64_t> offs(g->size());
+  g->RunSync("alloc_symmetric", [&](OpContext& ctx) {
+    g->Arrive(ctx, internal::ExchangeFingerprint(3, bytes), nullptr, 0, nullptr, 0);
+    g->ExchangeInline(ctx, &mine, sizeof(mine), offs.data());
+  });
+  std::string failed;
+  for (int r = 0; r < g->size(); ++r)
+    if (offs[r] == internal::kPrivate) failed += fmt::format(" {}", r);
+  if (!failed.empty()) {
+    if (off) g->world().heap->Free(*off);
+    throw Error(ErrorCode::kShmExhausted,
+                fmt::format("AllocSymmetric({} bytes): the symmetric heap of rank(s){} is full "
+                            "(this rank has {} bytes free, largest block {}); raise "
+                            "MC2_HEAP_BYTES / `mc2 run --heap`",
+                            bytes, failed, g->world().heap->free_bytes(),
+                            g->world().heap->largest_free()),
+                g->rank(), "alloc_symmetric");
+  }
+  auto a = std::make_shared<internal::SymmetricAllocation>();
+  a->world = g->world_ptr();
+  a->group = g;
+  a->offsets = std::move(offs);
+  a->rank = g->rank();
+  a->bytes = bytes;
+  SymmetricBuffer buf;
+  buf.data_ = g->tx().HeapBase(g->world_rank(g->rank())) + a->offsets[a->rank];
+  buf.bytes_ = bytes;
+  buf.alloc_ = std::move(a);
+  return buf;
+}
+
+bool Group::IsSymmetric(const void* ptr, size_t bytes) const {
+  return impl_->HeapOffset(ptr, bytes) != internal::kPrivate;
+}
+
+namespace {
+char* PeerAddress(const Group& g, const SymmetricBuffer& b,
+                  const std::shared_ptr<internal::SymmetricAllocation>& a, int peer,
+                  size_t offset, size_t bytes, const char* what) {
+  MC2_CHECK_ARG(a && a->group == g.impl(), "{}: the buffer was not allocated by this group",
+                what);
+  MC2_CHECK_ARG(peer >= 0 && peer < g.size(), "{}: peer {} out of range [0, {})", what, peer,
+                g.size());
+  MC2_CHECK_ARG(offset <= a->bytes && bytes <= a->bytes - offset,
+                "{}: range [{}, {}) exceeds the buffer's {} bytes", what, offset, offset + bytes,
+                a->bytes);
+  return g.impl()->HeapPtr(peer, a->offsets[peer]) + offset;
+}
+}  // namespace
+
+void Group::Put(const SymmetricBuffer& buffer, int peer, size_t offset, const void* src,
+                size_t bytes) const {
+  std::memcpy(PeerAddress(*this, buffer, buffer.alloc_, peer, offset, bytes, "Put"), src, bytes);
+}
+
+void Group::Get(const SymmetricBuffer& buffer, int peer, size_t offset, void* dst,
+                size_t bytes) const {
+  std::memcpy(dst, PeerAddress(*this, buffer, buffer.alloc_, peer, offset, bytes, "Get"), bytes);
+}
+
+void Group::SignalAdd(int peer, int slot, uint64_t value) const {
+  MC2_CHECK_ARG(peer >= 0 && peer < size(), "SignalAdd: peer {} out of range [0, {})", peer,
+                size());
+  MC2_CHECK_ARG(slot >= 0 && slot < kNumSignals, "SignalAdd: slot {} out of range [0, {})", slot,
+                kNumSignals);
+  impl_->tx().RemoteAdd(impl_->world_rank(peer), impl_->Abs(peer, GroupImpl::SignalOff(slot)),
+                        value);
+}
+
+void Group::WaitSignal(int slot, uint64_t value) const {
+  MC2_CHECK_ARG(slot >= 0 && slot < kNumSignals, "WaitSignal: slot {} out of range [0, {})",
+                slot, kNumSignals);
+  transport::WaitContext wc;
+  wc.op = "wait_signal";
+  wc.deadline = transport::Clock::now() + timeout();
+  wc.describe_missing = [&] {
+    return fmt::format("signal {} to reach {} (it is {})", slot, value, ReadSignal(slot));
+  };
+  impl_->tx().WaitGE(world_rank(), impl_->Abs(rank(), GroupImpl::SignalOff(slot)), value, wc);
+}
+
+uint64_t Group::ReadSignal(int slot) const {
+  MC2_CHECK_ARG(slot >= 0 && slot < kNumSignals, "ReadSignal: slot {} out of range [0, {})",
+                slot, kNumSignals);
+  return impl_->tx().Peek(world_rank(), impl_->Abs(rank(), GroupImpl::SignalOff(slot)));
+}
+
+// ---------------------------------------------------------------------------
+// Point-to-point. Works as follows: the sender owns a channel buffer of two
+// slots in its heap for each peer; a message is cut into slot-sized chunks,
+// each carrying a small header (tag, total size, index). Per peer the sender
+// publishes how many chunks it wrote (p2p word 0) and the receiver how many
+// it consumed (p2p word 2); the sender reuses slot c % 2 once chunk c - 2 is
+// consumed. Messages between two ranks are delivered in order; the tag and
+// size of each are checked against the Recv (kMismatch if they differ).
+// A Send completes when its last chunk is in the channel (buffered), so
+// messages up to two chunks complete without the receiver.
+
+namespace {
+constexpr size_t kChunkHeader = 64;
+constexpr size_t kChunkPayload = 256 * 1024;
+constexpr size_t kSlotBytes = kChunkHeader + kChunkPayload;
+struct ChunkHeader {
+  int64_t tag;
+  uint64_t total;
+  uint64_t index;
+};
+constexpr uint64_t kSentWord = 0, kChanWord = 8, kAckWord = 16;
+}  // namespace
+
+Work Group::Send(const void* data, size_t bytes, int peer, int tag) const {
+  MC2_CHECK_ARG(impl_, "Send on an invalid (empty) group");
+  MC2_CHECK_ARG(peer >= 0 && peer < size() && peer != rank(),
+                "Send: peer {} must be another rank in [0, {})", peer, size());
+  MC2_CHECK_ARG(data || bytes == 0, "Send: null buffer with {} bytes", bytes);
+  GroupImpl* g = impl_.get();
+  return g->Submit("send", bytes <= 4096, [g, data, bytes, peer, tag](OpContext& ctx) {
+    auto& ch = g->channels()[peer];
+    int me = g->rank();
+    if (ch.chan_off == internal::kPrivate) {
+      auto off = g->world().heap->Allocate(2 * kSlotBytes);
+      if (!off)
+        throw Error(ErrorCode::kShmExhausted,
+                    fmt::format("Send: no room in the symmetric heap for a {}-byte channel to "
+                                "rank {}; raise MC2_HEAP_BYTES",
+                                2 * kSlotBytes, peer),
+                    me, "send");
+      ch.chan_off = *off;
+      *reinterpret_cast<uint64_t*>(g->Ptr(me, g->P2POff(peer) + kChanWord)) = *off;
+    }
+    size_t nchunks = std::max<size_t>(1, (bytes + kChunkPayload - 1) / kChunkPayload);
+    for (size_t j = 0; j < nchunks; ++j) {
+      uint64_t c = ch.sent_chunks;
+      if (c >= 2) g->WaitFlag(ctx, peer, g->P2POff(me) + kAckWord, c - 1);
+      char* slot = g->HeapPtr(me, ch.chan_off + (c % 2) * kSlotBytes);
+      auto* h = reinterpret_cast<ChunkHeader*>(slot);
+      h->tag = tag;
+      h->total = bytes;
+      h->index = j;
+      size_t off = j * kChunkPayload;
+      size_t n = std::min(kChunkPayload, bytes - std::min(bytes, off));
+      if (n) std::memcpy(slot + kChunkHeader, static_cast<const char*>(data) + off, n);
+      g->Publish(g->P2POff(peer) + kSentWord, c + 1, n);
+      ch.sent_chunks = c + 1;
+    }
+  }, /*collective=*/false);
+}
+
+Work Group::Recv(void* data, size_t bytes, int peer, int tag) const {
+  MC2_CHECK_ARG(impl_, "Recv on an invalid (empty) group");
+  MC2_CHECK_ARG(peer >= 0 && peer < size() && peer != rank(),
+                "Recv: peer {} must be another rank in [0, {})", peer, size());
+  MC2_CHECK_ARG(data || bytes == 0, "Recv: null buffer with {} bytes", bytes);
+  GroupImpl* g = impl_.get();
+  return g->Submit("recv", bytes <= 4096, [g, data, bytes, peer, tag](OpContext& ctx) {
+    auto& ch = g->channels()[peer];
+    int me = g->rank();
+    size_t nchunks = std::max<size_t>(1, (bytes + kChunkPayload - 1) / kChunkPayload);
+    for (size_t j = 0; j < nchunks; ++j) {
+      uint64_t c = ch.recv_chunks;
+      g->WaitFlag(ctx, peer, g->P2POff(me) + kSentWord, c + 1);
+      uint64_t chan = *reinterpret_cast<volatile uint64_t*>(g->Ptr(peer, g->P2POff(me) + kChanWord));
+      const char* slot = g->HeapPtr(peer, chan + (c % 2) * kSlotBytes);
+      const auto* h = reinterpret_cast<const ChunkHeader*>(slot);
+      if (h->tag != tag || h->total != bytes || h->index != j)
+        throw Error(ErrorCode::kMismatch,
+                    fmt::format("Recv(bytes={}, tag={}) from rank {} met a Send(bytes={}, tag={}) "
+                                "from that rank; messages between two ranks are delivered in "
+                                "order and must match",
+                                bytes, tag, peer, h->total, h->tag),
+                    me, "recv");
+      size_t off = j * kChunkPayload;
+      size_t n = std::min(kChunkPayload, bytes - std::min(bytes, off));
+      if (n) std::memcpy(static_cast<char*>(data) + off, slot + kChunkHeader, n);
+      g->Publish(g->P2POff(peer) + kAckWord, c + 1);
+      ch.recv_chunks = c + 1;
+    }
+  }, /*collective=*/false);
+}
+
+}  // namespace mc2

@@ -1,0 +1,204 @@
+#include "engine/group_impl.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "core/enforce.h"
+#include "core/env.h"
+#include "core/log.h"
+
+namespace mc2::internal {
+
+const char* OpKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kInit: return "init";
+    case OpKind::kExchange: return "exchange";
+    case OpKind::kBarrier: return "barrier";
+    case OpKind::kAllReduce: return "all_reduce";
+    case OpKind::kReduce: return "reduce";
+    case OpKind::kBroadcast: return "broadcast";
+    case OpKind::kAllGather: return "all_gather";
+    case OpKind::kAllGatherV: return "all_gatherv";
+    case OpKind::kGather: return "gather";
+    case OpKind::kScatter: return "scatter";
+    case OpKind::kReduceScatter: return "reduce_scatter";
+    case OpKind::kReduceScatterV: return "reduce_scatterv";
+    case OpKind::kAllToAll: return "all_to_all";
+    case OpKind::kAllToAllV: return "all_to_allv";
+    case OpKind::kFused: return "fused";
+  }
+  return "op";
+}
+
+std::string Fingerprint::Describe() const {
+  std::string s = OpKindName(static_cast<OpKind>(kind));
+  if (kind >= static_cast<uint16_t>(OpKind::kAllReduce) &&
+      kind < static_cast<uint16_t>(OpKind::kFused)) {
+    s += fmt::format("(count={}, dtype={}", count, DTypeName(static_cast<DType>(dtype)));
+    if (kind == static_cast<uint16_t>(OpKind::kAllReduce) ||
+        kind == static_cast<uint16_t>(OpKind::kReduce) ||
+        kind == static_cast<uint16_t>(OpKind::kReduceScatter) ||
+        kind == static_cast<uint16_t>(OpKind::kReduceScatterV))
+      s += fmt::format(", op={}", ReduceOpName(static_cast<ReduceOp>(op)));
+    if (root >= 0) s += fmt::format(", root={}", root);
+    if (aux) s += fmt::format(", layout={:#x}", aux);
+    s += ")";
+  } else {
+    s += fmt::format("(count={}, root={}, aux={:#x})", count, root, aux);
+  }
+  return s;
+}
+
+World::~World() { engine.reset(); }
+
+size_t GroupImpl::DefaultScratchBytes() {
+  static const size_t bytes = [] {
+    size_t b = core::EnvBytes("MC2_SCRATCH_BYTES", size_t{2} << 20);
+    MC2_CHECK_ARG(b >= 4096 && b % 64 == 0,
+                  "MC2_SCRATCH_BYTES={} is invalid: expected a multiple of 64 bytes, at least 4K",
+                  b);
+    return b;
+  }();
+  return bytes;
+}
+
+size_t GroupImpl::AreaBytes(int size, size_t scratch_bytes) {
+  size_t fixed = kP2POff + static_cast<size_t>(size) * 64;
+  fixed = (fixed + 4095) / 4096 * 4096;
+  return fixed + 2 * kInlineBytes + 2 * scratch_bytes;
+}
+
+GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int rank,
+                     std::vector<uint64_t> area_offsets, size_t scratch_bytes)
+    : world_(std::move(world)), members_(std::move(members)), rank_(rank),
+      size_(static_cast<int>(members_.size())), area_(std::move(area_offsets)),
+      scratch_bytes_(scratch_bytes), channels_(members_.size()) {
+  size_t fixed = (kP2POff + static_cast<size_t>(size_) * 64 + 4095) / 4096 * 4096;
+  inline_off_ = fixed;
+  scratch_off_ = fixed + 2 * kInlineBytes;
+}
+
+GroupImpl::~GroupImpl() {
+  // Channel buffers and the control area are returned to the heap. Peers
+  // may not use them any more: a group is destroyed only when its last
+  // handle goes, after its last operation completed on this rank; any peer
+  // still inside an operation of this group is past reading our memory
+  // (operations end with every member's reads done) or is failing anyway.
+  for (auto& c : channels_)
+    if (c.chan_off != kPrivate) world_->heap->Free(c.chan_off);
+  world_->heap->Free(area_[rank_]);
+}
+
+uint64_t GroupImpl::HeapOffset(const void* p, size_t bytes) const {
+  const char* base = tx().HeapBase(tx().rank());
+  const char* c = static_cast<const char*>(p);
+  if (c >= base + transport::kHeapHeaderBytes && c + bytes <= base + tx().HeapBytes())
+    return static_cast<uint64_t>(c - base);
+  return kPrivate;
+}
+
+void GroupImpl::WaitFlag(OpContext& ctx, int grank, uint64_t off, uint64_t value) const {
+  transport::WaitContext wc;
+  wc.op = ctx.name;
+  wc.seq = ctx.seq;
+  wc.deadline = ctx.deadline;
+  wc.describe_missing = [&] {
+    return fmt::format("rank {} (world rank {}; it is at operation #{} of this group)", grank,
+                       members_[grank],
+                       tx().Peek(members_[grank], area_[grank] + ArriveOff(0)) >
+                               tx().Peek(members_[grank], area_[grank] + ArriveOff(1))
+                           ? tx().Peek(members_[grank], area_[grank] + ArriveOff(0))
+                           : tx().Peek(members_[grank], area_[grank] + ArriveOff(1)));
+  };
+  tx().WaitGE(members_[grank], area_[grank] + off, value, wc);
+}
+
+std::string GroupImpl::DescribeNotArrived(uint64_t seq) const {
+  std::string out;
+  int n = 0;
+  for (int r = 0; r < size_; ++r) {
+    uint64_t a = tx().Peek(members_[r], area_[r] + ArriveOff(seq));
+    if (a >= seq) continue;
+    uint64_t other = tx().Peek(members_[r], area_[r] + ArriveOff(seq + 1));
+    out += fmt::format("{}rank {} (last at #{})", n++ ? ", " : "", r, std::max(a, other));
+  }
+  return out.empty() ? out : fmt::format("{} to arrive at #{}", out, seq);
+}
+
+Work GroupImpl::Submit(const char* name, bool inline_ok, std::function<void(OpContext&)> body,
+                       bool collective) {
+  uint64_t seq = collective ? seq_.fetch_add(1) + 1 : 0;
+  auto work = std::make_shared<WorkState>(seq, name);
+  auto self = shared_from_this();
+  auto task = [self, seq, name, w = work.get(), body = std::move(body)] {
+    OpContext ctx;
+    ctx.g = self.get();
+    ctx.seq = seq;
+    ctx.name = name;
+    ctx.work = w;
+    ctx.deadline = Clock::now() + self->world_->timeout;
+    self->tx().CheckHealth();
+    body(ctx);
+  };
+  if (!(inline_ok && world_->engine->TryRunInline(work, task)))
+    world_->engine->Submit(work, std::move(task));
+  return Work(work);
+}
+
+void GroupImpl::RunSync(const char* name, std::function<void(OpContext&)> body) {
+  Submit(name, true, std::move(body)).Wait();
+}
+
+void GroupImpl::Arrive(OpContext& ctx, const Fingerprint& fp, const void* send,
+                       size_t send_bytes, const void* recv, size_t recv_bytes) {
+  auto* slot = reinterpret_cast<ArrivalSlot*>(Ptr(rank_, ArriveOff(ctx.seq)));
+  slot->fp = fp;
+  slot->send_off = send ? HeapOffset(send, send_bytes) : kPrivate;
+  slot->recv_off = recv ? HeapOffset(recv, recv_bytes) : kPrivate;
+  Publish(ArriveOff(ctx.seq), ctx.seq);
+
+  ctx.send_off.assign(size_, kPrivate);
+  ctx.recv_off.assign(size_, kPrivate);
+  transport::WaitContext wc;
+  wc.op = ctx.name;
+  wc.seq = ctx.seq;
+  wc.deadline = ctx.deadline;
+  wc.describe_missing = [&] { return DescribeNotArrived(ctx.seq); };
+  std::string mismatch;
+  for (int r = 0; r < size_; ++r) {
+    tx().WaitGE(members_[r], area_[r] + ArriveOff(ctx.seq), ctx.seq, wc);
+    const auto* peer = reinterpret_cast<const ArrivalSlot*>(Ptr(r, ArriveOff(ctx.seq)));
+    if (!(peer->fp == fp) && mismatch.empty())
+      mismatch = fmt::format("rank {} called {} but rank {} called {}", rank_, fp.Describe(), r,
+                             peer->fp.Describe());
+    ctx.send_off[r] = peer->send_off;
+    ctx.recv_off[r] = peer->recv_off;
+  }
+  // Every rank compares against every other, so all of them raise.
+  if (!mismatch.empty())
+    throw Error(ErrorCode::kMismatch, "mismatched operations across ranks: " + mismatch, rank_,
+                ctx.name, ctx.seq);
+}
+
+void GroupImpl::FinishReads(OpContext& ctx) const { Publish(kDoneOff, ctx.seq); }
+
+void GroupImpl::WaitReadersDone(OpContext& ctx) const {
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_) WaitFlag(ctx, r, kDoneOff, ctx.seq);
+}
+
+void GroupImpl::ExchangeInline(OpContext& ctx, const void* mine, size_t bytes, void* out) const {
+  MC2_ENFORCE(bytes * size_ <= kInlineBytes, "inline exchange of {} x {} bytes", bytes, size_);
+  // Each member writes its part at its own rank's position in its own
+  // inline area; the Arrive that follows tells readers it is there.
+  std::memcpy(Ptr(rank_, InlineOff(ctx.seq)) + rank_ * bytes, mine, bytes);
+  Publish(StepOff(0), FlagValue(ctx.seq, 1));
+  for (int r = 0; r < size_; ++r) {
+    WaitFlag(ctx, r, StepOff(0), FlagValue(ctx.seq, 1));
+    std::memcpy(static_cast<char*>(out) + r * bytes, Ptr(r, InlineOff(ctx.seq)) + r * bytes,
+                bytes);
+  }
+}
+
+}  // namespace mc2::internal

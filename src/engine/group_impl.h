@@ -1,0 +1,229 @@
+// GroupImpl: the state of one communicator on one rank, and the building
+// blocks every algorithm uses (arrival with fingerprints, flags, scratch).
+//
+// Control area. Each member of a group owns an area in its heap, laid out
+// identically on every member (offsets below are relative to the area):
+//
+//   [arrive 2 x 128 B][done 64 B][steps kNumStreams x 64 B][signals 64 x 8 B]
+//   [p2p: size x 64 B][inline 2 x kInlineBytes][scratch 2 x scratch_bytes]
+//
+// Flags (arrive, done, steps, p2p words) are written only by their owner and
+// only increase, so waits are "peer flag >= target". A flag's value for
+// operation `seq` is FlagValue(seq, step): monotonic across operations.
+//
+// Reuse safety. Every operation starts with Arrive(): each rank publishes
+// its fingerprint and buffer offsets in arrive[seq % 2] and waits for all
+// members to do the same. A member can therefore be at most one operation
+// ahead of any other, so anything indexed by seq parity (arrive, inline,
+// scratch halves used by parity) is never overwritten while still being
+// read. User buffers read in place by peers (symmetric zero-copy) are
+// protected by FinishReads()/WaitReadersDone() at the end of an operation.
+//
+// Thread safety: operations of one group are issued by one thread at a
+// time; their bodies run on the rank's progress thread (or inline).
+#ifndef MC2_ENGINE_GROUP_IMPL_H_
+#define MC2_ENGINE_GROUP_IMPL_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/heap_allocator.h"
+#include "engine/progress_engine.h"
+#include "engine/work_state.h"
+#include "mc2/group.h"
+#include "mc2/tensor.h"
+#include "mc2/work.h"
+#include "transport/transport.h"
+
+namespace mc2::internal {
+
+using transport::Clock;
+
+// What kind of operation a rank is in; part of the fingerprint.
+enum class OpKind : uint16_t {
+  kInit = 1,
+  kExchange,
+  kBarrier,
+  kAllReduce,
+  kReduce,
+  kBroadcast,
+  kAllGather,
+  kAllGatherV,
+  kGather,
+  kScatter,
+  kReduceScatter,
+  kReduceScatterV,
+  kAllToAll,
+  kAllToAllV,
+  kFused = 64,  // fused operators add their own kinds from here on
+};
+const char* OpKindName(OpKind kind);
+
+// Identifies an operation across ranks: every member must publish the same
+// fingerprint for the same sequence number, or the operation fails with
+// kMismatch on every rank before any data moves.
+struct Fingerprint {
+  uint16_t kind = 0;
+  uint8_t dtype = 0;
+  uint8_t op = 0;
+  int32_t root = -1;
+  uint64_t count = 0;  // elements (or bytes for byte-oriented operations)
+  uint64_t aux = 0;    // operation-specific (e.g. a hash of per-rank counts)
+  bool operator==(const Fingerprint&) const = default;
+  std::string Describe() const;
+};
+
+// Marks a buffer that is not in the symmetric heap.
+inline constexpr uint64_t kPrivate = ~uint64_t{0};
+
+struct World {
+  std::unique_ptr<transport::Transport> transport;
+  std::unique_ptr<engine::HeapAllocator> heap;
+  std::chrono::nanoseconds timeout{};
+  bool deterministic = true;
+  // Last so that it is destroyed first: its thread may still use the rest.
+  std::unique_ptr<engine::ProgressEngine> engine;
+  ~World();
+};
+
+// Published by each rank at the start of every operation.
+struct alignas(64) ArrivalSlot {
+  uint64_t seq;  // the flag: seq of the operation this slot describes
+  uint64_t send_off;
+  uint64_t recv_off;
+  uint64_t pad;
+  Fingerprint fp;
+};
+static_assert(sizeof(ArrivalSlot) <= 128);
+
+class GroupImpl;
+
+// Per-operation context handed to algorithm bodies.
+struct OpContext {
+  GroupImpl* g = nullptr;
+  uint64_t seq = 0;
+  const char* name = "";
+  Clock::time_point deadline;
+  WorkState* work = nullptr;
+  // Heap offsets of every member's send/recv buffers (kPrivate if private),
+  // valid after Arrive().
+  std::vector<uint64_t> send_off, recv_off;
+};
+
+class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
+ public:
+  static constexpr int kNumStreams = 8;
+  static constexpr size_t kInlineBytes = 8192;
+  static constexpr size_t kArriveOff = 0;
+  static constexpr size_t kDoneOff = 256;
+  static constexpr size_t kStepsOff = 320;
+  static constexpr size_t kSignalsOff = kStepsOff + kNumStreams * 64;
+  static constexpr size_t kP2POff = kSignalsOff + Group::kNumSignals * 8;
+
+  // `area_offsets[i]`: heap offset of member i's control area.
+  GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int rank,
+            std::vector<uint64_t> area_offsets, size_t scratch_bytes);
+  ~GroupImpl();
+
+  // Bytes of heap a group of `size` members needs for its control area.
+  static size_t AreaBytes(int size, size_t scratch_bytes);
+  // Scratch per half used by new groups: MC2_SCRATCH_BYTES, default 2 MiB.
+  static size_t DefaultScratchBytes();
+
+  World& world() const { return *world_; }
+  const std::shared_ptr<World>& world_ptr() const { return world_; }
+  transport::Transport& tx() const { return *world_->transport; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int world_rank(int grank) const { return members_[grank]; }
+  const std::vector<int>& members() const { return members_; }
+  size_t scratch_bytes() const { return scratch_bytes_; }
+
+  // Area-relative layout.
+  static uint64_t ArriveOff(uint64_t seq) { return kArriveOff + (seq & 1) * 128; }
+  static uint64_t StepOff(int stream) { return kStepsOff + stream * 64; }
+  static uint64_t SignalOff(int slot) { return kSignalsOff + slot * 8; }
+  uint64_t P2POff(int peer) const { return kP2POff + peer * 64; }
+  uint64_t InlineOff(uint64_t seq) const { return inline_off_ + (seq & 1) * kInlineBytes; }
+  uint64_t ScratchOff(int half) const { return scratch_off_ + half * scratch_bytes_; }
+
+  // Absolute heap offset / pointer of member `grank`'s area-relative `off`.
+  uint64_t Abs(int grank, uint64_t off) const { return area_[grank] + off; }
+  char* Ptr(int grank, uint64_t off) const {
+    return tx().HeapBase(members_[grank]) + area_[grank] + off;
+  }
+  // Pointer into member `grank`'s heap at absolute offset `heap_off`.
+  char* HeapPtr(int grank, uint64_t heap_off) const {
+    return tx().HeapBase(members_[grank]) + heap_off;
+  }
+  // Heap offset of [p, p+bytes) if it lies in this rank's heap, else kPrivate.
+  uint64_t HeapOffset(const void* p, size_t bytes) const;
+
+  static uint64_t FlagValue(uint64_t seq, uint64_t step) { return (seq << 24) | step; }
+
+  // Publishes this rank's area-relative flag.
+  void Publish(uint64_t off, uint64_t value, size_t payload = 0) const {
+    tx().Publish(area_[rank_] + off, value, payload);
+  }
+  // Waits until member `grank`'s area-relative flag >= value.
+  void WaitFlag(OpContext& ctx, int grank, uint64_t off, uint64_t value) const;
+
+  // Starts an operation: allocates its sequence number and runs `body` on
+  // the progress thread (or inline when `inline_ok` and the engine is idle).
+  // Point-to-point operations pass collective=false: they take no sequence
+  // number (ranks issue different numbers of them).
+  Work Submit(const char* name, bool inline_ok, std::function<void(OpContext&)> body,
+              bool collective = true);
+  // Runs an operation synchronously on the calling thread after everything
+  // queued before it (used by Split, AllocSymmetric, FromEnv).
+  void RunSync(const char* name, std::function<void(OpContext&)> body);
+
+  // Publishes this rank's fingerprint and buffer offsets and waits for every
+  // member's; throws kMismatch (on every rank) if fingerprints differ.
+  void Arrive(OpContext& ctx, const Fingerprint& fp, const void* send, size_t send_bytes,
+              const void* recv, size_t recv_bytes);
+  // Zero-copy reads of peers' user buffers end with FinishReads (publish
+  // done=seq) and WaitReadersDone (wait for every member's done >= seq).
+  void FinishReads(OpContext& ctx) const;
+  void WaitReadersDone(OpContext& ctx) const;
+
+  // Small all-gather through the inline areas: every member contributes
+  // `bytes` (<= kInlineBytes / size); `out` receives size * bytes. Must be
+  // called inside an operation body after Arrive.
+  void ExchangeInline(OpContext& ctx, const void* mine, size_t bytes, void* out) const;
+
+  // Operation counters.
+  uint64_t last_seq() const { return seq_.load(); }
+
+  // A string naming the members whose arrive flag is below `seq`.
+  std::string DescribeNotArrived(uint64_t seq) const;
+
+  // p2p bookkeeping (only touched on the progress thread).
+  struct PeerChannel {
+    uint64_t chan_off = kPrivate;  // our channel buffer towards the peer
+    uint64_t sent_chunks = 0;
+    uint64_t recv_chunks = 0;
+  };
+  std::vector<PeerChannel>& channels() { return channels_; }
+
+ private:
+  std::shared_ptr<World> world_;
+  std::vector<int> members_;
+  int rank_;
+  int size_;
+  std::vector<uint64_t> area_;
+  size_t scratch_bytes_;
+  uint64_t inline_off_;
+  uint64_t scratch_off_;
+  std::atomic<uint64_t> seq_{0};
+  std::vector<PeerChannel> channels_;
+};
+
+}  // namespace mc2::internal
+
+#endif  // MC2_ENGINE_GROUP_IMPL_H_

@@ -1,0 +1,55 @@
+#include <chrono>
+#include <thread>
+
+#include "engine/work_state.h"
+#include "mc2/work.h"
+
+namespace mc2 {
+namespace internal {
+
+void WorkState::Finish(State s, std::exception_ptr e) {
+  error_ = std::move(e);
+  std::lock_guard<std::mutex> lock(mu_);
+  state_.store(s, std::memory_order_release);
+  if (sleeping_) cv_.notify_all();
+}
+
+bool WorkState::WaitDone(int64_t timeout_ns) {
+  using Clock = std::chrono::steady_clock;
+  auto start = Clock::now();
+  for (int i = 0; i < 4000; ++i) {
+    if (done()) return true;
+    if ((i & 31) == 31) std::this_thread::yield();
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  sleeping_ = true;
+  if (timeout_ns < 0) {
+    cv_.wait(lock, [&] { return done(); });
+    return true;
+  }
+  return cv_.wait_until(lock, start + std::chrono::nanoseconds(timeout_ns), [&] { return done(); });
+}
+
+}  // namespace internal
+
+bool Work::Test() const { return !state_ || state_->done(); }
+
+void Work::Wait() const {
+  if (!state_) return;
+  state_->WaitDone(-1);
+  if (auto e = state_->error()) std::rethrow_exception(e);
+}
+
+bool Work::Wait(std::chrono::milliseconds timeout) const {
+  if (!state_) return true;
+  if (!state_->WaitDone(std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count()))
+    return false;
+  if (auto e = state_->error()) std::rethrow_exception(e);
+  return true;
+}
+
+std::exception_ptr Work::error() const { return state_ ? state_->error() : nullptr; }
+uint64_t Work::seq() const { return state_ ? state_->seq() : 0; }
+std::string Work::algorithm() const { return state_ ? state_->algorithm() : std::string(); }
+
+}  // namespace mc2

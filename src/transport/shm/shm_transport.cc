@@ -1,0 +1,321 @@
+#include "transport/shm/shm_transport.h"
+
+#include <fmt/format.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "core/enforce.h"
+#include "core/env.h"
+#include "core/log.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define MC2_CPU_RELAX() _mm_pause()
+#else
+#define MC2_CPU_RELAX() ((void)0)
+#endif
+
+namespace mc2::shm {
+namespace {
+
+constexpr int kSliceMs = 10;
+
+long Futex(std::atomic<uint32_t>* word, int op, uint32_t val, const timespec* ts) {
+  // Not FUTEX_PRIVATE: the word may live in memory shared between processes.
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, ts, nullptr, 0);
+}
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             transport::Clock::now().time_since_epoch()).count();
+}
+
+std::string DescribeFailure(const JobControl* ctl) {
+  int r = ctl->failed_rank.load(std::memory_order_acquire);
+  int v = ctl->failure_value.load(std::memory_order_relaxed);
+  int pid = r >= 0 && r < kMaxRanks ? ctl->pids[r].load(std::memory_order_relaxed) : 0;
+  switch (static_cast<FailureKind>(ctl->failure_kind.load(std::memory_order_relaxed))) {
+    case FailureKind::kExit:
+      return fmt::format("rank {} (pid {}) exited with status {}", r, pid, v);
+    case FailureKind::kSignal:
+      return v > 0 ? fmt::format("rank {} (pid {}) was killed by signal {} ({})", r, pid, v,
+                                 strsignal(v))
+                   : fmt::format("rank {} (pid {}) has exited", r, pid);
+    case FailureKind::kLauncher:
+      return "the launcher was interrupted and is ending all ranks";
+    case FailureKind::kAbort:
+    case FailureKind::kNone:
+      break;
+  }
+  return std::string(ctl->reason);
+}
+
+}  // namespace
+
+WorldMemory::~WorldMemory() {
+  if (anonymous) {
+    for (char* h : heaps)
+      if (h) munmap(h, heap_bytes);
+    if (control) munmap(control, control_bytes);
+  } else {
+    for (char* h : heaps)
+      if (h) munmap(h, heap_bytes);
+    if (control) munmap(control, control_bytes);
+  }
+}
+
+ShmTransport::ShmTransport(std::shared_ptr<WorldMemory> mem, int rank, int size, bool threads,
+                           std::vector<int> pidfds)
+    : mem_(std::move(mem)), rank_(rank), size_(size), threads_(threads),
+      pidfds_(std::move(pidfds)) {
+  spin_ns_ = core::EnvInt("MC2_SPIN_US", 20, 0, 1000000) * 1000;
+}
+
+ShmTransport::~ShmTransport() {
+  for (int fd : pidfds_)
+    if (fd >= 0) close(fd);
+}
+
+void ShmTransport::Publish(uint64_t off, uint64_t value, size_t /*payload_bytes*/) {
+  Flag(rank_, off).store(value, std::memory_order_release);
+  Ring(rank_);
+}
+
+void ShmTransport::RemoteAdd(int owner, uint64_t off, uint64_t value, size_t /*payload_bytes*/) {
+  Flag(owner, off).fetch_add(value, std::memory_order_acq_rel);
+  Ring(owner);
+}
+
+void ShmTransport::Ring(int owner) {
+  // Pairs with the waiter's sleepers increment: either it sees our store
+  // before sleeping, or we see it sleeping and ring (Dekker on seq_cst).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  RankHeader* h = Header(owner);
+  if (h->sleepers.load(std::memory_order_relaxed) != 0) {
+    h->doorbell.fetch_add(1, std::memory_order_release);
+    Futex(&h->doorbell, FUTEX_WAKE, INT32_MAX, nullptr);
+  }
+}
+
+uint64_t ShmTransport::Peek(int owner, uint64_t off) {
+  return Flag(owner, off).load(std::memory_order_acquire);
+}
+
+void ShmTransport::WaitGE(int owner, uint64_t off, uint64_t value,
+                          const transport::WaitContext& ctx) {
+  auto flag = Flag(owner, off);
+  if (flag.load(std::memory_order_acquire) >= value) return;
+
+  // Phase 1: spin, then yield, for spin_ns_: the common case of a peer a few
+  // microseconds behind costs no system call.
+  const int64_t spin_end = NowNs() + spin_ns_;
+  for (int i = 0;; ++i) {
+    if (flag.load(std::memory_order_acquire) >= value) return;
+    if ((i & 63) == 63) {
+      if (NowNs() >= spin_end) break;
+      sched_yield();  // let a peer sharing this core run (oversubscription)
+    } else {
+      MC2_CPU_RELAX();
+    }
+  }
+
+  // Phase 2: sleep on the owner's doorbell in slices, checking health.
+  RankHeader* h = Header(owner);
+  for (;;) {
+    h->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    uint32_t bell = h->doorbell.load(std::memory_order_acquire);
+    if (flag.load(std::memory_order_seq_cst) >= value) {
+      h->sleepers.fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
+    auto now = transport::Clock::now();
+    auto left = ctx.deadline - now;
+    auto slice = std::min<transport::Clock::duration>(left, std::chrono::milliseconds(kSliceMs));
+    if (slice.count() > 0) {
+      auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
+      timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+      Futex(&h->doorbell, FUTEX_WAIT, bell, &ts);
+    }
+    h->sleepers.fetch_sub(1, std::memory_order_relaxed);
+    if (flag.load(std::memory_order_acquire) >= value) return;
+    try {
+      CheckHealth();
+    } catch (const Error&) {
+      // A peer may have published and then exited normally: the flag wins.
+      if (flag.load(std::memory_order_acquire) >= value) return;
+      throw;
+    }
+    if (transport::Clock::now() >= ctx.deadline) {
+      std::string missing = ctx.describe_missing ? ctx.describe_missing() : std::string();
+      auto secs = std::chrono::duration<double>(ctx.deadline - transport::Clock::now());
+      (void)secs;
+      throw Error(ErrorCode::kTimeout,
+                  fmt::format("timed out{}{}", missing.empty() ? "" : " waiting for ", missing),
+                  rank_, ctx.op, ctx.seq);
+    }
+  }
+}
+
+void ShmTransport::ThrowRecordedFailure(const transport::WaitContext* ctx) {
+  const JobControl* ctl = mem_->control;
+  auto kind = static_cast<FailureKind>(ctl->failure_kind.load(std::memory_order_relaxed));
+  bool died = kind == FailureKind::kExit || kind == FailureKind::kSignal;
+  throw Error(died ? ErrorCode::kPeerDied : ErrorCode::kAborted, DescribeFailure(ctl), rank_,
+              ctx ? ctx->op : "", ctx ? ctx->seq : 0);
+}
+
+void ShmTransport::CheckHealth() {
+  JobControl* ctl = mem_->control;
+  if (ctl->aborted.load(std::memory_order_acquire)) ThrowRecordedFailure(nullptr);
+  if (pidfds_.empty()) return;
+  std::vector<pollfd> fds;
+  fds.reserve(pidfds_.size());
+  for (int fd : pidfds_)
+    if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+  if (poll(fds.data(), fds.size(), 0) <= 0) return;
+  for (int r = 0, i = 0; r < size_; ++r) {
+    if (pidfds_[r] < 0) continue;
+    if (fds[i++].revents & POLLIN) {
+      // The launcher usually records how the rank ended; give it a moment
+      // so the error can say "killed by signal 9" instead of "has exited".
+      for (int k = 0; k < 20 && !ctl->aborted.load(std::memory_order_acquire); ++k)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      RecordFailure(ctl, r, FailureKind::kSignal, 0, "");
+      ThrowRecordedFailure(nullptr);
+    }
+  }
+}
+
+void ShmTransport::Abort(const Error& error) {
+  RecordFailure(mem_->control, rank_, FailureKind::kAbort, 0,
+                fmt::format("aborted by rank {}: {}", rank_, error.what()));
+}
+
+// ---------------------------------------------------------------------------
+// Construction.
+
+std::unique_ptr<transport::Transport> CreateProcessTransport() {
+  auto need = [](const char* name) {
+    auto v = core::GetEnv(name);
+    if (!v)
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{} is not set: start the program with `mc2 run -n N PROGRAM`",
+                              name));
+    return *v;
+  };
+  int size = static_cast<int>(core::ParseInt(need("MC2_WORLD_SIZE"), "MC2_WORLD_SIZE", 1, kMaxRanks));
+  int rank = static_cast<int>(core::ParseInt(need("MC2_RANK"), "MC2_RANK", 0, size - 1));
+  size_t heap_bytes = core::ParseBytes(need("MC2_HEAP_BYTES"), "MC2_HEAP_BYTES");
+  std::string fds_text = need("MC2_SHM_FDS");
+  std::vector<int> fds;
+  for (size_t pos = 0; pos <= fds_text.size();) {
+    size_t comma = fds_text.find(',', pos);
+    if (comma == std::string::npos) comma = fds_text.size();
+    fds.push_back(static_cast<int>(
+        core::ParseInt(std::string_view(fds_text).substr(pos, comma - pos), "MC2_SHM_FDS", 0, 1 << 20)));
+    pos = comma + 1;
+  }
+  if (static_cast<int>(fds.size()) != size + 1)
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("MC2_SHM_FDS='{}' is invalid: expected {} descriptors (control "
+                            "segment and one heap per rank)", fds_text, size + 1));
+
+  auto mem = std::make_shared<WorldMemory>();
+  mem->heap_bytes = heap_bytes;
+  mem->control_bytes = (sizeof(JobControl) + 4095) & ~size_t{4095};
+  void* ctl = mmap(nullptr, mem->control_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+  if (ctl == MAP_FAILED) core::ThrowSystem("mapping the job control segment (MC2_SHM_FDS)", errno);
+  mem->control = static_cast<JobControl*>(ctl);
+  if (mem->control->magic != kJobMagic || mem->control->world_size != size)
+    throw Error(ErrorCode::kInvalidArgument,
+                "MC2_SHM_FDS does not point at an mc2 job control segment for this world");
+  mem->heaps.assign(size, nullptr);
+  for (int r = 0; r < size; ++r) {
+    void* p = mmap(nullptr, heap_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[r + 1], 0);
+    if (p == MAP_FAILED) core::ThrowSystem(fmt::format("mapping the heap of rank {}", r), errno);
+    mem->heaps[r] = static_cast<char*>(p);
+  }
+  // Our descriptors are no longer needed once mapped; close them so that
+  // programs we exec do not inherit them.
+  for (int fd : fds) close(fd);
+
+  JobControl* jc = mem->control;
+  auto* header = reinterpret_cast<RankHeader*>(mem->heaps[rank]);
+  header->pid.store(getpid(), std::memory_order_relaxed);
+  jc->pids[rank].store(getpid(), std::memory_order_release);
+
+  // Bootstrap: wait until every rank has started, then watch their processes.
+  auto timeout = core::EnvDuration("MC2_TIMEOUT", std::chrono::seconds(300));
+  auto deadline = transport::Clock::now() + timeout;
+  std::vector<int> pidfds(size, -1);
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    int pid;
+    while ((pid = jc->pids[r].load(std::memory_order_acquire)) == 0) {
+      if (jc->aborted.load(std::memory_order_acquire))
+        throw Error(ErrorCode::kAborted, DescribeFailure(jc), rank, "init");
+      if (transport::Clock::now() > deadline)
+        throw Error(ErrorCode::kTimeout, fmt::format("rank {} never started", r), rank, "init");
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+    if (fd < 0) {
+      if (errno == ESRCH) {
+        RecordFailure(jc, r, FailureKind::kSignal, 0, "");
+        throw Error(ErrorCode::kPeerDied, DescribeFailure(jc), rank, "init");
+      }
+      core::ThrowSystem(fmt::format("pidfd_open for rank {}", r), errno);
+    }
+    pidfds[r] = fd;
+  }
+  core::SetLogRank(rank);
+  return std::make_unique<ShmTransport>(std::move(mem), rank, size, false, std::move(pidfds));
+}
+
+std::vector<std::unique_ptr<transport::Transport>> CreateThreadTransports(int size,
+                                                                          size_t heap_bytes) {
+  MC2_CHECK_ARG(size >= 1 && size <= kMaxRanks, "world size {} out of range [1, {}]", size,
+                kMaxRanks);
+  MC2_CHECK_ARG(heap_bytes >= 2 * transport::kHeapHeaderBytes, "heap of {} bytes is too small",
+                heap_bytes);
+  auto mem = std::make_shared<WorldMemory>();
+  mem->anonymous = true;
+  mem->heap_bytes = heap_bytes;
+  mem->control_bytes = (sizeof(JobControl) + 4095) & ~size_t{4095};
+  void* ctl = mmap(nullptr, mem->control_bytes, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (ctl == MAP_FAILED) core::ThrowSystem("allocating the in-process control block", errno);
+  mem->control = static_cast<JobControl*>(ctl);
+  mem->control->magic = kJobMagic;
+  mem->control->world_size = size;
+  mem->control->heap_bytes = heap_bytes;
+  mem->control->failed_rank.store(-1);
+  mem->heaps.assign(size, nullptr);
+  for (int r = 0; r < size; ++r) {
+    // MAP_NORESERVE: in-process worlds are for tests; pages appear on touch.
+    void* p = mmap(nullptr, heap_bytes, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+      throw Error(ErrorCode::kShmExhausted,
+                  fmt::format("cannot allocate a {}-byte heap for in-process rank {}: {}",
+                              heap_bytes, r, std::strerror(errno)));
+    mem->heaps[r] = static_cast<char*>(p);
+    reinterpret_cast<RankHeader*>(p)->pid.store(getpid());
+    mem->control->pids[r].store(getpid());
+  }
+  std::vector<std::unique_ptr<transport::Transport>> out;
+  for (int r = 0; r < size; ++r)
+    out.push_back(std::make_unique<ShmTransport>(mem, r, size, true, std::vector<int>{}));
+  return out;
+}
+
+}  // namespace mc2::shm

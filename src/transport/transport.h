@@ -1,0 +1,104 @@
+// The transport: how the ranks of a world reach each other's memory.
+//
+// mc2's collectives are written against this interface only. A world is a
+// fixed set of ranks; each rank owns a heap (its part of the symmetric heap)
+// that every rank of the world can address. Ranks synchronise through 64-bit
+// "flags": words in the owner's heap that only the owner writes (Publish),
+// and that any rank may wait on (WaitGE). Data moves by loads and stores
+// through HeapBase() pointers.
+//
+// Single writer per flag keeps the protocol free of read-modify-write across
+// processes and makes every wait a monotonic "value >= target" test, so a
+// late reader can never miss an update and flags never need resetting.
+//
+// The shared-memory transport (shm/) is the first implementation: heaps are
+// shared-memory segments mapped by every process, or plain memory when the
+// ranks are threads of one process. A link-emulation wrapper (later) delays
+// the visibility of a Publish by the modeled transfer time of its payload.
+//
+// Thread safety: all methods may be called concurrently from any thread of
+// the owning rank.
+#ifndef MC2_TRANSPORT_TRANSPORT_H_
+#define MC2_TRANSPORT_TRANSPORT_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mc2/error.h"
+
+namespace mc2::transport {
+
+using Clock = std::chrono::steady_clock;
+
+// Bytes at the start of every heap reserved for the transport's own header
+// (doorbell, pid). Allocations start after it.
+inline constexpr size_t kHeapHeaderBytes = 4096;
+
+// What a wait is for, so that a failure can be reported precisely.
+struct WaitContext {
+  const char* op = "";          // e.g. "all_reduce"
+  uint64_t seq = 0;             // the operation's sequence number in its group
+  Clock::time_point deadline;   // throw kTimeout after this
+  // Names the ranks the operation still waits for (called only on failure).
+  std::function<std::string()> describe_missing;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "shm" (processes) or "threads" (in-process world).
+  virtual const char* name() const = 0;
+
+  // Rank `r`'s heap as mapped in this process; never null for shm.
+  virtual char* HeapBase(int r) = 0;
+  virtual size_t HeapBytes() const = 0;
+
+  // Stores `value` (release) into this rank's flag at heap offset `off` and
+  // wakes ranks blocked on it. `payload_bytes` is how much data the flag
+  // publishes; link emulation delays the flag by that data's transfer time.
+  virtual void Publish(uint64_t off, uint64_t value, size_t payload_bytes = 0) = 0;
+
+  // Returns once rank `owner`'s flag at `off` is >= `value`. Spins briefly,
+  // then blocks without burning CPU. Throws mc2::Error: kTimeout at the
+  // deadline, kPeerDied when a rank of the world is gone, kAborted when
+  // another rank aborted the world.
+  virtual void WaitGE(int owner, uint64_t off, uint64_t value, const WaitContext& ctx) = 0;
+
+  // Atomically adds `value` to rank `owner`'s counter at `off` (release,
+  // after this rank's earlier stores) and wakes its waiters. The one
+  // exception to single-writer flags: user signals, which any rank may bump.
+  virtual void RemoteAdd(int owner, uint64_t off, uint64_t value, size_t payload_bytes = 0) = 0;
+
+  // Reads rank `owner`'s flag (acquire) without waiting.
+  virtual uint64_t Peek(int owner, uint64_t off) = 0;
+
+  // Throws the world's failure, if one is recorded or a peer is found dead.
+  virtual void CheckHealth() = 0;
+
+  // Records `error` as the world's failure (first one wins), so that every
+  // rank's waits raise kAborted (or kPeerDied) promptly.
+  virtual void Abort(const Error& error) = 0;
+};
+
+// The transports of the local process's world, chosen by the environment:
+// under `mc2 run` the shm transport over the launcher's segments. Throws
+// kInvalidArgument naming the missing variable when not launched by mc2.
+std::unique_ptr<Transport> CreateTransportFromEnv();
+
+// An in-process world of `size` ranks (threads): element r is rank r's view.
+std::vector<std::unique_ptr<Transport>> CreateInProcessTransports(int size, size_t heap_bytes);
+
+// Whether the environment describes an mc2-launched rank (MC2_SHM_FDS set).
+bool LaunchedByMc2();
+
+}  // namespace mc2::transport
+
+#endif  // MC2_TRANSPORT_TRANSPORT_H_
