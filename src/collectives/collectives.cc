@@ -118,14 +118,18 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
       [a = std::move(a), fn, algo, fp, expose_send, expose_bytes, expose_recv, timeout,
        n](OpContext& ctx) {
         GroupImpl* g = ctx.g;
-        if (timeout.count() > 0) ctx.deadline = internal::Clock::now() + timeout;
+        if (timeout.count() > 0) ctx.deadline = transport::CoarseNow() + timeout;
         ctx.work->SetAlgorithm(AlgorithmName(algo));
         MC2_LOG(kDebug, "{} #{}: {} count={} dtype={} on {} ranks", ctx.name, ctx.seq,
                 AlgorithmName(algo), a.count, DTypeName(a.dtype), n);
         // Stage what travels with the arrival handshake.
         char* inl = g->Ptr(g->rank(), g->InlineOff(ctx.seq));
-        bool exposed = expose_send && g->HeapOffset(expose_send, expose_bytes) != internal::kPrivate;
-        if (algo == Algorithm::kDirect && DirectInline(a, n) && !exposed) {
+        // Small direct calls always stage: copying a few bytes is cheaper
+        // than the extra handshake that protects in-place reads at the end.
+        bool inline_stage = algo == Algorithm::kDirect && DirectInline(a, n);
+        bool exposed = expose_send && !inline_stage &&
+                       g->HeapOffset(expose_send, expose_bytes) != internal::kPrivate;
+        if (inline_stage) {
           size_t b = DirectInlineBytes(a, n);
           const char* src = static_cast<const char*>(expose_send);
           if (a.kind == OpKind::kAllReduce || a.kind == OpKind::kReduce ||

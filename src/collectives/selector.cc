@@ -179,7 +179,7 @@ Algorithm SelectAlgorithm(OpKind kind, Algorithm requested, int ranks, size_t by
   const char* name = internal::OpKindName(kind);
   Algorithm a = requested;
   const char* source = "options";
-  if (a == Algorithm::kAuto) {
+  if (a == Algorithm::kAuto && !AlgoEnv().empty()) {
     auto& env = AlgoEnv();
     if (auto it = env.find(name); it != env.end()) a = it->second, source = "MC2_ALGO";
     else if (auto all = env.find(""); all != env.end()) a = all->second, source = "MC2_ALGO";
@@ -201,8 +201,10 @@ Algorithm SelectAlgorithm(OpKind kind, Algorithm requested, int ranks, size_t by
     }
     if (a != Algorithm::kAuto) return a;
   }
-  a = Table().Lookup(name, ranks, bytes);
-  if (a != Algorithm::kAuto && Implements(a, kind)) return a;
+  if (!Table().rules.empty()) {
+    a = Table().Lookup(name, ranks, bytes);
+    if (a != Algorithm::kAuto && Implements(a, kind)) return a;
+  }
   a = Default(kind, bytes);
   return Implements(a, kind) ? a : Algorithm::kDirect;
 }

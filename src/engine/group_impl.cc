@@ -137,8 +137,8 @@ Work GroupImpl::Submit(const char* name, bool inline_ok, std::function<void(OpCo
     ctx.seq = seq;
     ctx.name = name;
     ctx.work = w;
-    ctx.deadline = Clock::now() + self->world_->timeout;
-    self->tx().CheckHealth();
+    ctx.deadline = transport::CoarseNow() + self->world_->timeout;
+    self->tx().CheckHealth(/*thorough=*/false);
     body(ctx);
   };
   if (!(inline_ok && world_->engine->TryRunInline(work, task)))

@@ -35,6 +35,10 @@ namespace mc2::transport {
 
 using Clock = std::chrono::steady_clock;
 
+// Clock::now() to within a scheduler tick (~1-4 ms), at a fraction of the
+// cost: used for operation deadlines, which need no more precision.
+Clock::time_point CoarseNow();
+
 // Bytes at the start of every heap reserved for the transport's own header
 // (doorbell, pid). Allocations start after it.
 inline constexpr size_t kHeapHeaderBytes = 4096;
@@ -80,8 +84,10 @@ class Transport {
   // Reads rank `owner`'s flag (acquire) without waiting.
   virtual uint64_t Peek(int owner, uint64_t off) = 0;
 
-  // Throws the world's failure, if one is recorded or a peer is found dead.
-  virtual void CheckHealth() = 0;
+  // Throws the world's failure, if one is recorded or (thorough) a peer is
+  // found dead. The quick form reads one shared word, cheap enough for the
+  // start of every operation; the thorough one polls the peers' processes.
+  virtual void CheckHealth(bool thorough = true) = 0;
 
   // Records `error` as the world's failure (first one wins), so that every
   // rank's waits raise kAborted (or kPeerDied) promptly.

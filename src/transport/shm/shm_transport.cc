@@ -122,7 +122,9 @@ void ShmTransport::WaitGE(int owner, uint64_t off, uint64_t value,
     if (flag.load(std::memory_order_acquire) >= value) return;
     if ((i & 63) == 63) {
       if (NowNs() >= spin_end) break;
-      sched_yield();  // let a peer sharing this core run (oversubscription)
+      // After a short pure spin, yield so that a peer sharing this core
+      // (more ranks than cores) can run and publish.
+      if (i >= 2048) sched_yield();
     } else {
       MC2_CPU_RELAX();
     }
@@ -173,10 +175,10 @@ void ShmTransport::ThrowRecordedFailure(const transport::WaitContext* ctx) {
               ctx ? ctx->op : "", ctx ? ctx->seq : 0);
 }
 
-void ShmTransport::CheckHealth() {
+void ShmTransport::CheckHealth(bool thorough) {
   JobControl* ctl = mem_->control;
   if (ctl->aborted.load(std::memory_order_acquire)) ThrowRecordedFailure(nullptr);
-  if (pidfds_.empty()) return;
+  if (!thorough || pidfds_.empty()) return;
   std::vector<pollfd> fds;
   fds.reserve(pidfds_.size());
   for (int fd : pidfds_)

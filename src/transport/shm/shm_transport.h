@@ -54,7 +54,7 @@ class ShmTransport final : public transport::Transport {
               const transport::WaitContext& ctx) override;
   void RemoteAdd(int owner, uint64_t off, uint64_t value, size_t payload_bytes) override;
   uint64_t Peek(int owner, uint64_t off) override;
-  void CheckHealth() override;
+  void CheckHealth(bool thorough = true) override;
   void Abort(const Error& error) override;
 
  private:
