@@ -24,7 +24,7 @@ enum class ErrorCode : int {
   kPeerDied,             // a peer process exited or was killed
   kAborted,              // another rank or the launcher aborted the world
   kShmExhausted,         // shared memory (/dev/shm, symmetric heap) too small
-  kMismatch,             // ranks issued different operations (MC2_CHECK=1)
+  kMismatch,             // ranks issued different operations or arguments
   kSystem,               // a system call failed (errno is in the message)
   kMpi,                  // an MPI call failed
   kInternal,             // a bug in mc2: please report it

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -52,6 +53,16 @@ std::map<std::string, Algorithm> ParseAlgoEnv(const std::string& text) {
       key = item.substr(0, eq);
       val = item.substr(eq + 1);
     }
+    static const char* const kKinds[] = {"all_reduce", "reduce", "broadcast", "all_gather",
+                                         "all_gatherv", "gather", "scatter", "reduce_scatter",
+                                         "reduce_scatterv", "all_to_all", "all_to_allv",
+                                         "barrier"};
+    if (!key.empty() && std::find(std::begin(kKinds), std::end(kKinds), key) == std::end(kKinds))
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("MC2_ALGO='{}' is invalid: unknown collective '{}'; expected {}",
+                              text, key, kAlgoForm));
+    // all_to_all runs as all_to_allv (and so do the gather/scatter V forms).
+    if (key == "all_to_all") key = "all_to_allv";
     auto a = ParseAlgorithm(val);
     if (!a)
       throw Error(ErrorCode::kInvalidArgument,

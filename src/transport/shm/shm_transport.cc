@@ -151,10 +151,11 @@ void ShmTransport::WaitGE(int owner, uint64_t off, uint64_t value,
     if (flag.load(std::memory_order_acquire) >= value) return;
     try {
       CheckHealth();
-    } catch (const Error&) {
+    } catch (const Error& e) {
       // A peer may have published and then exited normally: the flag wins.
       if (flag.load(std::memory_order_acquire) >= value) return;
-      throw;
+      // Name the operation that was waiting.
+      throw Error(e.code(), e.message(), rank_, ctx.op, ctx.seq);
     }
     if (transport::Clock::now() >= ctx.deadline) {
       std::string missing = ctx.describe_missing ? ctx.describe_missing() : std::string();

@@ -1,0 +1,762 @@
+// Tests of `mc2 run` (tools/launcher.cc) and of the shm job segments it
+// creates (src/transport/shm/job.cc). The ranks are plain shell scripts, so
+// these tests exercise the launcher alone: environment, output relaying,
+// failure propagation, teardown on signals, and that no process and no
+// /dev/shm file outlives a job.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mc2/error.h"
+#include "transport/shm/job.h"
+
+extern char** environ;
+
+namespace mc2 {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::UnorderedElementsAre;
+
+const std::string kMc2 = MC2_BINARY_DIR "/tools/mc2";
+constexpr size_t kTestHeapBytes = 4 << 20;  // keeps every job cheap
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// Lines of `text` that start with `prefix`, in order.
+std::vector<std::string> LinesWithPrefix(const std::string& text, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (auto& line : Lines(text)) {
+    if (line.rfind(prefix, 0) == 0) out.push_back(line);
+  }
+  return out;
+}
+
+std::set<std::string> ShmEntries() {
+  std::set<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("mc2-", 0) == 0) names.insert(name);
+  }
+  return names;
+}
+
+// True if `pid` no longer runs. A zombie counts as gone: it runs no code and
+// holds no memory, and whether it is reaped depends on whoever is pid 1.
+bool ProcessGone(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string content;
+  if (!stat || !std::getline(stat, content)) return true;
+  const size_t paren = content.rfind(')');
+  return paren == std::string::npos || paren + 2 >= content.size() || content[paren + 2] == 'Z' ||
+         content[paren + 2] == 'X';
+}
+
+bool WaitUntilGone(const std::vector<pid_t>& pids, double seconds) {
+  const auto start = Clock::now();
+  while (true) {
+    if (std::all_of(pids.begin(), pids.end(), ProcessGone)) return true;
+    if (SecondsSince(start) > seconds) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+struct Result {
+  int status = -1;  // exit status, or 128 + signal
+  bool timed_out = false;
+  double seconds = 0;
+  std::string out;
+  std::string err;
+};
+
+// `mc2` started by Spawn and collected by Wait.
+struct Launch {
+  pid_t pid = -1;
+  int out_fd = -1;
+  int err_fd = -1;
+  Clock::time_point start;
+};
+
+// Environment overrides: a value sets the variable, nullopt unsets it.
+using EnvOverrides = std::map<std::string, std::optional<std::string>>;
+
+Launch Spawn(const std::vector<std::string>& args, EnvOverrides env = {}) {
+  // Cheap jobs by default, and no MC2_* from the caller's environment.
+  EnvOverrides all = {{"MC2_HEAP_BYTES", std::to_string(kTestHeapBytes)},
+                      {"MC2_SHM_DIR", std::nullopt}};
+  for (auto& [key, value] : env) all[key] = value;
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    const std::string key = entry.substr(0, entry.find('='));
+    if (all.count(key) == 0 && key.rfind("MC2_", 0) != 0) {
+      env_strings.push_back(entry);
+    }
+  }
+  for (auto& [key, value] : all) {
+    if (value) env_strings.push_back(key + "=" + *value);
+  }
+  std::vector<std::string> argv_strings = {kMc2};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv, envp;
+  for (auto& s : argv_strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+
+  int out[2], err[2];
+  EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
+  EXPECT_EQ(pipe2(err, O_CLOEXEC), 0);
+  Launch launch;
+  launch.start = Clock::now();
+  launch.pid = fork();
+  if (launch.pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    dup2(err[1], STDERR_FILENO);
+    // A test runner started in the background may ignore SIGINT, and that
+    // would be inherited: give the launcher default dispositions.
+    for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD}) signal(sig, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execve(argv[0], argv.data(), envp.data());
+    _exit(126);
+  }
+  close(out[1]);
+  close(err[1]);
+  launch.out_fd = out[0];
+  launch.err_fd = err[0];
+  return launch;
+}
+
+// Collects the output and the exit status; kills the launcher if it is still
+// running after `timeout` seconds (then timed_out is set).
+Result Wait(Launch& launch, double timeout = 10) {
+  Result result;
+  const auto deadline = launch.start + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeout));
+  int* fds[] = {&launch.out_fd, &launch.err_fd};
+  std::string* sinks[] = {&result.out, &result.err};
+  while (launch.out_fd >= 0 || launch.err_fd >= 0) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      result.timed_out = true;
+      kill(launch.pid, SIGKILL);
+      break;
+    }
+    struct pollfd p[2];
+    int n = 0;
+    int which[2];
+    for (int i = 0; i < 2; ++i) {
+      if (*fds[i] >= 0) {
+        p[n] = {*fds[i], POLLIN, 0};
+        which[n++] = i;
+      }
+    }
+    if (poll(p, n, static_cast<int>(left.count()) + 1) <= 0) continue;
+    for (int k = 0; k < n; ++k) {
+      if (p[k].revents == 0) continue;
+      char buffer[4096];
+      const ssize_t got = read(p[k].fd, buffer, sizeof(buffer));
+      if (got > 0) {
+        sinks[which[k]]->append(buffer, static_cast<size_t>(got));
+      } else if (got == 0 || errno != EINTR) {
+        close(*fds[which[k]]);
+        *fds[which[k]] = -1;
+      }
+    }
+  }
+  for (int* fd : fds) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+  }
+  int status = 0;
+  while (waitpid(launch.pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  launch.pid = -1;
+  result.seconds = SecondsSince(launch.start);
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+Result RunMc2(const std::vector<std::string>& args, EnvOverrides env = {}, double timeout = 10) {
+  Launch launch = Spawn(args, std::move(env));
+  return Wait(launch, timeout);
+}
+
+class LauncherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    shm_before_ = ShmEntries();
+    char dir[] = "/tmp/mc2-launcher-test-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    pid_file_ = dir_ + "/pids";
+  }
+
+  void TearDown() override {
+    // Whatever happened, leave nothing running.
+    if (launch_.pid > 0) {
+      kill(launch_.pid, SIGKILL);
+      waitpid(launch_.pid, nullptr, 0);
+      if (launch_.out_fd >= 0) close(launch_.out_fd);
+      if (launch_.err_fd >= 0) close(launch_.err_fd);
+    }
+    for (pid_t pid : RankPids()) {
+      if (!ProcessGone(pid)) {
+        ADD_FAILURE() << "rank process " << pid << " outlived its test";
+        kill(pid, SIGKILL);
+      }
+    }
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+    // Names exist for microseconds while a (concurrent) launcher creates a
+    // job; only a name that stays is a leak.
+    std::set<std::string> leaked;
+    for (const auto& name : ShmEntries()) {
+      if (shm_before_.count(name) == 0) leaked.insert(name);
+    }
+    if (!leaked.empty()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      const std::set<std::string> now = ShmEntries();
+      std::erase_if(leaked, [&](const std::string& name) { return now.count(name) == 0; });
+    }
+    EXPECT_THAT(leaked, ::testing::IsEmpty()) << "files left in /dev/shm";
+  }
+
+  // A shell snippet that records "RANK PID" of the shell in the pid file.
+  std::string RecordPid() const { return "echo \"$MC2_RANK $$\" >> " + pid_file_ + "; "; }
+
+  std::map<int, pid_t> RankPidMap() const {
+    std::map<int, pid_t> pids;
+    std::ifstream in(pid_file_);
+    int rank;
+    pid_t pid;
+    while (in >> rank >> pid) pids[rank] = pid;
+    return pids;
+  }
+
+  std::vector<pid_t> RankPids() const {
+    std::vector<pid_t> pids;
+    for (auto [rank, pid] : RankPidMap()) pids.push_back(pid);
+    return pids;
+  }
+
+  // Waits until `n` ranks have recorded their pids.
+  bool WaitForRanks(size_t n, double seconds = 5) {
+    const auto start = Clock::now();
+    while (RankPidMap().size() < n) {
+      if (SecondsSince(start) > seconds) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return true;
+  }
+
+  std::set<std::string> shm_before_;
+  std::string dir_;
+  std::string pid_file_;
+  Launch launch_;  // for tests that signal the launcher themselves
+};
+
+TEST_F(LauncherTest, SetsTheEnvironmentOfEachRank) {
+  // Stale values in the launcher's environment must be replaced.
+  const Result r = RunMc2({"run", "-n", "3", "sh", "-c",
+                           "echo \"R=$MC2_RANK W=$MC2_WORLD_SIZE LR=$MC2_LOCAL_RANK "
+                           "LS=$MC2_LOCAL_SIZE H=$MC2_HEAP_BYTES J=$MC2_JOB_ID F=$MC2_SHM_FDS\"; "
+                           "IFS=,; for fd in $MC2_SHM_FDS; do "
+                           "  echo \"fd $fd $(readlink /proc/$$/fd/$fd) "
+                           "$(stat -L -c %s /proc/$$/fd/$fd)\"; done"},
+                          {{"MC2_RANK", "99"}, {"MC2_SHM_FDS", "1,2"}});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  std::set<std::string> job_ids;
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string prefix = "[" + std::to_string(rank) + "] ";
+    const auto lines = LinesWithPrefix(r.out, prefix);
+    ASSERT_EQ(lines.size(), 5u) << r.out;
+    const std::string expected = prefix + "R=" + std::to_string(rank) +
+                                 " W=3 LR=" + std::to_string(rank) +
+                                 " LS=3 H=" + std::to_string(kTestHeapBytes) + " J=";
+    ASSERT_EQ(lines[0].substr(0, expected.size()), expected) << lines[0];
+    const std::string rest = lines[0].substr(expected.size());
+    const size_t fds_at = rest.find(" F=");
+    ASSERT_NE(fds_at, std::string::npos);
+    const std::string job_id = rest.substr(0, fds_at);
+    EXPECT_FALSE(job_id.empty());
+    job_ids.insert(job_id);
+    // F= lists 4 descriptors: control, then heaps 0..2; each is open in the
+    // rank, refers to an unlinked mc2 file in /dev/shm and has the right size.
+    for (int i = 0; i < 4; ++i) {
+      const std::string& line = lines[1 + i];
+      EXPECT_THAT(line, HasSubstr(" /dev/shm/mc2-")) << line;
+      EXPECT_THAT(line, HasSubstr("(deleted)")) << line;
+      if (i == 0) {
+        EXPECT_THAT(line, HasSubstr("-ctl (deleted)"));
+      } else {
+        EXPECT_THAT(line, HasSubstr("-heap-" + std::to_string(i - 1) + " (deleted) " +
+                                    std::to_string(kTestHeapBytes)));
+      }
+    }
+  }
+  EXPECT_EQ(job_ids.size(), 1u) << "all ranks must share one job id";
+}
+
+TEST_F(LauncherTest, HeapSizeComesFromEnvironmentOptionOrDefault) {
+  const std::string script = "echo $MC2_HEAP_BYTES";
+  Result r = RunMc2({"run", "-n", "1", "sh", "-c", script}, {{"MC2_HEAP_BYTES", std::nullopt}});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "[0] 268435456\n");
+  r = RunMc2({"run", "-n", "1", "sh", "-c", script}, {{"MC2_HEAP_BYTES", "1M"}});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "[0] 1048576\n");
+  // --heap wins over the environment.
+  r = RunMc2({"run", "-n", "1", "--heap", "2M", "sh", "-c", script}, {{"MC2_HEAP_BYTES", "1M"}});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "[0] 2097152\n");
+}
+
+TEST_F(LauncherTest, PrefixesEachLineWithTheRankOnTheSameStream) {
+  const Result r = RunMc2(
+      {"run", "-n", "2", "sh", "-c", "printf 'a\\nb\\n'; printf 'e1\\n' >&2; printf 'tail'"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(LinesWithPrefix(r.out, "[0] "), ElementsAre("[0] a", "[0] b", "[0] tail"));
+  EXPECT_THAT(LinesWithPrefix(r.out, "[1] "), ElementsAre("[1] a", "[1] b", "[1] tail"));
+  EXPECT_EQ(Lines(r.out).size(), 6u) << r.out;
+  EXPECT_THAT(Lines(r.err), UnorderedElementsAre("[0] e1", "[1] e1"));
+  EXPECT_EQ(r.out.back(), '\n') << "a partial last line is terminated";
+}
+
+TEST_F(LauncherTest, NoPrefixPassesOutputThroughUnchanged) {
+  const Result r = RunMc2(
+      {"run", "-n", "2", "--no-prefix", "sh", "-c", "printf \"x$MC2_RANK\\n\"; printf 'y\\n' >&2"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(Lines(r.out), UnorderedElementsAre("x0", "x1"));
+  EXPECT_THAT(Lines(r.err), UnorderedElementsAre("y", "y"));
+}
+
+TEST_F(LauncherTest, ProgramArgumentsArePassedUnparsed) {
+  Result r = RunMc2({"run", "-n", "1", "sh", "-c", "echo \"args: $*\"", "sh", "-n", "5",
+                     "--no-prefix", "--", "-x"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "[0] args: -n 5 --no-prefix -- -x\n");
+  r = RunMc2({"run", "-n", "1", "--", "sh", "-c", "echo ok"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "[0] ok\n");
+}
+
+TEST_F(LauncherTest, AllRanksSucceedingIsSilent) {
+  const Result r = RunMc2({"run", "-n", "4", "true"});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err, "");
+}
+
+TEST_F(LauncherTest, PropagatesTheExitStatusOfTheFailingRank) {
+  const Result r = RunMc2({"run", "-n", "3", "sh", "-c",
+                           RecordPid() + "if [ $MC2_RANK = 1 ]; then exit 3; fi; "
+                                         "exec sleep 30"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.status, 3) << r.err;
+  const pid_t pid = RankPidMap()[1];
+  EXPECT_THAT(r.err, HasSubstr("mc2 run: rank 1 (pid " + std::to_string(pid) +
+                               ") exited with status 3; terminating the "
+                               "other ranks\n"));
+  // The others are SIGKILLed after the 1.5 s grace period.
+  EXPECT_LT(r.seconds, 2.5);
+  EXPECT_THAT(r.err, HasSubstr("ranks 0,2: terminated by mc2 run (SIGKILL)"));
+  EXPECT_THAT(r.err, HasSubstr("rank 1: exited with status 3 (first failure)"));
+}
+
+TEST_F(LauncherTest, ReportsTheFirstFailureOnly) {
+  const Result r = RunMc2({"run", "-n", "2", "sh", "-c",
+                           "if [ $MC2_RANK = 0 ]; then sleep 0.3; exit 4; fi; "
+                           "exit 5"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.status, 5) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("rank 1 (pid "));
+  EXPECT_THAT(r.err, Not(HasSubstr("rank 0 (pid ")));
+  EXPECT_THAT(r.err, HasSubstr("rank 0: exited with status 4\n"));
+}
+
+// What ranks blocked in mc2 waits rely on: the launcher records the failure
+// in the control block. A surviving shell rank reads it through its
+// inherited descriptor.
+TEST_F(LauncherTest, RecordsTheFailureInTheControlBlock) {
+  const std::string read_ctl =
+      "F=/proc/$$/fd/${MC2_SHM_FDS%%,*}; "
+      "while [ \"$(od -An -td4 -j" +
+      std::to_string(offsetof(shm::JobControl, aborted)) +
+      " -N4 $F | tr -d ' ')\" = 0 ]; do sleep 0.01; done; "
+      "echo ctl $(od -An -td4 -j" +
+      std::to_string(offsetof(shm::JobControl, failed_rank)) +
+      " -N12 $F); "
+      "echo \"reason $(dd if=$F bs=1 skip=" +
+      std::to_string(offsetof(shm::JobControl, reason)) + " count=100 2>/dev/null | tr -d '\\0')\"";
+  static_assert(offsetof(shm::JobControl, failure_kind) ==
+                offsetof(shm::JobControl, failed_rank) + 4);
+  static_assert(offsetof(shm::JobControl, failure_value) ==
+                offsetof(shm::JobControl, failed_rank) + 8);
+  Result r = RunMc2({"run", "-n", "2", "sh", "-c",
+                     "if [ $MC2_RANK = 1 ]; then sleep 0.1; exit 3; fi; " + read_ctl});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.status, 3) << r.err;
+  // failed_rank 1, FailureKind::kExit, status 3.
+  EXPECT_THAT(Lines(r.out),
+              ElementsAre("[0] ctl 1 1 3", ::testing::StartsWith("[0] reason rank 1 (pid ")));
+  r = RunMc2({"run", "-n", "2", "sh", "-c",
+              "if [ $MC2_RANK = 1 ]; then sleep 0.1; kill -9 $$; fi; " + read_ctl});
+  EXPECT_EQ(r.status, 128 + SIGKILL) << r.err;
+  // FailureKind::kSignal, signal 9.
+  EXPECT_THAT(Lines(r.out), ::testing::Contains("[0] ctl 1 2 9"));
+}
+
+TEST_F(LauncherTest, KilledRankEndsTheOthersWithinTwoSeconds) {
+  const std::string killed_at = dir_ + "/killed_at";
+  const Result r = RunMc2({"run", "-n", "4", "sh", "-c",
+                           RecordPid() +
+                               "if [ $MC2_RANK = 2 ]; then sleep 0.2; "
+                               "date +%s%N > " +
+                               killed_at +
+                               "; kill -9 $$; "
+                               "fi; exec sleep 30"});
+  const auto ended = std::chrono::system_clock::now();
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.status, 128 + SIGKILL) << r.err;
+  const pid_t pid = RankPidMap()[2];
+  EXPECT_THAT(r.err, HasSubstr("mc2 run: rank 2 (pid " + std::to_string(pid) +
+                               ") was killed by signal 9 (Killed); "
+                               "terminating the other ranks\n"));
+  // Every rank must be gone (the launcher reaps them before it exits)
+  // within 2 s of the kill.
+  int64_t killed_ns = 0;
+  std::ifstream(killed_at) >> killed_ns;
+  ASSERT_GT(killed_ns, 0);
+  const double since_kill =
+      (std::chrono::duration_cast<std::chrono::nanoseconds>(ended.time_since_epoch()).count() -
+       killed_ns) /
+      1e9;
+  EXPECT_LT(since_kill, 2.0);
+  EXPECT_EQ(RankPidMap().size(), 4u);
+  EXPECT_TRUE(WaitUntilGone(RankPids(), 0));
+}
+
+TEST_F(LauncherTest, SigkilledLauncherTakesItsRanksAlong) {
+  launch_ = Spawn({"run", "-n", "3", "sh", "-c", RecordPid() + "exec sleep 30"});
+  ASSERT_TRUE(WaitForRanks(3));
+  ASSERT_EQ(kill(launch_.pid, SIGKILL), 0);
+  const Result r = Wait(launch_);
+  EXPECT_EQ(r.status, 128 + SIGKILL);
+  EXPECT_TRUE(WaitUntilGone(RankPids(), 2.0)) << "ranks survived the launcher";
+}
+
+TEST_F(LauncherTest, SigtermEndsAllRanksEvenThoseIgnoringIt) {
+  launch_ =
+      Spawn({"run", "-n", "3", "sh", "-c",
+             "if [ $MC2_RANK = 1 ]; then trap '' TERM; fi; " + RecordPid() + "exec sleep 30"});
+  ASSERT_TRUE(WaitForRanks(3));
+  const auto signalled = Clock::now();
+  ASSERT_EQ(kill(launch_.pid, SIGTERM), 0);
+  const Result r = Wait(launch_);
+  EXPECT_EQ(r.status, 143) << r.err;
+  EXPECT_LT(SecondsSince(signalled), 2.0);
+  EXPECT_TRUE(WaitUntilGone(RankPids(), 0)) << "the launcher reaps its ranks";
+  EXPECT_THAT(r.err, HasSubstr("mc2 run: received SIGTERM; terminating the "
+                               "ranks\n"));
+  EXPECT_THAT(r.err, HasSubstr("rank 1: terminated by mc2 run (SIGKILL)"));
+  EXPECT_THAT(r.err, HasSubstr("ranks 0,2: terminated by mc2 run (SIGTERM)"));
+}
+
+TEST_F(LauncherTest, SigintExitsWith130) {
+  launch_ = Spawn({"run", "-n", "2", "sh", "-c", RecordPid() + "exec sleep 30"});
+  ASSERT_TRUE(WaitForRanks(2));
+  ASSERT_EQ(kill(launch_.pid, SIGINT), 0);
+  const Result r = Wait(launch_);
+  EXPECT_EQ(r.status, 130) << r.err;
+  EXPECT_LT(r.seconds, 5.0);
+  EXPECT_TRUE(WaitUntilGone(RankPids(), 0));
+}
+
+TEST_F(LauncherTest, KillsWhatAFailedRankLeftInItsProcessGroup) {
+  // The shell's child `sleep` holds the output pipe; the launcher must not
+  // wait for it.
+  const Result r = RunMc2(
+      {"run", "-n", "1", "sh", "-c", "sleep 30 & echo \"0 $!\" >> " + pid_file_ + "; exit 7"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.status, 7);
+  EXPECT_LT(r.seconds, 1.5);
+  EXPECT_TRUE(WaitUntilGone(RankPids(), 2.0));
+}
+
+TEST_F(LauncherTest, HugeHeapFailsFastNamingTheDirectory) {
+  const Result r = RunMc2({"run", "-n", "2", "sh", "-c", "touch " + dir_ + "/ran"},
+                          {{"MC2_HEAP_BYTES", "100G"}});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_LT(r.seconds, 2.0);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("[shm_exhausted]"), HasSubstr("/dev/shm"),
+                           HasSubstr("2 ranks x 107374182400 bytes"), HasSubstr("free"),
+                           HasSubstr("MC2_HEAP_BYTES"), HasSubstr("--heap")));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/ran")) << "no rank may start";
+}
+
+TEST_F(LauncherTest, InvalidSettingsAreUsageErrors) {
+  Result r = RunMc2({"run", "-n", "2", "true"}, {{"MC2_HEAP_BYTES", "lots"}});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("MC2_HEAP_BYTES='lots'"), HasSubstr("256M")));
+  r = RunMc2({"run", "-n", "2", "true"}, {{"MC2_HEAP_BYTES", "0"}});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("MC2_HEAP_BYTES='0'"));
+  r = RunMc2({"run", "-n", "2", "--heap", "12Q", "true"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("--heap='12Q'"));
+  r = RunMc2({"run", "-n", "1", "true"}, {{"MC2_SHM_DIR", dir_ + "/missing"}});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("MC2_SHM_DIR='" + dir_ + "/missing'"));
+  r = RunMc2({"run", "-n", "0", "true"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("number of ranks"));
+  r = RunMc2({"run", "true"});
+  EXPECT_EQ(r.status, 2);
+  r = RunMc2({"run", "-n", "2"});
+  EXPECT_EQ(r.status, 2);
+}
+
+TEST_F(LauncherTest, UsesMc2ShmDir) {
+  const Result r = RunMc2({"run", "-n", "1", "sh", "-c", "readlink /proc/$$/fd/${MC2_SHM_FDS%%,*}"},
+                          {{"MC2_SHM_DIR", dir_}});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(dir_ + "/mc2-"));
+  EXPECT_TRUE(std::filesystem::is_empty(dir_));
+}
+
+TEST_F(LauncherTest, MissingProgramExits127) {
+  const Result r = RunMc2({"run", "-n", "2", "no-such-program-mc2-test"});
+  EXPECT_EQ(r.status, 127);
+  EXPECT_EQ(r.err,
+            "mc2 run: cannot execute 'no-such-program-mc2-test': No such "
+            "file or directory\n");
+}
+
+TEST_F(LauncherTest, ExecFailureInTheRankExits127) {
+  // Passes the launcher's PATH check but exec fails: missing interpreter.
+  const std::string script = dir_ + "/bad-interpreter";
+  {
+    std::ofstream out(script);
+    out << "#!/nonexistent/interpreter\n";
+  }
+  ASSERT_EQ(chmod(script.c_str(), 0755), 0);
+  const Result r = RunMc2({"run", "-n", "1", script});
+  EXPECT_EQ(r.status, 127) << r.err;
+  EXPECT_THAT(r.err,
+              HasSubstr("mc2 run: cannot execute '" + script + "': No such file or directory"));
+}
+
+TEST_F(LauncherTest, PrintsItsVersion) {
+  const Result r = RunMc2({"--version"});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_THAT(r.out, ::testing::StartsWith("mc2 "));
+}
+
+// ---------------------------------------------------------------------------
+// The job segments themselves.
+
+class JobSegmentsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/dev/shm/mc2test-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  std::string dir_;
+};
+
+TEST_F(JobSegmentsTest, CreatesUnlinkedInheritableInitialisedSegments) {
+  shm::JobSegments s = shm::CreateJobSegments(3, 5000, dir_);
+  EXPECT_TRUE(std::filesystem::is_empty(dir_)) << "names are unlinked";
+  const long page = sysconf(_SC_PAGESIZE);
+  EXPECT_EQ(s.heap_bytes % page, 0u);
+  EXPECT_GE(s.heap_bytes, 5000u);
+  ASSERT_EQ(s.heap_fds.size(), 3u);
+  std::vector<int> fds = s.heap_fds;
+  fds.push_back(s.control_fd);
+  for (int fd : fds) {
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ(fcntl(fd, F_GETFD) & FD_CLOEXEC, 0) << "ranks inherit it";
+    struct stat st;
+    ASSERT_EQ(fstat(fd, &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    EXPECT_EQ(st.st_nlink, 0u);
+    if (fd != s.control_fd) {
+      EXPECT_EQ(static_cast<size_t>(st.st_size), s.heap_bytes);
+      // Reserved up front: the blocks exist before anyone touches them.
+      EXPECT_GE(static_cast<size_t>(st.st_blocks) * 512, s.heap_bytes);
+    } else {
+      EXPECT_GE(static_cast<size_t>(st.st_size), sizeof(shm::JobControl));
+    }
+  }
+  const shm::JobControl* ctl = s.control;
+  ASSERT_NE(ctl, nullptr);
+  EXPECT_EQ(ctl->magic, shm::kJobMagic);
+  EXPECT_EQ(ctl->world_size, 3);
+  EXPECT_EQ(ctl->heap_bytes, s.heap_bytes);
+  EXPECT_EQ(ctl->aborted.load(), 0u);
+  EXPECT_EQ(ctl->failed_rank.load(), -1);
+  EXPECT_EQ(ctl->failure_kind.load(), 0);
+  for (const auto& pid : ctl->pids) EXPECT_EQ(pid.load(), 0);
+
+  shm::CloseJobSegments(s);
+  EXPECT_EQ(s.control, nullptr);
+  EXPECT_EQ(s.control_fd, -1);
+  EXPECT_TRUE(s.heap_fds.empty());
+  for (int fd : fds) EXPECT_EQ(fcntl(fd, F_GETFD), -1) << "closed";
+}
+
+TEST_F(JobSegmentsTest, RejectsBadRequests) {
+  try {
+    shm::CreateJobSegments(2, size_t{100} << 30, dir_);
+    ADD_FAILURE() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kShmExhausted);
+    EXPECT_THAT(e.message(),
+                AllOf(HasSubstr(dir_), HasSubstr("free"), HasSubstr("MC2_HEAP_BYTES")));
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir_));
+  try {
+    shm::CreateJobSegments(1, 4096, dir_ + "/missing");
+    ADD_FAILURE() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kSystem);
+    EXPECT_THAT(e.message(), HasSubstr(dir_ + "/missing"));
+  }
+  for (int n : {0, shm::kMaxRanks + 1}) {
+    try {
+      shm::CreateJobSegments(n, 4096, dir_);
+      ADD_FAILURE() << "no exception";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    }
+  }
+}
+
+TEST_F(JobSegmentsTest, FirstRecordedFailureWinsAndIsComplete) {
+  shm::JobSegments s = shm::CreateJobSegments(2, 4096, dir_);
+  shm::JobControl* ctl = s.control;
+  // The launcher's own failure (rank -1) must be able to claim it too.
+  EXPECT_TRUE(shm::RecordFailure(ctl, -1, shm::FailureKind::kLauncher, 15, std::string(1000, 'x')));
+  EXPECT_FALSE(shm::RecordFailure(ctl, 1, shm::FailureKind::kExit, 3, "late"));
+  EXPECT_EQ(ctl->aborted.load(), 1u);
+  EXPECT_EQ(ctl->failed_rank.load(), -1);
+  EXPECT_EQ(ctl->failure_kind.load(), static_cast<int>(shm::FailureKind::kLauncher));
+  EXPECT_EQ(ctl->failure_value.load(), 15);
+  EXPECT_EQ(std::string(ctl->reason), std::string(sizeof(ctl->reason) - 1, 'x'));
+  shm::CloseJobSegments(s);
+}
+
+TEST_F(JobSegmentsTest, ConcurrentRecordersAgreeOnOneWinner) {
+  for (int round = 0; round < 20; ++round) {
+    shm::JobSegments s = shm::CreateJobSegments(8, 4096, dir_);
+    shm::JobControl* ctl = s.control;
+    std::atomic<int> winners{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 8; ++r) {
+      threads.emplace_back([&, r] {
+        while (!go.load()) {
+        }
+        if (shm::RecordFailure(ctl, r, shm::FailureKind::kExit, 100 + r,
+                               "rank " + std::to_string(r))) {
+          ++winners;
+        }
+        // Every caller returns only once the record is published.
+        EXPECT_EQ(ctl->aborted.load(std::memory_order_acquire), 1u);
+      });
+    }
+    go = true;
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(winners.load(), 1);
+    const int r = ctl->failed_rank.load();
+    EXPECT_EQ(ctl->failure_value.load(), 100 + r);
+    EXPECT_EQ(std::string(ctl->reason), "rank " + std::to_string(r));
+    shm::CloseJobSegments(s);
+  }
+}
+
+TEST_F(JobSegmentsTest, RecordingWakesFutexWaiters) {
+  shm::JobSegments s = shm::CreateJobSegments(1, 4096, dir_);
+  shm::JobControl* ctl = s.control;
+  double waited = -1;
+  std::thread waiter([&] {
+    const auto start = Clock::now();
+    const struct timespec timeout = {5, 0};
+    while (ctl->aborted.load(std::memory_order_acquire) == 0 && SecondsSince(start) < 5) {
+      // Shared (non-private) futex, as ranks in other processes would use.
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&ctl->aborted), FUTEX_WAIT, 0, &timeout,
+              nullptr, 0);
+    }
+    waited = SecondsSince(start);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  shm::RecordFailure(ctl, 0, shm::FailureKind::kAbort, 0, "boom");
+  waiter.join();
+  EXPECT_LT(waited, 1.0);
+  shm::CloseJobSegments(s);
+}
+
+TEST_F(JobSegmentsTest, ALostClaimIsPublishedEvenIfItsWinnerDied) {
+  shm::JobSegments s = shm::CreateJobSegments(1, 4096, dir_);
+  shm::JobControl* ctl = s.control;
+  // As if a rank had claimed the record and been killed before publishing.
+  ctl->failure_kind.store(static_cast<int>(shm::FailureKind::kAbort));
+  const auto start = Clock::now();
+  EXPECT_FALSE(shm::RecordFailure(ctl, -1, shm::FailureKind::kLauncher, 2, ""));
+  EXPECT_LT(SecondsSince(start), 1.0);
+  EXPECT_EQ(ctl->aborted.load(), 1u) << "waiters must not hang";
+  shm::CloseJobSegments(s);
+}
+
+}  // namespace
+}  // namespace mc2

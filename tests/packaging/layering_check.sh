@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Proves that the layering of src/ is enforced by the build: a wrong include
+# fails to compile.
+#
+#   tests/packaging/layering_check.sh --binary-dir BUILD [--source-dir SRC]
+#       [--cxx COMPILER] [--core-includes "DIR;DIR"] [--engine-includes "DIR;DIR"]
+#       [--implicit-includes "DIR;DIR"]
+#
+# Each layer src/L is compiled with the public include/ and its own include
+# root BUILD/layer_include/L, which holds symlinks to src/L and to the lower
+# layers L may use, and nothing else (mc2_layer() in CMakeLists.txt). ctest
+# passes the include directories of the real mc2_core and mc2_engine targets;
+# without them the script assumes SRC/include plus that layer's root. Those
+# lists may name the compiler's implicit directories (e.g. /usr/include, from
+# fmt's target); like CMake, the script leaves out the ones given with
+# --implicit-includes, since -I/usr/include breaks libstdc++'s #include_next.
+#
+# Checks, each on a probe file placed in a temporary directory as if it were
+# a source file of the layer:
+#   1. in src/core, #include "engine/group_impl.h" must FAIL to compile, and
+#      fail because the header is not found (core may not see engine);
+#   2. in src/engine, #include "core/env.h" must compile (engine may see core);
+#   3. in src/engine, #include "engine/group_impl.h" must compile (the header
+#      itself is fine: check 1 failed only because of the layer root).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source_dir=$(cd "$here/../.." && pwd)
+binary_dir=""
+cxx="${CXX:-c++}"
+core_includes=""
+engine_includes=""
+implicit_includes=""
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --binary-dir) binary_dir="$2"; shift 2 ;;
+    --source-dir) source_dir="$2"; shift 2 ;;
+    --cxx) cxx="$2"; shift 2 ;;
+    --core-includes) core_includes="$2"; shift 2 ;;
+    --engine-includes) engine_includes="$2"; shift 2 ;;
+    --implicit-includes) implicit_includes="$2"; shift 2 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    *) echo "layering_check: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+[ -n "$binary_dir" ] || { echo "layering_check: --binary-dir is required" >&2; exit 2; }
+binary_dir=$(cd "$binary_dir" && pwd)
+
+fail() { echo "layering_check: FAILED: $*" >&2; exit 1; }
+
+for layer in core engine; do
+  [ -d "$binary_dir/layer_include/$layer" ] ||
+    fail "$binary_dir/layer_include/$layer does not exist (is $binary_dir configured?)"
+done
+[ -e "$binary_dir/layer_include/core/engine" ] &&
+  fail "the core layer's include root contains engine/"
+[ -z "$core_includes" ] && core_includes="$source_dir/include;$binary_dir/layer_include/core"
+[ -z "$engine_includes" ] && engine_includes="$source_dir/include;$binary_dir/layer_include/engine"
+case ";$core_includes;" in
+  *";$binary_dir/layer_include/core;"*) ;;
+  *) fail "the core target does not use its layer root (includes: $core_includes)" ;;
+esac
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/mc2-layering.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+# compile LAYER INCLUDES HEADER: compiles a probe in TMP/src/LAYER that
+# includes HEADER, with -I for each of INCLUDES; the compiler's output goes
+# to TMP/LAYER.log.
+compile() {
+  local layer="$1" includes="$2" header="$3" flags=() dir
+  mkdir -p "$tmp/src/$layer"
+  printf '#include "%s"\nint mc2_layering_probe() { return 0; }\n' "$header" \
+    > "$tmp/src/$layer/layering_probe.cc"
+  IFS=';' read -r -a dirs <<< "$includes"
+  for dir in "${dirs[@]}"; do
+    [ -n "$dir" ] || continue
+    case ";$implicit_includes;" in *";$dir;"*) continue ;; esac
+    case " ${flags[*]} " in *" -I$dir "*) continue ;; esac
+    flags+=("-I$dir")
+  done
+  "$cxx" -std=c++20 -fsyntax-only "${flags[@]}" "$tmp/src/$layer/layering_probe.cc" \
+    > "$tmp/$layer.log" 2>&1
+}
+
+echo "== layering_check: core includes engine/group_impl.h (must fail)"
+if compile core "$core_includes" engine/group_impl.h; then
+  fail "a file of src/core compiled with #include \"engine/group_impl.h\": layering is not enforced"
+fi
+if ! grep -q 'engine/group_impl.h' "$tmp/core.log" || ! grep -qiE 'no such file|file not found' "$tmp/core.log"; then
+  cat "$tmp/core.log"
+  fail "the probe failed, but not because engine/group_impl.h was not found"
+fi
+head -3 "$tmp/core.log"
+
+echo "== layering_check: engine includes core/env.h (must compile)"
+compile engine "$engine_includes" core/env.h ||
+  { cat "$tmp/engine.log"; fail "a file of src/engine cannot include core/env.h"; }
+
+echo "== layering_check: engine includes engine/group_impl.h (must compile)"
+compile engine "$engine_includes" engine/group_impl.h ||
+  { cat "$tmp/engine.log"; fail "a file of src/engine cannot include engine/group_impl.h"; }
+
+echo "layering_check: OK: a wrong include fails to build, allowed ones compile"

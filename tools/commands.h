@@ -1,0 +1,23 @@
+// The subcommands of the `mc2` command-line tool. Each lives in its own
+// tools/<name>_command.cc and is added to the app by its Register function,
+// called from main.cc.
+//
+// Convention: a subcommand's callback reports a non-zero exit status by
+// throwing CLI::RuntimeError(status); main() turns it into the process exit
+// status without printing anything more (the command prints its own
+// diagnostics). Command-line parse errors exit with status 2.
+#ifndef MC2_TOOLS_COMMANDS_H_
+#define MC2_TOOLS_COMMANDS_H_
+
+#include <CLI/CLI.hpp>
+
+namespace mc2::tools {
+
+// `mc2 run -n N [--no-prefix] [--heap BYTES] [--] PROGRAM [ARGS...]`
+void RegisterRun(CLI::App& app);
+// `mc2 bench COLLECTIVE -n N -b MIN -e MAX ...` and `mc2 bench --tune`
+void RegisterBench(CLI::App& app);
+
+}  // namespace mc2::tools
+
+#endif  // MC2_TOOLS_COMMANDS_H_
