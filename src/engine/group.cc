@@ -305,64 +305,15 @@ uint64_t Group::ReadSignal(int slot) const {
 }
 
 // ---------------------------------------------------------------------------
-// Point-to-point. Works as follows: the sender owns a channel buffer of two
-// slots in its heap for each peer; a message is cut into slot-sized chunks,
-// each carrying a small header (tag, total size, index). Per peer the sender
-// publishes how many chunks it wrote (p2p word 0) and the receiver how many
-// it consumed (p2p word 2); the sender reuses slot c % 2 once chunk c - 2 is
-// consumed. Messages between two ranks are delivered in order; the tag and
-// size of each are checked against the Recv (kMismatch if they differ).
-// A Send completes when its last chunk is in the channel (buffered), so
-// messages up to two chunks complete without the receiver.
-
-namespace {
-constexpr size_t kChunkHeader = 64;
-constexpr size_t kChunkPayload = 256 * 1024;
-constexpr size_t kSlotBytes = kChunkHeader + kChunkPayload;
-struct ChunkHeader {
-  int64_t tag;
-  uint64_t total;
-  uint64_t index;
-};
-constexpr uint64_t kSentWord = 0, kChanWord = 8, kAckWord = 16;
-}  // namespace
+// Point-to-point (see engine/p2p_engine.h).
 
 Work Group::Send(const void* data, size_t bytes, int peer, int tag) const {
   MC2_CHECK_ARG(impl_, "Send on an invalid (empty) group");
   MC2_CHECK_ARG(peer >= 0 && peer < size() && peer != rank(),
                 "Send: peer {} must be another rank in [0, {})", peer, size());
   MC2_CHECK_ARG(data || bytes == 0, "Send: null buffer with {} bytes", bytes);
-  GroupImpl* g = impl_.get();
-  return g->Submit("send", bytes <= 4096, [g, data, bytes, peer, tag](OpContext& ctx) {
-    auto& ch = g->channels()[peer];
-    int me = g->rank();
-    if (ch.chan_off == internal::kPrivate) {
-      auto off = g->world().heap->Allocate(2 * kSlotBytes);
-      if (!off)
-        throw Error(ErrorCode::kShmExhausted,
-                    fmt::format("Send: no room in the symmetric heap for a {}-byte channel to "
-                                "rank {}; raise MC2_HEAP_BYTES",
-                                2 * kSlotBytes, peer),
-                    me, "send");
-      ch.chan_off = *off;
-      *reinterpret_cast<uint64_t*>(g->Ptr(me, g->P2POff(peer) + kChanWord)) = *off;
-    }
-    size_t nchunks = std::max<size_t>(1, (bytes + kChunkPayload - 1) / kChunkPayload);
-    for (size_t j = 0; j < nchunks; ++j) {
-      uint64_t c = ch.sent_chunks;
-      if (c >= 2) g->WaitFlag(ctx, peer, g->P2POff(me) + kAckWord, c - 1);
-      char* slot = g->HeapPtr(me, ch.chan_off + (c % 2) * kSlotBytes);
-      auto* h = reinterpret_cast<ChunkHeader*>(slot);
-      h->tag = tag;
-      h->total = bytes;
-      h->index = j;
-      size_t off = j * kChunkPayload;
-      size_t n = std::min(kChunkPayload, bytes - std::min(bytes, off));
-      if (n) std::memcpy(slot + kChunkHeader, static_cast<const char*>(data) + off, n);
-      g->Publish(g->P2POff(peer) + kSentWord, c + 1, n);
-      ch.sent_chunks = c + 1;
-    }
-  }, /*collective=*/false);
+  return impl_->world().P2P().Post(impl_, true, static_cast<char*>(const_cast<void*>(data)),
+                                   bytes, peer, tag);
 }
 
 Work Group::Recv(void* data, size_t bytes, int peer, int tag) const {
@@ -370,31 +321,7 @@ Work Group::Recv(void* data, size_t bytes, int peer, int tag) const {
   MC2_CHECK_ARG(peer >= 0 && peer < size() && peer != rank(),
                 "Recv: peer {} must be another rank in [0, {})", peer, size());
   MC2_CHECK_ARG(data || bytes == 0, "Recv: null buffer with {} bytes", bytes);
-  GroupImpl* g = impl_.get();
-  return g->Submit("recv", bytes <= 4096, [g, data, bytes, peer, tag](OpContext& ctx) {
-    auto& ch = g->channels()[peer];
-    int me = g->rank();
-    size_t nchunks = std::max<size_t>(1, (bytes + kChunkPayload - 1) / kChunkPayload);
-    for (size_t j = 0; j < nchunks; ++j) {
-      uint64_t c = ch.recv_chunks;
-      g->WaitFlag(ctx, peer, g->P2POff(me) + kSentWord, c + 1);
-      uint64_t chan = *reinterpret_cast<volatile uint64_t*>(g->Ptr(peer, g->P2POff(me) + kChanWord));
-      const char* slot = g->HeapPtr(peer, chan + (c % 2) * kSlotBytes);
-      const auto* h = reinterpret_cast<const ChunkHeader*>(slot);
-      if (h->tag != tag || h->total != bytes || h->index != j)
-        throw Error(ErrorCode::kMismatch,
-                    fmt::format("Recv(bytes={}, tag={}) from rank {} met a Send(bytes={}, tag={}) "
-                                "from that rank; messages between two ranks are delivered in "
-                                "order and must match",
-                                bytes, tag, peer, h->total, h->tag),
-                    me, "recv");
-      size_t off = j * kChunkPayload;
-      size_t n = std::min(kChunkPayload, bytes - std::min(bytes, off));
-      if (n) std::memcpy(static_cast<char*>(data) + off, slot + kChunkHeader, n);
-      g->Publish(g->P2POff(peer) + kAckWord, c + 1);
-      ch.recv_chunks = c + 1;
-    }
-  }, /*collective=*/false);
+  return impl_->world().P2P().Post(impl_, false, static_cast<char*>(data), bytes, peer, tag);
 }
 
 }  // namespace mc2

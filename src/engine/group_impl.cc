@@ -50,7 +50,15 @@ std::string Fingerprint::Describe() const {
   return s;
 }
 
-World::~World() { engine.reset(); }
+World::~World() {
+  engine.reset();
+  p2p.reset();
+}
+
+P2PEngine& World::P2P() {
+  std::call_once(p2p_once, [this] { p2p = std::make_unique<P2PEngine>(this); });
+  return *p2p;
+}
 
 size_t GroupImpl::DefaultScratchBytes() {
   static const size_t bytes = [] {
@@ -131,14 +139,19 @@ Work GroupImpl::Submit(const char* name, bool inline_ok, std::function<void(OpCo
   uint64_t seq = collective ? seq_.fetch_add(1) + 1 : 0;
   auto work = std::make_shared<WorkState>(seq, name);
   auto self = shared_from_this();
-  auto task = [self, seq, name, w = work.get(), body = std::move(body)] {
+  auto task = [self, seq, name, w = work.get(), body = std::move(body)]() mutable {
+    // Release our reference when the body ends, before the work completes:
+    // once its waiter wakes, the caller may drop the last other reference,
+    // and the world must not be destroyed on its own progress thread (the
+    // finished task is destroyed there; ~ProgressEngine would join itself).
+    const std::shared_ptr<GroupImpl> keep = std::move(self);
     OpContext ctx;
-    ctx.g = self.get();
+    ctx.g = keep.get();
     ctx.seq = seq;
     ctx.name = name;
     ctx.work = w;
-    ctx.deadline = transport::CoarseNow() + self->world_->timeout;
-    self->tx().CheckHealth(/*thorough=*/false);
+    ctx.deadline = transport::CoarseNow() + keep->world_->timeout;
+    keep->tx().CheckHealth(/*thorough=*/false);
     body(ctx);
   };
   if (!(inline_ok && world_->engine->TryRunInline(work, task)))

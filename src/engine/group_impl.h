@@ -28,11 +28,13 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/heap_allocator.h"
+#include "engine/p2p_engine.h"
 #include "engine/progress_engine.h"
 #include "engine/work_state.h"
 #include "mc2/group.h"
@@ -86,6 +88,10 @@ struct World {
   std::unique_ptr<engine::HeapAllocator> heap;
   std::chrono::nanoseconds timeout{};
   bool deterministic = true;
+  // Point-to-point progress, started by the first message.
+  P2PEngine& P2P();
+  std::once_flag p2p_once;
+  std::unique_ptr<P2PEngine> p2p;
   // Last so that it is destroyed first: its thread may still use the rest.
   std::unique_ptr<engine::ProgressEngine> engine;
   ~World();

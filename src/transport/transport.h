@@ -81,6 +81,13 @@ class Transport {
   // exception to single-writer flags: user signals, which any rank may bump.
   virtual void RemoteAdd(int owner, uint64_t off, uint64_t value, size_t payload_bytes = 0) = 0;
 
+  // Wakes rank `peer`'s threads sleeping in SleepUntil (cheap when none is).
+  virtual void Wake(int peer) = 0;
+  // Sleeps until `ready()` holds, this rank is woken (Wake, or a Publish of
+  // one of its own flags) or `max` passed, whichever comes first. For
+  // threads that wait on many flags at once (point-to-point progress).
+  virtual void SleepUntil(const std::function<bool()>& ready, Clock::duration max) = 0;
+
   // Reads rank `owner`'s flag (acquire) without waiting.
   virtual uint64_t Peek(int owner, uint64_t off) = 0;
 

@@ -95,6 +95,21 @@ void ShmTransport::RemoteAdd(int owner, uint64_t off, uint64_t value, size_t /*p
   Ring(owner);
 }
 
+void ShmTransport::SleepUntil(const std::function<bool()>& ready,
+                              transport::Clock::duration max) {
+  RankHeader* h = Header(rank_);
+  h->sleepers.fetch_add(1, std::memory_order_seq_cst);
+  uint32_t bell = h->doorbell.load(std::memory_order_acquire);
+  if (!ready()) {
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(max).count();
+    if (ns > 0) {
+      timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+      Futex(&h->doorbell, FUTEX_WAIT, bell, &ts);
+    }
+  }
+  h->sleepers.fetch_sub(1, std::memory_order_relaxed);
+}
+
 void ShmTransport::Ring(int owner) {
   // Pairs with the waiter's sleepers increment: either it sees our store
   // before sleeping, or we see it sleeping and ring (Dekker on seq_cst).

@@ -54,6 +54,8 @@ class ShmTransport final : public transport::Transport {
               const transport::WaitContext& ctx) override;
   void RemoteAdd(int owner, uint64_t off, uint64_t value, size_t payload_bytes) override;
   uint64_t Peek(int owner, uint64_t off) override;
+  void Wake(int peer) override { Ring(peer); }
+  void SleepUntil(const std::function<bool()>& ready, transport::Clock::duration max) override;
   void CheckHealth(bool thorough = true) override;
   void Abort(const Error& error) override;
 
