@@ -94,7 +94,7 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
     fp.aux = HashCounts(a.counts, a.displs);
   // Algorithms may differ across ranks only if the user forces different
   // ones; record the choice so such a mix is reported, not run.
-  fp.aux ^= static_cast<uint64_t>(algo) << 56;
+  fp.algorithm = static_cast<uint8_t>(algo);
 
   // What the peers may read in place: reducing collectives never expose an
   // in-place buffer (it is overwritten while others still read it).

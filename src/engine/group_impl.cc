@@ -7,6 +7,7 @@
 #include "core/enforce.h"
 #include "core/env.h"
 #include "core/log.h"
+#include "mc2/collectives.h"
 
 namespace mc2::internal {
 
@@ -43,7 +44,7 @@ std::string Fingerprint::Describe() const {
       s += fmt::format(", op={}", ReduceOpName(static_cast<ReduceOp>(op)));
     if (root >= 0) s += fmt::format(", root={}", root);
     if (aux) s += fmt::format(", layout={:#x}", aux);
-    s += ")";
+    s += fmt::format(", algo={})", AlgorithmName(static_cast<Algorithm>(algorithm)));
   } else {
     s += fmt::format("(count={}, root={}, aux={:#x})", count, root, aux);
   }

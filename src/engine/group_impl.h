@@ -76,6 +76,7 @@ struct Fingerprint {
   int32_t root = -1;
   uint64_t count = 0;  // elements (or bytes for byte-oriented operations)
   uint64_t aux = 0;    // operation-specific (e.g. a hash of per-rank counts)
+  uint8_t algorithm = 0;  // mc2::Algorithm that runs it (ranks must agree)
   bool operator==(const Fingerprint&) const = default;
   std::string Describe() const;
 };

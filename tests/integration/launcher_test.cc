@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/process_util.h"
 #include "mc2/error.h"
 #include "transport/shm/job.h"
 
@@ -38,188 +39,12 @@ extern char** environ;
 namespace mc2 {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::UnorderedElementsAre;
-
-const std::string kMc2 = MC2_BINARY_DIR "/tools/mc2";
-constexpr size_t kTestHeapBytes = 4 << 20;  // keeps every job cheap
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-std::vector<std::string> Lines(const std::string& text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
-
-// Lines of `text` that start with `prefix`, in order.
-std::vector<std::string> LinesWithPrefix(const std::string& text, const std::string& prefix) {
-  std::vector<std::string> out;
-  for (auto& line : Lines(text)) {
-    if (line.rfind(prefix, 0) == 0) out.push_back(line);
-  }
-  return out;
-}
-
-std::set<std::string> ShmEntries() {
-  std::set<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("mc2-", 0) == 0) names.insert(name);
-  }
-  return names;
-}
-
-// True if `pid` no longer runs. A zombie counts as gone: it runs no code and
-// holds no memory, and whether it is reaped depends on whoever is pid 1.
-bool ProcessGone(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string content;
-  if (!stat || !std::getline(stat, content)) return true;
-  const size_t paren = content.rfind(')');
-  return paren == std::string::npos || paren + 2 >= content.size() || content[paren + 2] == 'Z' ||
-         content[paren + 2] == 'X';
-}
-
-bool WaitUntilGone(const std::vector<pid_t>& pids, double seconds) {
-  const auto start = Clock::now();
-  while (true) {
-    if (std::all_of(pids.begin(), pids.end(), ProcessGone)) return true;
-    if (SecondsSince(start) > seconds) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
-
-struct Result {
-  int status = -1;  // exit status, or 128 + signal
-  bool timed_out = false;
-  double seconds = 0;
-  std::string out;
-  std::string err;
-};
-
-// `mc2` started by Spawn and collected by Wait.
-struct Launch {
-  pid_t pid = -1;
-  int out_fd = -1;
-  int err_fd = -1;
-  Clock::time_point start;
-};
-
-// Environment overrides: a value sets the variable, nullopt unsets it.
-using EnvOverrides = std::map<std::string, std::optional<std::string>>;
-
-Launch Spawn(const std::vector<std::string>& args, EnvOverrides env = {}) {
-  // Cheap jobs by default, and no MC2_* from the caller's environment.
-  EnvOverrides all = {{"MC2_HEAP_BYTES", std::to_string(kTestHeapBytes)},
-                      {"MC2_SHM_DIR", std::nullopt}};
-  for (auto& [key, value] : env) all[key] = value;
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry(*e);
-    const std::string key = entry.substr(0, entry.find('='));
-    if (all.count(key) == 0 && key.rfind("MC2_", 0) != 0) {
-      env_strings.push_back(entry);
-    }
-  }
-  for (auto& [key, value] : all) {
-    if (value) env_strings.push_back(key + "=" + *value);
-  }
-  std::vector<std::string> argv_strings = {kMc2};
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv, envp;
-  for (auto& s : argv_strings) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-
-  int out[2], err[2];
-  EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
-  EXPECT_EQ(pipe2(err, O_CLOEXEC), 0);
-  Launch launch;
-  launch.start = Clock::now();
-  launch.pid = fork();
-  if (launch.pid == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    dup2(err[1], STDERR_FILENO);
-    // A test runner started in the background may ignore SIGINT, and that
-    // would be inherited: give the launcher default dispositions.
-    for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD}) signal(sig, SIG_DFL);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execve(argv[0], argv.data(), envp.data());
-    _exit(126);
-  }
-  close(out[1]);
-  close(err[1]);
-  launch.out_fd = out[0];
-  launch.err_fd = err[0];
-  return launch;
-}
-
-// Collects the output and the exit status; kills the launcher if it is still
-// running after `timeout` seconds (then timed_out is set).
-Result Wait(Launch& launch, double timeout = 10) {
-  Result result;
-  const auto deadline = launch.start + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(timeout));
-  int* fds[] = {&launch.out_fd, &launch.err_fd};
-  std::string* sinks[] = {&result.out, &result.err};
-  while (launch.out_fd >= 0 || launch.err_fd >= 0) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) {
-      result.timed_out = true;
-      kill(launch.pid, SIGKILL);
-      break;
-    }
-    struct pollfd p[2];
-    int n = 0;
-    int which[2];
-    for (int i = 0; i < 2; ++i) {
-      if (*fds[i] >= 0) {
-        p[n] = {*fds[i], POLLIN, 0};
-        which[n++] = i;
-      }
-    }
-    if (poll(p, n, static_cast<int>(left.count()) + 1) <= 0) continue;
-    for (int k = 0; k < n; ++k) {
-      if (p[k].revents == 0) continue;
-      char buffer[4096];
-      const ssize_t got = read(p[k].fd, buffer, sizeof(buffer));
-      if (got > 0) {
-        sinks[which[k]]->append(buffer, static_cast<size_t>(got));
-      } else if (got == 0 || errno != EINTR) {
-        close(*fds[which[k]]);
-        *fds[which[k]] = -1;
-      }
-    }
-  }
-  for (int* fd : fds) {
-    if (*fd >= 0) close(*fd);
-    *fd = -1;
-  }
-  int status = 0;
-  while (waitpid(launch.pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  launch.pid = -1;
-  result.seconds = SecondsSince(launch.start);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
-}
-
-Result RunMc2(const std::vector<std::string>& args, EnvOverrides env = {}, double timeout = 10) {
-  Launch launch = Spawn(args, std::move(env));
-  return Wait(launch, timeout);
-}
+using namespace ::mc2::testing;
 
 class LauncherTest : public ::testing::Test {
  protected:

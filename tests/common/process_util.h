@@ -1,0 +1,66 @@
+// Helpers for tests that launch `mc2` (and the programs it runs) as real
+// processes: spawn with a clean MC2_* environment, collect output and exit
+// status with a timeout, and inspect /dev/shm and the process table.
+#ifndef MC2_TESTS_COMMON_PROCESS_UTIL_H_
+#define MC2_TESTS_COMMON_PROCESS_UTIL_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace mc2::testing {
+
+using Clock = std::chrono::steady_clock;
+
+// Path of the built `mc2` command and of the test programs.
+extern const std::string kMc2;
+std::string TestProgram(const std::string& name);  // e.g. "fault_probe"
+constexpr size_t kTestHeapBytes = 4 << 20;  // keeps every job cheap
+
+double SecondsSince(Clock::time_point start);
+std::vector<std::string> Lines(const std::string& text);
+// Lines of `text` that start with `prefix`, in order.
+std::vector<std::string> LinesWithPrefix(const std::string& text, const std::string& prefix);
+// Names of the mc2-* entries in /dev/shm.
+std::set<std::string> ShmEntries();
+// True if `pid` no longer runs (a zombie counts as gone).
+bool ProcessGone(pid_t pid);
+bool WaitUntilGone(const std::vector<pid_t>& pids, double seconds);
+// Pids of running processes whose command line contains `needle`.
+std::vector<pid_t> ProcessesMatching(const std::string& needle);
+
+struct Result {
+  int status = -1;  // exit status, or 128 + signal
+  bool timed_out = false;
+  double seconds = 0;
+  std::string out;
+  std::string err;
+};
+
+// `mc2` started by Spawn and collected by Wait.
+struct Launch {
+  pid_t pid = -1;
+  int out_fd = -1;
+  int err_fd = -1;
+  Clock::time_point start;
+};
+
+// Environment overrides: a value sets the variable, nullopt unsets it.
+using EnvOverrides = std::map<std::string, std::optional<std::string>>;
+
+// Starts `mc2 ARGS...` with MC2_HEAP_BYTES=kTestHeapBytes, no MC2_* variable
+// from the caller's environment, and `env` applied on top.
+Launch Spawn(const std::vector<std::string>& args, EnvOverrides env = {});
+// Collects the output and the exit status; kills the launcher if it is still
+// running after `timeout` seconds (then timed_out is set).
+Result Wait(Launch& launch, double timeout = 10);
+Result RunMc2(const std::vector<std::string>& args, EnvOverrides env = {}, double timeout = 10);
+
+}  // namespace mc2::testing
+
+#endif  // MC2_TESTS_COMMON_PROCESS_UTIL_H_
