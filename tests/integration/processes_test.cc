@@ -139,3 +139,26 @@ TEST_F(ProcessesTest, HealthyRunSucceeds) {
 
 }  // namespace
 }  // namespace mc2::testing
+
+namespace mc2::testing {
+namespace {
+
+TEST_F(ProcessesTest, IdleRankUsesUnderOnePercentOfACore) {
+  Result r = RunMc2({"run", "-n", "2", TestProgram("idle_probe"), "5"},
+                    {{"MC2_HEAP_BYTES", "64M"}}, 60);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  std::regex line("rank (\\d+): idle cpu ([0-9.]+) s over ([0-9.]+) s");
+  int seen = 0;
+  for (auto& l : Lines(r.out)) {
+    std::smatch m;
+    if (!std::regex_search(l, m, line)) continue;
+    ++seen;
+    double cpu = std::stod(m[2]), wall = std::stod(m[3]);
+    EXPECT_GT(wall, 4.9);
+    EXPECT_LT(cpu / wall, 0.01) << l;
+  }
+  EXPECT_EQ(seen, 2) << r.out;
+}
+
+}  // namespace
+}  // namespace mc2::testing
