@@ -218,10 +218,15 @@ SymmetricBuffer Group::AllocSymmetric(size_t bytes) const {
   auto off = g->world().heap->Allocate(bytes);
   uint64_t mine = off ? *off : internal::kPrivate;
   std::vector<uint64_t> offs(g->size());
-  g->RunSync("alloc_symmetric", [&](OpContext& ctx) {
-    g->Arrive(ctx, internal::ExchangeFingerprint(3, bytes), nullptr, 0, nullptr, 0);
-    g->ExchangeInline(ctx, &mine, sizeof(mine), offs.data());
-  });
+  try {
+    g->RunSync("alloc_symmetric", [&](OpContext& ctx) {
+      g->Arrive(ctx, internal::ExchangeFingerprint(3, bytes), nullptr, 0, nullptr, 0);
+      g->ExchangeInline(ctx, &mine, sizeof(mine), offs.data());
+    });
+  } catch (...) {
+    if (off) g->world().heap->Free(*off);
+    throw;
+  }
   std::string failed;
   for (int r = 0; r < g->size(); ++r)
     if (offs[r] == internal::kPrivate) failed += fmt::format(" {}", r);

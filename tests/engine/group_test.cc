@@ -1,0 +1,171 @@
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "mc2/mc2.h"
+
+namespace mc2 {
+namespace {
+
+TEST(Group, RankAndSize) {
+  std::atomic<int> sum{0};
+  Group::RunInProcess(5, [&](Group& g) {
+    EXPECT_EQ(g.size(), 5);
+    sum += g.rank();
+    EXPECT_EQ(g.world_rank(), g.rank());
+  });
+  EXPECT_EQ(sum.load(), 0 + 1 + 2 + 3 + 4);
+}
+
+// Split by parity, ordered by descending key: each subgroup runs its own
+// collectives concurrently with the other's, and sees the expected members.
+TEST(Group, SplitOrdersByKeyAndRunsIndependently) {
+  Group::RunInProcess(6, [&](Group& g) {
+    int color = g.rank() % 2;
+    Group sub = g.Split(color, /*key=*/-g.rank());
+    ASSERT_TRUE(sub.valid());
+    EXPECT_EQ(sub.size(), 3);
+    // Highest world rank first.
+    int expected_rank = (color == 0 ? (4 - g.rank()) : (5 - g.rank())) / 2;
+    EXPECT_EQ(sub.rank(), expected_rank);
+    int64_t mine = g.rank(), total = 0;
+    AllReduce(sub, &mine, &total, 1, DType::kI64, ReduceOp::kSum).Wait();
+    EXPECT_EQ(total, color == 0 ? 0 + 2 + 4 : 1 + 3 + 5);
+    // The parent still works after the split, interleaved with the child.
+    int64_t all = 0;
+    Work w1 = AllReduce(g, &mine, &all, 1, DType::kI64, ReduceOp::kSum);
+    int64_t gathered[3];
+    Work w2 = AllGather(sub, &mine, gathered, 1, DType::kI64);
+    w1.Wait();
+    w2.Wait();
+    EXPECT_EQ(all, 15);
+    for (int r = 0; r < 3; ++r)
+      EXPECT_EQ(gathered[r], color == 0 ? 4 - 2 * r : 5 - 2 * r);
+  });
+}
+
+TEST(Group, NegativeColorJoinsNoGroup) {
+  Group::RunInProcess(3, [&](Group& g) {
+    Group sub = g.Split(g.rank() == 0 ? -1 : 7, 0);
+    EXPECT_EQ(sub.valid(), g.rank() != 0);
+    if (sub.valid()) {
+      EXPECT_EQ(sub.size(), 2);
+      Barrier(sub).Wait();
+    }
+    EXPECT_THROW(Barrier(Group()), Error);
+  });
+}
+
+TEST(Group, NestedSplits) {
+  Group::RunInProcess(8, [&](Group& g) {
+    Group a = g.Split(g.rank() / 4, g.rank());   // two groups of 4
+    Group b = a.Split(a.rank() / 2, a.rank());   // four groups of 2
+    EXPECT_EQ(b.size(), 2);
+    int32_t v = g.rank(), s = 0;
+    AllReduce(b, &v, &s, 1, DType::kI32, ReduceOp::kSum).Wait();
+    int base = g.rank() / 2 * 2;
+    EXPECT_EQ(s, base + base + 1);
+  });
+}
+
+TEST(Group, SymmetricPutGetAndSignals) {
+  Group::RunInProcess(4, [&](Group& g) {
+    const int n = g.size();
+    auto buf = g.AllocSymmetric(n * sizeof(int64_t));
+    std::fill_n(buf.as<int64_t>(), n, -1);
+    Barrier(g).Wait();
+    // Each rank writes its id into slot `rank` of every peer, then signals.
+    int64_t me = 100 + g.rank();
+    for (int p = 0; p < n; ++p) {
+      g.Put(buf, p, g.rank() * sizeof(int64_t), &me, sizeof(me));
+      g.SignalAdd(p, /*slot=*/3, 1);
+    }
+    g.WaitSignal(3, n);
+    for (int p = 0; p < n; ++p) EXPECT_EQ(buf.as<int64_t>()[p], 100 + p);
+    int64_t got = 0;
+    g.Get(buf, (g.rank() + 1) % n, g.rank() * sizeof(int64_t), &got, sizeof(got));
+    EXPECT_EQ(got, me);
+    EXPECT_EQ(g.ReadSignal(3), static_cast<uint64_t>(n));
+    Barrier(g).Wait();
+  });
+}
+
+TEST(Group, PutOutOfBoundsIsRejected) {
+  Group::RunInProcess(2, [&](Group& g) {
+    auto buf = g.AllocSymmetric(64);
+    char x[8] = {};
+    EXPECT_THROW(g.Put(buf, 1, 60, x, 8), Error);
+    EXPECT_THROW(g.Put(buf, 2, 0, x, 8), Error);
+    EXPECT_THROW(g.SignalAdd(0, Group::kNumSignals, 1), Error);
+    Barrier(g).Wait();
+  });
+}
+
+TEST(Group, MismatchedSymmetricSizesRaiseOnEveryRank) {
+  std::atomic<int> raised{0};
+  EXPECT_THROW(Group::RunInProcess(3, [&](Group& g) {
+    try {
+      g.AllocSymmetric(g.rank() == 2 ? 128 : 64);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kMismatch) << e.what();
+      ++raised;
+      throw;
+    }
+  }), Error);
+  EXPECT_EQ(raised.load(), 3);
+}
+
+TEST(Group, ExhaustedHeapIsAClearErrorAndTheGroupStaysUsable) {
+  Group::RunInProcess(2, [&](Group& g) {
+    try {
+      g.AllocSymmetric(size_t{1} << 40);
+      ADD_FAILURE() << "allocation of 1 TiB succeeded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kShmExhausted);
+      EXPECT_NE(std::string(e.what()).find("MC2_HEAP_BYTES"), std::string::npos) << e.what();
+    }
+    auto ok = g.AllocSymmetric(4096);
+    Barrier(g).Wait();
+  }, {.heap_bytes = 32 << 20});
+}
+
+TEST(Group, OperationsAreAsynchronousAndCompleteInOrder) {
+  Group::RunInProcess(3, [&](Group& g) {
+    const size_t count = 1 << 18;
+    std::vector<std::vector<float>> bufs(8, std::vector<float>(count, 1.0f));
+    std::vector<Work> works;
+    for (auto& b : bufs)
+      works.push_back(AllReduce(g, b.data(), b.data(), count, DType::kF32, ReduceOp::kSum));
+    for (auto& w : works) {
+      w.Wait();
+      EXPECT_TRUE(w.Test());
+      EXPECT_FALSE(w.algorithm().empty());
+    }
+    for (auto& b : bufs) EXPECT_EQ(b[count - 1], 3.0f);
+    // Sequence numbers increase in issue order.
+    for (size_t i = 1; i < works.size(); ++i) EXPECT_GT(works[i].seq(), works[i - 1].seq());
+  });
+}
+
+TEST(Group, TimeoutNamesTheMissingRank) {
+  std::atomic<int> timeouts{0};
+  EXPECT_THROW(Group::RunInProcess(3, [&](Group& g) {
+    if (g.rank() == 2) {
+      // Never joins; waits until the others gave up and aborted the world.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return;
+    }
+    try {
+      Barrier(g).Wait();
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kTimeout) ++timeouts;
+      EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
+      throw;
+    }
+  }, {.timeout = std::chrono::milliseconds(300)}), Error);
+  EXPECT_GE(timeouts.load(), 1);
+}
+
+}  // namespace
+}  // namespace mc2
