@@ -118,7 +118,7 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
       [a = std::move(a), fn, algo, fp, expose_send, expose_bytes, expose_recv, timeout,
        n](OpContext& ctx) {
         GroupImpl* g = ctx.g;
-        if (timeout.count() > 0) ctx.deadline = transport::CoarseNow() + timeout;
+        if (timeout.count() > 0) ctx.timeout = timeout;
         ctx.work->SetAlgorithm(AlgorithmName(algo));
         MC2_LOG(kDebug, "{} #{}: {} count={} dtype={} on {} ranks", ctx.name, ctx.seq,
                 AlgorithmName(algo), a.count, DTypeName(a.dtype), n);

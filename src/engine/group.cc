@@ -296,7 +296,9 @@ void Group::WaitSignal(int slot, uint64_t value) const {
                 slot, kNumSignals);
   transport::WaitContext wc;
   wc.op = "wait_signal";
-  wc.deadline = transport::Clock::now() + timeout();
+  transport::Clock::time_point deadline{};
+  wc.deadline = &deadline;
+  wc.timeout = timeout();
   wc.describe_missing = [&] {
     return fmt::format("signal {} to reach {} (it is {})", slot, value, ReadSignal(slot));
   };

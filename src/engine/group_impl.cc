@@ -82,7 +82,8 @@ GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int
                      std::vector<uint64_t> area_offsets, size_t scratch_bytes)
     : world_(std::move(world)), members_(std::move(members)), rank_(rank),
       size_(static_cast<int>(members_.size())), area_(std::move(area_offsets)),
-      scratch_bytes_(scratch_bytes), channels_(members_.size()) {
+      scratch_bytes_(scratch_bytes), channels_(members_.size()),
+      arrival_offsets_(2 * members_.size(), kPrivate) {
   size_t fixed = (kP2POff + static_cast<size_t>(size_) * 64 + 4095) / 4096 * 4096;
   inline_off_ = fixed;
   scratch_off_ = fixed + 2 * kInlineBytes;
@@ -111,7 +112,8 @@ void GroupImpl::WaitFlag(OpContext& ctx, int grank, uint64_t off, uint64_t value
   transport::WaitContext wc;
   wc.op = ctx.name;
   wc.seq = ctx.seq;
-  wc.deadline = ctx.deadline;
+  wc.deadline = &ctx.deadline;
+  wc.timeout = ctx.timeout;
   wc.describe_missing = [&] {
     return fmt::format("rank {} (world rank {}; it is at operation #{} of this group)", grank,
                        members_[grank],
@@ -139,24 +141,20 @@ Work GroupImpl::Submit(const char* name, bool inline_ok, std::function<void(OpCo
                        bool collective) {
   uint64_t seq = collective ? seq_.fetch_add(1) + 1 : 0;
   auto work = std::make_shared<WorkState>(seq, name);
-  auto self = shared_from_this();
-  auto task = [self, seq, name, w = work.get(), body = std::move(body)]() mutable {
-    // Release our reference when the body ends, before the work completes:
-    // once its waiter wakes, the caller may drop the last other reference,
-    // and the world must not be destroyed on its own progress thread (the
-    // finished task is destroyed there; ~ProgressEngine would join itself).
-    const std::shared_ptr<GroupImpl> keep = std::move(self);
+  auto run = [this, seq, name, w = work.get()](const std::function<void(OpContext&)>& fn) {
     OpContext ctx;
-    ctx.g = keep.get();
+    ctx.g = this;
     ctx.seq = seq;
     ctx.name = name;
     ctx.work = w;
-    ctx.deadline = transport::CoarseNow() + keep->world_->timeout;
-    keep->tx().CheckHealth(/*thorough=*/false);
-    body(ctx);
+    ctx.timeout = world_->timeout;
+    tx().CheckHealth(/*thorough=*/false);
+    fn(ctx);
   };
-  if (!(inline_ok && world_->engine->TryRunInline(work, task)))
-    world_->engine->Submit(work, std::move(task));
+  if (inline_ok && world_->engine->TryRunInline(work, [&] { run(body); })) return Work(work);
+  world_->engine->Submit(work, [self = shared_from_this(), run, body = std::move(body)] {
+    run(body);
+  });
   return Work(work);
 }
 
@@ -172,12 +170,14 @@ void GroupImpl::Arrive(OpContext& ctx, const Fingerprint& fp, const void* send,
   slot->recv_off = recv ? HeapOffset(recv, recv_bytes) : kPrivate;
   Publish(ArriveOff(ctx.seq), ctx.seq);
 
-  ctx.send_off.assign(size_, kPrivate);
-  ctx.recv_off.assign(size_, kPrivate);
+  arrival_offsets_.assign(2 * size_, kPrivate);
+  ctx.send_off = std::span<uint64_t>(arrival_offsets_.data(), size_);
+  ctx.recv_off = std::span<uint64_t>(arrival_offsets_.data() + size_, size_);
   transport::WaitContext wc;
   wc.op = ctx.name;
   wc.seq = ctx.seq;
-  wc.deadline = ctx.deadline;
+  wc.deadline = &ctx.deadline;
+  wc.timeout = ctx.timeout;
   wc.describe_missing = [&] { return DescribeNotArrived(ctx.seq); };
   std::string mismatch;
   for (int r = 0; r < size_; ++r) {

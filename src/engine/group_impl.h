@@ -31,6 +31,7 @@
 #include <mutex>
 #include <memory>
 #include <string>
+#include <span>
 #include <vector>
 
 #include "engine/heap_allocator.h"
@@ -115,11 +116,14 @@ struct OpContext {
   GroupImpl* g = nullptr;
   uint64_t seq = 0;
   const char* name = "";
-  Clock::time_point deadline;
+  // Operation deadline: zero until the operation first has to sleep, then
+  // that moment plus `timeout` (see transport::WaitContext).
+  Clock::time_point deadline{};
+  Clock::duration timeout{};
   WorkState* work = nullptr;
   // Heap offsets of every member's send/recv buffers (kPrivate if private),
-  // valid after Arrive().
-  std::vector<uint64_t> send_off, recv_off;
+  // valid after Arrive() and until the operation ends.
+  std::span<uint64_t> send_off, recv_off;
 };
 
 class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
@@ -229,6 +233,9 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   uint64_t scratch_off_;
   std::atomic<uint64_t> seq_{0};
   std::vector<PeerChannel> channels_;
+  // Storage behind OpContext::send_off/recv_off: operations of a group run
+  // one at a time, so one set is enough.
+  std::vector<uint64_t> arrival_offsets_;
 };
 
 }  // namespace mc2::internal

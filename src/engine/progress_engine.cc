@@ -33,26 +33,19 @@ void ProgressEngine::Submit(std::shared_ptr<internal::WorkState> work, Task task
   if (wake) cv_.notify_one();
 }
 
-bool ProgressEngine::TryRunInline(const std::shared_ptr<internal::WorkState>& work,
-                                  const Task& task) {
-  if (outstanding_.load(std::memory_order_acquire) != 0) return false;
-  Execute(work, task);
-  return true;
-}
-
-void ProgressEngine::Execute(const std::shared_ptr<internal::WorkState>& work, const Task& task) {
+void ProgressEngine::Fail(const std::shared_ptr<internal::WorkState>& work,
+                          std::exception_ptr ep) {
+  // Invalid arguments leave the world usable; anything else aborts it so
+  // that every rank's pending operations fail promptly.
+  bool abort = true;
   try {
-    task();
-    work->Complete();
+    std::rethrow_exception(ep);
   } catch (const Error& e) {
-    auto ep = std::current_exception();
-    if (e.code() != ErrorCode::kInvalidArgument && on_error_) on_error_(ep);
-    work->Fail(ep);
+    abort = e.code() != ErrorCode::kInvalidArgument;
   } catch (...) {
-    auto ep = std::current_exception();
-    if (on_error_) on_error_(ep);
-    work->Fail(ep);
   }
+  if (abort && on_error_) on_error_(ep);
+  work->Fail(std::move(ep));
 }
 
 void ProgressEngine::Loop() {

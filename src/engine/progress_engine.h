@@ -35,14 +35,28 @@ class ProgressEngine {
   void Submit(std::shared_ptr<internal::WorkState> work, Task task);
   // Runs `task` on the calling thread if no task is queued or running;
   // returns false (and does nothing) otherwise.
-  bool TryRunInline(const std::shared_ptr<internal::WorkState>& work, const Task& task);
+  template <typename F>
+  bool TryRunInline(const std::shared_ptr<internal::WorkState>& work, F&& task) {
+    if (outstanding_.load(std::memory_order_acquire) != 0) return false;
+    Execute(work, std::forward<F>(task));
+    return true;
+  }
 
   // Total CPU time consumed by the progress thread (for tests of idleness).
   std::thread::id thread_id() const { return thread_.get_id(); }
 
  private:
   void Loop();
-  void Execute(const std::shared_ptr<internal::WorkState>& work, const Task& task);
+  template <typename F>
+  void Execute(const std::shared_ptr<internal::WorkState>& work, F&& task) {
+    try {
+      task();
+      work->Complete();
+    } catch (...) {
+      Fail(work, std::current_exception());
+    }
+  }
+  void Fail(const std::shared_ptr<internal::WorkState>& work, std::exception_ptr ep);
 
   std::function<void(const std::exception_ptr&)> on_error_;
   std::mutex mu_;

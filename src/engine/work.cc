@@ -9,9 +9,11 @@ namespace internal {
 
 void WorkState::Finish(State s, std::exception_ptr e) {
   error_ = std::move(e);
-  std::lock_guard<std::mutex> lock(mu_);
-  state_.store(s, std::memory_order_release);
-  if (sleeping_) cv_.notify_all();
+  state_.store(s, std::memory_order_seq_cst);
+  if (sleeping_.load(std::memory_order_seq_cst)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cv_.notify_all();
+  }
 }
 
 bool WorkState::WaitDone(int64_t timeout_ns) {
@@ -22,7 +24,7 @@ bool WorkState::WaitDone(int64_t timeout_ns) {
     if ((i & 31) == 31) std::this_thread::yield();
   }
   std::unique_lock<std::mutex> lock(mu_);
-  sleeping_ = true;
+  sleeping_.store(true, std::memory_order_seq_cst);
   if (timeout_ns < 0) {
     cv_.wait(lock, [&] { return done(); });
     return true;

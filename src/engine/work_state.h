@@ -1,8 +1,8 @@
 // The shared state behind an mc2::Work.
 //
 // Invariants: state_ goes kPending -> kDone or kPending -> kFailed exactly
-// once; error_ and algorithm_ are written before that transition (release)
-// and read only after it (acquire), so readers need no lock.
+// once; error_ is written before that transition (release) and read only
+// after it (acquire), so readers need no lock.
 #ifndef MC2_ENGINE_WORK_STATE_H_
 #define MC2_ENGINE_WORK_STATE_H_
 
@@ -20,13 +20,11 @@ class WorkState {
 
   explicit WorkState(uint64_t seq = 0, const char* op = "") : seq_(seq), op_(op) {}
 
-  void SetAlgorithm(std::string name) {
-    std::lock_guard<std::mutex> lock(mu_);
-    algorithm_ = std::move(name);
-  }
+  // `name` must outlive the operation (a string literal or a static name).
+  void SetAlgorithm(const char* name) { algorithm_.store(name, std::memory_order_release); }
   std::string algorithm() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return algorithm_;
+    const char* a = algorithm_.load(std::memory_order_acquire);
+    return a ? std::string(a) : std::string();
   }
   uint64_t seq() const { return seq_; }
   const char* op() const { return op_; }
@@ -49,10 +47,12 @@ class WorkState {
   std::exception_ptr error_;
   const uint64_t seq_;
   const char* op_;
-  mutable std::mutex mu_;
+  std::atomic<const char*> algorithm_{nullptr};
+  // Completion takes mu_ only when a waiter sleeps (Dekker on seq_cst:
+  // either the finisher sees sleeping_, or the waiter sees the state).
+  std::atomic<bool> sleeping_{false};
+  std::mutex mu_;
   std::condition_variable cv_;
-  std::string algorithm_;
-  bool sleeping_ = false;  // guarded by mu_
 };
 
 }  // namespace mc2::internal

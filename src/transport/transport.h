@@ -47,7 +47,11 @@ inline constexpr size_t kHeapHeaderBytes = 4096;
 struct WaitContext {
   const char* op = "";          // e.g. "all_reduce"
   uint64_t seq = 0;             // the operation's sequence number in its group
-  Clock::time_point deadline;   // throw kTimeout after this
+  // Throw kTimeout after *deadline. A default-constructed (zero) deadline
+  // is set to now + timeout the first time the wait has to sleep: most
+  // operations never block, and they need not read the clock at all.
+  Clock::time_point* deadline = nullptr;
+  Clock::duration timeout{};
   // Names the ranks the operation still waits for (called only on failure).
   std::function<std::string()> describe_missing;
 };
