@@ -925,7 +925,8 @@ TEST(ReduceTreeTest, InvalidCombinationsAreIgnored) {
 }
 
 TEST(ReduceTreeTest, KernelIsaName) {
-  const std::string best = (internal::SetReduceIsaForTest(false), ReduceKernelIsa());
+  internal::SetReduceIsaForTest(false);
+  const std::string best = ReduceKernelIsa();
   EXPECT_TRUE(best == "avx512" || best == "avx2" || best == "portable") << best;
   internal::SetReduceIsaForTest(true);
   EXPECT_STREQ(ReduceKernelIsa(), "portable");
