@@ -5,9 +5,14 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <algorithm>
 #include <cstdlib>
 
+#include "core/log.h"
+
 #include "mc2/error.h"
+
+extern char** environ;
 
 namespace mc2::core {
 namespace {
@@ -121,6 +126,36 @@ bool EnvBool(const char* name, bool dflt) {
 long EnvInt(const char* name, long dflt, long lo, long hi) {
   auto v = GetEnv(name);
   return v ? ParseInt(*v, name, lo, hi) : dflt;
+}
+
+void ValidateEnvironment() {
+  EnvDuration("MC2_TIMEOUT", std::chrono::seconds(300));
+  EnvBool("MC2_DETERMINISTIC", true);
+  EnvInt("MC2_SPIN_US", 20, 0, 1000000);
+  if (GetEnv("MC2_HEAP_BYTES")) EnvBytes("MC2_HEAP_BYTES", 0);
+  if (GetEnv("MC2_SCRATCH_BYTES")) EnvBytes("MC2_SCRATCH_BYTES", 0);
+  if (auto v = GetEnv("MC2_KERNELS"); v && *v != "portable" && *v != "auto")
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("MC2_KERNELS='{}' is invalid: expected auto or portable", *v));
+  if (auto v = GetEnv("MC2_LOG_LEVEL")) {
+    static const char* const kLevels[] = {"error", "warn", "info", "debug", "trace"};
+    if (std::find(std::begin(kLevels), std::end(kLevels), *v) == std::end(kLevels))
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("MC2_LOG_LEVEL='{}' is invalid: expected error, warn, info, "
+                              "debug or trace", *v));
+  }
+  static const char* const kKnown[] = {
+      "MC2_RANK", "MC2_WORLD_SIZE", "MC2_LOCAL_RANK", "MC2_LOCAL_SIZE", "MC2_JOB_ID",
+      "MC2_SHM_FDS", "MC2_HEAP_BYTES", "MC2_SHM_DIR", "MC2_TIMEOUT", "MC2_ALGO",
+      "MC2_DETERMINISTIC", "MC2_SCRATCH_BYTES", "MC2_SPIN_US", "MC2_LOG_LEVEL",
+      "MC2_TUNING_FILE", "MC2_KERNELS"};
+  for (char** e = ::environ; *e; ++e) {
+    std::string_view entry(*e);
+    if (entry.rfind("MC2_", 0) != 0) continue;
+    std::string_view name = entry.substr(0, entry.find('='));
+    if (std::find(std::begin(kKnown), std::end(kKnown), name) == std::end(kKnown))
+      MC2_LOG(kWarn, "ignoring unknown environment variable {} (a typo?)", name);
+  }
 }
 
 }  // namespace mc2::core

@@ -32,6 +32,12 @@ std::chrono::nanoseconds EnvDuration(const char* name, std::chrono::nanoseconds 
 bool EnvBool(const char* name, bool dflt);
 long EnvInt(const char* name, long dflt, long lo, long hi);
 
+// Checks every MC2_* variable this layer and the transport read, once, up
+// front (called when a world is created), so that a bad value fails at
+// set-up with a message naming it rather than deep inside an operation.
+// Unknown MC2_* names are reported as a warning (likely typos).
+void ValidateEnvironment();
+
 }  // namespace mc2::core
 
 #endif  // MC2_CORE_ENV_H_

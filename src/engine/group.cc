@@ -101,6 +101,7 @@ using internal::OpContext;
 using internal::OpKind;
 
 Group Group::FromEnv(const WorldOptions& options) {
+  core::ValidateEnvironment();
   auto tx = transport::CreateTransportFromEnv();
   return Group(internal::MakeWorldGroup(internal::MakeWorld(std::move(tx), options)));
 }
@@ -109,6 +110,7 @@ bool Group::LaunchedByMc2() { return transport::LaunchedByMc2(); }
 
 void Group::RunInProcess(int size, const std::function<void(Group&)>& body,
                          const WorldOptions& options) {
+  core::ValidateEnvironment();
   size_t heap = options.heap_bytes ? options.heap_bytes : size_t{64} << 20;
   auto txs = transport::CreateInProcessTransports(size, heap);
   std::mutex mu;
