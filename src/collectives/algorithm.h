@@ -90,6 +90,21 @@ void DirectAllToAllV(OpContext&, const CollArgs&);
 void DirectBarrier(OpContext&, const CollArgs&);
 // rabenseifner.cc
 void RabenseifnerAllReduce(OpContext&, const CollArgs&);
+// ring.cc
+void RingAllReduce(OpContext&, const CollArgs&);
+void RingAllGatherV(OpContext&, const CollArgs&);
+void RingReduceScatterV(OpContext&, const CollArgs&);
+void RingBroadcast(OpContext&, const CollArgs&);
+// recursive_doubling.cc
+void RecursiveDoublingAllReduce(OpContext&, const CollArgs&);
+void RecursiveDoublingAllGatherV(OpContext&, const CollArgs&);
+// tree.cc
+void TreeReduce(OpContext&, const CollArgs&);
+void TreeAllReduce(OpContext&, const CollArgs&);
+void TreeBroadcast(OpContext&, const CollArgs&);
+void TreeGather(OpContext&, const CollArgs&);
+void TreeScatter(OpContext&, const CollArgs&);
+void TreeBarrier(OpContext&, const CollArgs&);
 
 }  // namespace mc2::collectives
 

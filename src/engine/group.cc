@@ -79,6 +79,10 @@ std::shared_ptr<GroupImpl> MakeWorldGroup(std::shared_ptr<World> world) {
     Fingerprint fp;
     fp.kind = static_cast<uint16_t>(OpKind::kInit);
     fp.count = static_cast<uint64_t>(ctx.g->size());
+    // Algorithms plan their windows from these settings: every rank must
+    // use the same (MC2_SCRATCH_BYTES, MC2_DETERMINISTIC).
+    fp.aux = (static_cast<uint64_t>(ctx.g->scratch_bytes()) << 1) |
+             (ctx.g->world().deterministic ? 1 : 0);
     ctx.g->Arrive(ctx, fp, nullptr, 0, nullptr, 0);
   });
   return g;

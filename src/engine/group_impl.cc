@@ -45,6 +45,9 @@ std::string Fingerprint::Describe() const {
     if (root >= 0) s += fmt::format(", root={}", root);
     if (aux) s += fmt::format(", layout={:#x}", aux);
     s += fmt::format(", algo={})", AlgorithmName(static_cast<Algorithm>(algorithm)));
+  } else if (kind == static_cast<uint16_t>(OpKind::kInit)) {
+    s += fmt::format("(ranks={}, MC2_SCRATCH_BYTES={}, MC2_DETERMINISTIC={})", count, aux >> 1,
+                     aux & 1);
   } else {
     s += fmt::format("(count={}, root={}, aux={:#x})", count, root, aux);
   }
@@ -152,7 +155,12 @@ Work GroupImpl::Submit(const char* name, bool inline_ok, std::function<void(OpCo
     fn(ctx);
   };
   if (inline_ok && world_->engine->TryRunInline(work, [&] { run(body); })) return Work(work);
-  world_->engine->Submit(work, [self = shared_from_this(), run, body = std::move(body)] {
+  world_->engine->Submit(work, [self = shared_from_this(), run, body = std::move(body)]() mutable {
+    // Drop our reference when the body ends, before the work completes:
+    // once its waiter wakes, the caller may release the last other one, and
+    // the world must not be destroyed on its own progress thread (which
+    // destroys finished tasks; ~ProgressEngine would join itself).
+    const std::shared_ptr<GroupImpl> keep = std::move(self);
     run(body);
   });
   return Work(work);

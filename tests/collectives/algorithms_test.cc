@@ -372,13 +372,13 @@ void SweepReductions(int n, bool deterministic, Check check, bool reduced = fals
       n,
       [&](Group& g) {
         Harness h(g, MaxBytes(n), !deterministic);
-        reduced = reduced || n >= 8;
+        const bool subset = reduced || n >= 8;
         for (DType t : kTypes) {
-          for (ReduceOp op : Ops(t, reduced))
+          for (ReduceOp op : Ops(t, subset))
             for (size_t count : kSizes)
               for (Mem m : kMems)
                 for (bool in_place : {false, true}) {
-                  if (reduced && count != 4099 && m == Mem::kMixed) continue;
+                  if (subset && count != 4099 && m == Mem::kMixed) continue;
                   check(h, t, op, count, m, in_place);
                 }
           // Many rounds: one op per dtype, two buffer kinds.
