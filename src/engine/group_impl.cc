@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <thread>
 
 #include "core/enforce.h"
 #include "core/env.h"
@@ -160,8 +161,11 @@ Work GroupImpl::Submit(const char* name, bool inline_ok, std::function<void(OpCo
     // once its waiter wakes, the caller may release the last other one, and
     // the world must not be destroyed on its own progress thread (which
     // destroys finished tasks; ~ProgressEngine would join itself).
-    const std::shared_ptr<GroupImpl> keep = std::move(self);
+    std::shared_ptr<GroupImpl> keep = std::move(self);
     run(body);
+    // If the caller let go of every handle while this ran, ours is the
+    // last: release it on a thread of its own, which may then join us.
+    if (keep.use_count() == 1) std::thread([k = std::move(keep)] {}).detach();
   });
   return Work(work);
 }
