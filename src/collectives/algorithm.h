@@ -55,6 +55,17 @@ void RunStagedRounds(OpContext& ctx, int stream, size_t rounds,
                      const std::function<void(size_t k, char* my_half)>& stage,
                      const std::function<void(size_t k, uint64_t half_off)>& consume);
 
+inline size_t CeilDiv(size_t a, size_t b) { return b == 0 ? 0 : (a + b - 1) / b; }
+inline int Mod(int x, int n) { return ((x % n) + n) % n; }
+// Step numbers share a flag word with the sequence number (FlagValue).
+inline constexpr uint64_t kMaxSteps = (uint64_t{1} << 24) - 2;
+
+// Elements per part such that `parts` parts of `esize`-byte elements fit in
+// one scratch half, rounded down to a multiple of 16 (vector-aligned parts)
+// when at least 16 fit. Throws kInvalidArgument naming `algorithm` when not
+// even one element per part fits.
+size_t PartElems(const OpContext& ctx, size_t esize, size_t parts, const char* algorithm);
+
 // Waits until every member's flag on `stream` reaches FlagValue(seq, step).
 void WaitAll(OpContext& ctx, int stream, uint64_t step);
 // Publishes FlagValue(seq, step) on `stream`.

@@ -30,15 +30,6 @@ const char* PeerSend(OpContext& ctx, int r, size_t byte_off) {
   return ctx.send_off[r] == kPrivate ? nullptr : ctx.g->HeapPtr(r, ctx.send_off[r]) + byte_off;
 }
 
-size_t CeilDiv(size_t a, size_t b) { return b == 0 ? 0 : (a + b - 1) / b; }
-
-// Elements per window such that `slots` windows of esize-byte elements fit
-// in one scratch half (at least one element).
-size_t WindowElems(const GroupImpl* g, size_t esize, size_t slots) {
-  size_t w = g->scratch_bytes() / (esize * std::max<size_t>(slots, 1));
-  w = w / 16 * 16;  // keep windows vector-aligned
-  return std::max<size_t>(w, 1);
-}
 
 bool AllSend(OpContext& ctx) {
   return std::all_of(ctx.send_off.begin(), ctx.send_off.end(),
@@ -97,7 +88,7 @@ void DirectAllReduce(OpContext& ctx, const CollArgs& a) {
     core::ReduceTree(a.dtype, a.op, a.recv, srcs.data(), g->size(), a.count, g->size());
     return FinishOperation(ctx, exposed);
   }
-  size_t w = WindowElems(g, a.esize, 1);
+  size_t w = PartElems(ctx, a.esize, 1, "direct");
   RunStagedRounds(
       ctx, 0, CeilDiv(a.count, w),
       [&](size_t k, char* half) {
@@ -128,7 +119,7 @@ void DirectReduce(OpContext& ctx, const CollArgs& a) {
     }
     return FinishOperation(ctx, exposed || root);
   }
-  size_t w = WindowElems(g, a.esize, 1);
+  size_t w = PartElems(ctx, a.esize, 1, "direct");
   RunStagedRounds(
       ctx, 0, CeilDiv(a.count, w),
       [&](size_t k, char* half) {
@@ -156,7 +147,7 @@ void DirectBroadcast(OpContext& ctx, const CollArgs& a) {
     if (!root) std::memcpy(a.recv, src ? src : g->Ptr(a.root, g->InlineOff(ctx.seq)), bytes);
     return FinishOperation(ctx, root);
   }
-  size_t w = WindowElems(g, a.esize, 1);
+  size_t w = PartElems(ctx, a.esize, 1, "direct");
   RunStagedRounds(
       ctx, 0, CeilDiv(a.count, w),
       [&](size_t k, char* half) {
@@ -195,7 +186,7 @@ static void GatherBlocks(OpContext& ctx, const CollArgs& a, bool collect) {
       }
     return FinishOperation(ctx, exposed);
   }
-  size_t w = WindowElems(g, a.esize, 1);
+  size_t w = PartElems(ctx, a.esize, 1, "direct");
   RunStagedRounds(
       ctx, 0, CeilDiv(maxc, w),
       [&](size_t k, char* half) {
@@ -236,7 +227,7 @@ void DirectScatter(OpContext& ctx, const CollArgs& a) {
       std::memcpy(a.recv, src ? src : g->Ptr(a.root, g->InlineOff(ctx.seq)) + me * bytes, bytes);
     return FinishOperation(ctx, root);
   }
-  size_t w = WindowElems(g, a.esize, n);
+  size_t w = PartElems(ctx, a.esize, n, "direct");
   RunStagedRounds(
       ctx, 0, CeilDiv(a.count, w),
       [&](size_t k, char* half) {
@@ -274,7 +265,7 @@ void DirectReduceScatterV(OpContext& ctx, const CollArgs& a) {
     return FinishOperation(ctx, exposed);
   }
   // Half layout: n slots of w elements; slot r holds window k of block r.
-  size_t w = WindowElems(g, a.esize, n);
+  size_t w = PartElems(ctx, a.esize, n, "direct");
   RunStagedRounds(
       ctx, 0, CeilDiv(maxc, w),
       [&](size_t k, char* half) {
@@ -324,7 +315,7 @@ void DirectAllToAllV(OpContext& ctx, const CollArgs& a) {
   for (int r = 0; r < n; ++r)
     for (int p = 0; p < n; ++p) maxc = std::max<size_t>(maxc, peer_counts(r)[p]);
   if (maxc == 0 || n == 1) return FinishOperation(ctx, false);
-  size_t w = WindowElems(g, a.esize, n);
+  size_t w = PartElems(ctx, a.esize, n, "direct");
   size_t rounds = AllSend(ctx) ? 1 : CeilDiv(maxc, w);
   if (AllSend(ctx)) w = maxc;
   RunStagedRounds(

@@ -52,20 +52,8 @@ namespace {
 using internal::kPrivate;
 
 constexpr int kStream = 0;
-constexpr uint64_t kMaxSteps = (uint64_t{1} << 24) - 2;
 
-size_t CeilDiv(size_t a, size_t b) { return b == 0 ? 0 : (a + b - 1) / b; }
 
-size_t PartElems(OpContext& ctx, size_t esize, size_t parts) {
-  size_t w = ctx.g->scratch_bytes() / (esize * std::max<size_t>(parts, 1));
-  if (w == 0)
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("recursive_doubling: a scratch half of {} bytes cannot hold {} "
-                            "elements of {} bytes (raise MC2_SCRATCH_BYTES)",
-                            ctx.g->scratch_bytes(), parts, esize),
-                ctx.g->rank(), ctx.name, ctx.seq);
-  return w >= 16 ? w / 16 * 16 : w;
-}
 
 void CheckSteps(OpContext& ctx, size_t rounds, size_t steps_per_round) {
   if (rounds > kMaxSteps / std::max<size_t>(steps_per_round, 1))
@@ -180,7 +168,7 @@ void RecursiveDoublingAllReduce(OpContext& ctx, const CollArgs& a) {
   const int L = sch.steps();
   // A half holds L buffers: [0] the staged input, [k+1] the output of step
   // k < L-1; the last step writes the user's output.
-  const size_t w = PartElems(ctx, e, L);
+  const size_t w = PartElems(ctx, e, L, "recursive_doubling");
   const size_t rounds = CeilDiv(a.count, w);
   const uint64_t per_round = L + 1;
   CheckSteps(ctx, rounds, per_round);
@@ -236,7 +224,7 @@ void RecursiveDoublingAllGatherV(OpContext& ctx, const CollArgs& a) {
   const Schedule sch(n);
   const int L = sch.steps();
   // Scratch copy of a private recv: slot b holds this round's part of block b.
-  const size_t w = all_recv ? maxc : PartElems(ctx, e, n);
+  const size_t w = all_recv ? maxc : PartElems(ctx, e, n, "recursive_doubling");
   const size_t rounds = CeilDiv(maxc, w);
   const uint64_t per_round = L + 1;
   CheckSteps(ctx, rounds, per_round);

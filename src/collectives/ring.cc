@@ -61,23 +61,8 @@ namespace {
 using internal::kPrivate;
 
 constexpr int kStream = 0;
-// Step numbers share a flag word with the sequence number (FlagValue).
-constexpr uint64_t kMaxSteps = (uint64_t{1} << 24) - 2;
 
-size_t CeilDiv(size_t a, size_t b) { return b == 0 ? 0 : (a + b - 1) / b; }
-int Mod(int x, int n) { return ((x % n) + n) % n; }
 
-// Elements per part such that `parts` parts fit in one scratch half.
-size_t PartElems(OpContext& ctx, size_t esize, size_t parts) {
-  size_t w = ctx.g->scratch_bytes() / (esize * std::max<size_t>(parts, 1));
-  if (w == 0)
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("ring: a scratch half of {} bytes cannot hold {} elements of {} "
-                            "bytes (raise MC2_SCRATCH_BYTES or use another algorithm)",
-                            ctx.g->scratch_bytes(), parts, esize),
-                ctx.g->rank(), ctx.name, ctx.seq);
-  return w >= 16 ? w / 16 * 16 : w;  // keep parts vector-aligned
-}
 
 void CheckSteps(OpContext& ctx, size_t rounds, size_t steps_per_round) {
   if (rounds > kMaxSteps / std::max<size_t>(steps_per_round, 1))
@@ -227,7 +212,7 @@ void RingAllReduce(OpContext& ctx, const CollArgs& a) {
   if (a.count == 0) return FinishOperation(ctx, false);
   if (n == 1) return ReduceAlone(ctx, a, a.count);
   // A message holds n-1 chunks (deterministic step 0) or one chunk.
-  const size_t ch = PartElems(ctx, a.esize, a.deterministic ? n - 1 : 1);
+  const size_t ch = PartElems(ctx, a.esize, a.deterministic ? n - 1 : 1, "ring");
   const size_t window = ch * n;
   const size_t rounds = CeilDiv(a.count, window);
   auto chunk = [&](size_t k, int c) {
@@ -246,7 +231,7 @@ void RingReduceScatterV(OpContext& ctx, const CollArgs& a) {
   const size_t maxc = *std::max_element(a.counts.begin(), a.counts.end());
   if (maxc == 0) return FinishOperation(ctx, false);
   if (n == 1) return ReduceAlone(ctx, a, a.counts[0]);
-  const size_t ch = PartElems(ctx, a.esize, a.deterministic ? n - 1 : 1);
+  const size_t ch = PartElems(ctx, a.esize, a.deterministic ? n - 1 : 1, "ring");
   auto chunk = [&](size_t k, int c) {
     const size_t from = k * ch, cnt = a.counts[c];
     return Piece{a.displs[c] + from, from >= cnt ? 0 : std::min(ch, cnt - from)};
@@ -272,7 +257,7 @@ void RingAllGatherV(OpContext& ctx, const CollArgs& a) {
   const bool left_recv_sym = ctx.recv_off[left] != kPrivate;
   const bool all_recv = std::all_of(ctx.recv_off.begin(), ctx.recv_off.end(),
                                     [](uint64_t o) { return o != kPrivate; });
-  const size_t w = all_recv ? maxc : PartElems(ctx, e, 1);
+  const size_t w = all_recv ? maxc : PartElems(ctx, e, 1, "ring");
   const size_t rounds = CeilDiv(maxc, w);
   CheckSteps(ctx, rounds, n - 1);
   auto piece = [&](size_t k, int b) -> size_t {
@@ -317,7 +302,7 @@ void RingBroadcast(OpContext& ctx, const CollArgs& a) {
   const int child = v + 1 < n ? Mod(me + 1, n) : -1;
   const bool send_sym = ctx.send_off[me] != kPrivate;
   const bool recv_sym = ctx.recv_off[me] != kPrivate;
-  const size_t w = PartElems(ctx, e, 1);
+  const size_t w = PartElems(ctx, e, 1, "ring");
   const size_t rounds = CeilDiv(a.count, w);
   CheckSteps(ctx, rounds, 1);
   // Where rank x's copy of round k can be read.

@@ -1,9 +1,22 @@
 // Flag and staging helpers shared by the algorithms.
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "collectives/algorithm.h"
 
 namespace mc2::collectives {
+
+size_t PartElems(const OpContext& ctx, size_t esize, size_t parts, const char* algorithm) {
+  size_t w = ctx.g->scratch_bytes() / (esize * std::max<size_t>(parts, 1));
+  if (w == 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: a scratch half of {} bytes cannot hold {} elements of {} bytes "
+                            "(raise MC2_SCRATCH_BYTES or use another algorithm)",
+                            algorithm, ctx.g->scratch_bytes(), parts, esize),
+                ctx.g->rank(), ctx.name, ctx.seq);
+  return w >= 16 ? w / 16 * 16 : w;
+}
 
 void WaitAll(OpContext& ctx, int stream, uint64_t step) {
   GroupImpl* g = ctx.g;

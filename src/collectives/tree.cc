@@ -52,21 +52,8 @@ using internal::kPrivate;
 constexpr int kUp = 0;    // towards the root: subtree results, gathered blocks
 constexpr int kDown = 1;  // away from the root: broadcast data, scattered blocks
 constexpr int kHop = 2;   // reduce: the root has copied rank 0's result
-constexpr uint64_t kMaxSteps = (uint64_t{1} << 24) - 2;
 
-size_t CeilDiv(size_t a, size_t b) { return b == 0 ? 0 : (a + b - 1) / b; }
-int Mod(int x, int n) { return ((x % n) + n) % n; }
 
-size_t PartElems(OpContext& ctx, size_t esize, size_t parts) {
-  size_t w = ctx.g->scratch_bytes() / (esize * std::max<size_t>(parts, 1));
-  if (w == 0)
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("tree: a scratch half of {} bytes cannot hold {} elements of {} "
-                            "bytes (raise MC2_SCRATCH_BYTES)",
-                            ctx.g->scratch_bytes(), parts, esize),
-                ctx.g->rank(), ctx.name, ctx.seq);
-  return w >= 16 ? w / 16 * 16 : w;
-}
 
 void CheckRounds(OpContext& ctx, size_t rounds) {
   if (rounds > kMaxSteps)
@@ -168,7 +155,7 @@ void TreeReduce(OpContext& ctx, const CollArgs& a) {
   const size_t e = a.esize;
   if (a.count == 0) return FinishOperation(ctx, false);
   if (n == 1) return ReduceAlone(ctx, a);
-  const size_t w = PartElems(ctx, e, 1);
+  const size_t w = PartElems(ctx, e, 1, "tree");
   const size_t rounds = CeilDiv(a.count, w);
   CheckRounds(ctx, rounds);
   for (size_t k = 0; k < rounds; ++k) {
@@ -197,7 +184,7 @@ void TreeAllReduce(OpContext& ctx, const CollArgs& a) {
   const bool send_sym = ctx.send_off[me] != kPrivate;
   const bool recv_sym = ctx.recv_off[me] != kPrivate;
   // A half holds the upward result, then the downward copy.
-  const size_t w = PartElems(ctx, e, 2);
+  const size_t w = PartElems(ctx, e, 2, "tree");
   const size_t rounds = CeilDiv(a.count, w);
   CheckRounds(ctx, rounds);
   for (size_t k = 0; k < rounds; ++k) {
@@ -228,7 +215,7 @@ void TreeBroadcast(OpContext& ctx, const CollArgs& a) {
   if (a.count == 0 || n == 1) return FinishOperation(ctx, false);
   const bool send_sym = ctx.send_off[me] != kPrivate;  // the root's only
   const bool recv_sym = ctx.recv_off[me] != kPrivate;
-  const size_t w = PartElems(ctx, e, 1);
+  const size_t w = PartElems(ctx, e, 1, "tree");
   const size_t rounds = CeilDiv(a.count, w);
   CheckRounds(ctx, rounds);
   for (size_t k = 0; k < rounds; ++k) {
@@ -260,7 +247,7 @@ void TreeGather(OpContext& ctx, const CollArgs& a) {
   const int v = Mod(me - a.root, n);
   const std::vector<int> children = t.Children(v);
   // A half holds one slot per block (indexed by group rank).
-  const size_t w = PartElems(ctx, e, n);
+  const size_t w = PartElems(ctx, e, n, "tree");
   const size_t rounds = CeilDiv(maxc, w);
   CheckRounds(ctx, rounds);
   auto piece = [&](size_t k, int b) -> size_t {
@@ -310,7 +297,7 @@ void TreeScatter(OpContext& ctx, const CollArgs& a) {
   const Binomial t{n};
   const int v = Mod(me - a.root, n);
   const std::vector<int> children = t.Children(v);
-  const size_t w = PartElems(ctx, e, n);
+  const size_t w = PartElems(ctx, e, n, "tree");
   const size_t rounds = CeilDiv(a.count, w);
   CheckRounds(ctx, rounds);
   const bool writes = !children.empty() && !(root && send_sym);
