@@ -26,7 +26,7 @@ struct Result {
   std::string out;  // stdout (stderr goes to the test log)
 };
 
-Result Run(const std::string& args) {
+Result RunMc2(const std::string& args) {
   Result r;
   const std::string cmd = kMc2 + " " + args;
   FILE* p = popen(cmd.c_str(), "r");
@@ -51,7 +51,7 @@ constexpr int kRows = 7;
 const char* kSweep = "-n 2 -b 8 -e 64K -f 4 -c 1 -i 3 -w 1";
 
 TEST(BenchTest, CheckedAllReduceSweep) {
-  Result r = Run(std::string("bench all_reduce ") + kSweep);
+  Result r = RunMc2(std::string("bench all_reduce ") + kSweep);
   ASSERT_EQ(r.status, 0) << r.out;
   auto rows = DataRows(r.out);
   ASSERT_EQ(rows.size(), static_cast<size_t>(kRows)) << r.out;
@@ -79,7 +79,7 @@ TEST(BenchTest, JsonRowsParse) {
   const std::string path =
       (std::filesystem::temp_directory_path() / ("mc2-bench-" + std::to_string(getpid()) + ".json"))
           .string();
-  Result r = Run(std::string("bench all_gather ") + kSweep + " --buffers private --json " + path);
+  Result r = RunMc2(std::string("bench all_gather ") + kSweep + " --buffers private --json " + path);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("buffers private"));
   std::ifstream in(path);
@@ -110,21 +110,21 @@ TEST(BenchTest, OtherCollectivesCheckOut) {
   for (const char* args :
        {"reduce_scatter -o max", "all_to_all -d i32", "broadcast --root 1 -d bf16",
         "reduce -o prod -d f16", "send_recv -d u8", "all_reduce -d i8 -o bxor"}) {
-    Result r = Run(std::string("bench ") + args + " -n 2 -b 8 -e 4K -f 8 -c 1 -i 2 -w 1");
+    Result r = RunMc2(std::string("bench ") + args + " -n 2 -b 8 -e 4K -f 8 -c 1 -i 2 -w 1");
     EXPECT_EQ(r.status, 0) << args << "\n" << r.out;
     EXPECT_THAT(r.out, HasSubstr("# Out of bounds values : 0 OK")) << args;
   }
 }
 
 TEST(BenchTest, UsageErrorsExit2) {
-  EXPECT_EQ(Run("bench all_reduz -n 2 2>/dev/null").status, 2);
-  EXPECT_EQ(Run("bench all_reduce -n 2 -b 8X 2>/dev/null").status, 2);
-  EXPECT_EQ(Run("bench all_reduce -n 2 -b 1M -e 1K 2>/dev/null").status, 2);
-  EXPECT_EQ(Run("bench all_reduce -n 2 -d f32 -o band 2>/dev/null").status, 2);
-  EXPECT_EQ(Run("bench all_reduce -n 2 -d f99 2>/dev/null").status, 2);
-  EXPECT_EQ(Run("bench all_reduce -n 2 --buffers shared 2>/dev/null").status, 2);
-  EXPECT_EQ(Run("bench broadcast -n 2 --root 2 2>/dev/null").status, 2);
-  EXPECT_EQ(Run("bench 2>/dev/null").status, 2);
+  EXPECT_EQ(RunMc2("bench all_reduz -n 2 2>/dev/null").status, 2);
+  EXPECT_EQ(RunMc2("bench all_reduce -n 2 -b 8X 2>/dev/null").status, 2);
+  EXPECT_EQ(RunMc2("bench all_reduce -n 2 -b 1M -e 1K 2>/dev/null").status, 2);
+  EXPECT_EQ(RunMc2("bench all_reduce -n 2 -d f32 -o band 2>/dev/null").status, 2);
+  EXPECT_EQ(RunMc2("bench all_reduce -n 2 -d f99 2>/dev/null").status, 2);
+  EXPECT_EQ(RunMc2("bench all_reduce -n 2 --buffers shared 2>/dev/null").status, 2);
+  EXPECT_EQ(RunMc2("bench broadcast -n 2 --root 2 2>/dev/null").status, 2);
+  EXPECT_EQ(RunMc2("bench 2>/dev/null").status, 2);
 }
 
 }  // namespace

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# compare_mpi.sh: mc2 against Open MPI on the same host, side by side.
+#
+# For each collective, runs `mc2 bench X -n N ...` and
+# `mpirun -np N ./mpi_coll_bench X ...` (same sweep, same columns, same
+# checkable data), alternating the two R times to spread drift evenly, joins
+# their --json outputs and prints per size the median over the repetitions of
+# each side's bus bandwidth, the ratio mc2/MPI (> 1: mc2 is faster), and the
+# latency ratio at the smallest size (mc2 time / MPI time: < 1: mc2 is faster).
+#
+# Usage: bench/compare_mpi.sh [-n N] [-b MIN] [-e MAX] [-f F] [-r REPS]
+#            [-i ITERS] [-w WARMUP] [-c 0|1] [-d DTYPE] [--buffers symmetric|private]
+#            [--stat avg|median] [--build DIR] [--keep DIR] [COLLECTIVE ...]
+# --stat: which time of a run to use: avg (nccl-tests' figure, the default) or
+# the median iteration (robust against a loaded machine).
+# Collectives default to: all_reduce all_gather reduce_scatter all_to_all broadcast reduce
+# The build directory defaults to $MC2_BUILD_DIR, else <repo>/build; it must
+# hold tools/mc2 and bench/mpi_coll_bench (built when CMake finds MPI).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(dirname "$here")
+nranks=2 minb=8 maxb=256M factor=2 reps=3 iters=20 warmup=5 check=0 dtype=f32
+buffers=symmetric build=${MC2_BUILD_DIR:-$repo/build} keep="" stat=avg
+colls=()
+
+usage() { sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+die() { echo "compare_mpi.sh: $*" >&2; exit 2; }
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -n) nranks=$2; shift 2 ;;
+    -b) minb=$2; shift 2 ;;
+    -e) maxb=$2; shift 2 ;;
+    -f) factor=$2; shift 2 ;;
+    -r|--reps) reps=$2; shift 2 ;;
+    -i) iters=$2; shift 2 ;;
+    -w) warmup=$2; shift 2 ;;
+    -c) check=$2; shift 2 ;;
+    -d) dtype=$2; shift 2 ;;
+    --buffers) buffers=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --stat) stat=$2; shift 2 ;;
+    --keep) keep=$2; shift 2 ;;
+    -h|--help) usage ;;
+    -*) die "unknown option $1 (see --help)" ;;
+    *) colls+=("$1"); shift ;;
+  esac
+done
+[[ ${#colls[@]} -gt 0 ]] || colls=(all_reduce all_gather reduce_scatter all_to_all broadcast reduce)
+[[ $reps =~ ^[1-9][0-9]*$ ]] || die "-r $reps: expected a positive count"
+[[ $stat == avg || $stat == median ]] || die "--stat $stat: expected avg or median"
+progress() { [[ -t 2 ]] && printf "$@" >&2; return 0; }
+
+mc2=$build/tools/mc2
+mpib=$build/bench/mpi_coll_bench
+[[ -x $mc2 ]] || die "$mc2 not found: build mc2_cli, or pass --build DIR"
+[[ -x $mpib ]] || die "$mpib not found: build mpi_coll_bench (needs MPI), or pass --build DIR"
+command -v mpirun >/dev/null || die "mpirun not found"
+command -v python3 >/dev/null || die "python3 not found (used to join the JSON outputs)"
+
+mpirun_args=(--oversubscribe -np "$nranks" --bind-to none --mca btl self,vader)
+if [[ $(id -u) -eq 0 ]]; then
+  mpirun_args=(--allow-run-as-root "${mpirun_args[@]}")
+fi
+
+if [[ -n $keep ]]; then
+  out=$keep
+  mkdir -p "$out"
+else
+  out=$(mktemp -d /tmp/mc2-compare.XXXXXX)
+  trap 'rm -rf "$out"' EXIT
+fi
+
+sweep=(-b "$minb" -e "$maxb" -f "$factor" -i "$iters" -w "$warmup" -c "$check" -d "$dtype")
+
+failed() {  # what base: show the end of its output (the directory may be removed)
+  tail -n 15 "$2.txt" "$2.err" >&2 2>/dev/null || true
+  die "$1 failed"
+}
+run_mc2() {  # collective rep
+  "$mc2" bench "$1" -n "$nranks" "${sweep[@]}" --buffers "$buffers" \
+    --json "$out/mc2_$1_$2.json" >"$out/mc2_$1_$2.txt" 2>"$out/mc2_$1_$2.err" ||
+    failed "mc2 bench $1" "$out/mc2_$1_$2"
+}
+run_mpi() {
+  mpirun "${mpirun_args[@]}" "$mpib" "$1" "${sweep[@]}" \
+    --json "$out/mpi_$1_$2.json" >"$out/mpi_$1_$2.txt" 2>"$out/mpi_$1_$2.err" ||
+    failed "mpi_coll_bench $1" "$out/mpi_$1_$2"
+}
+
+echo "# compare_mpi: $nranks ranks, sizes $minb..$maxb x$factor, dtype $dtype, mc2 buffers $buffers," \
+     "iters $iters, warmup $warmup, $reps repetitions (medians), time: $stat, $(nproc) cores"
+echo "# MPI: $(mpirun --version 2>/dev/null | head -1), mpirun ${mpirun_args[*]}"
+for c in "${colls[@]}"; do
+  for ((r = 1; r <= reps; r++)); do
+    progress '\r[compare] %s: repetition %d/%d ' "$c" "$r" "$reps"
+    # Alternate which side goes first so that slow drift hits both equally.
+    if (( r % 2 )); then run_mc2 "$c" "$r"; run_mpi "$c" "$r"
+    else run_mpi "$c" "$r"; run_mc2 "$c" "$r"; fi
+  done
+  progress '\r%40s\r' ''
+  python3 - "$out" "$c" "$reps" "$stat" <<'EOF'
+import json, statistics, sys
+
+out, coll, reps, stat = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+def load(side):
+    return [json.load(open(f"{out}/{side}_{coll}_{r}.json")) for r in range(1, reps + 1)]
+mc2, mpi = load("mc2"), load("mpi")
+
+def value(m, key):
+    # The run's time: its average (nccl-tests) or its median iteration;
+    # bandwidths scale with 1 / time.
+    if stat == "avg" or key not in ("time_us", "busbw_gbs"):
+        return m[key]
+    if key == "time_us":
+        return m["time_median_us"]
+    return m["busbw_gbs"] * m["time_us"] / m["time_median_us"] if m["time_median_us"] else 0.0
+
+def med(runs, i, mode, key):
+    vals = [value(run["rows"][i][mode], key) for run in runs if run["rows"][i].get(mode)]
+    return statistics.median(vals) if vals else None
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+def f(v, spec):
+    return format(v, spec) if v is not None else "N/A"
+
+sizes = [row["size"] for row in mc2[0]["rows"]]
+assert sizes == [row["size"] for row in mpi[0]["rows"]], "the two sweeps have different sizes"
+algos = sorted({run["rows"][i]["out_of_place"]["algo"] for run in mc2 for i in range(len(sizes))})
+print()
+print(f"# {coll}: {mc2[0]['ranks']} ranks; time = {stat} of {mc2[0]['iters']} iterations, "
+      f"median of {reps} runs; busbw in GB/s; ratio = mc2/MPI (> 1: mc2 faster); "
+      f"mc2 algorithms: {', '.join(algos)}")
+print(f"# {'':>10}  {'out-of-place':^43}  {'in-place':^30}")
+print(f"# {'size':>10}  {'mc2 us':>9} {'MPI us':>9} {'mc2 bw':>7} {'MPI bw':>7} {'ratio':>6}"
+      f"  {'mc2 bw':>7} {'MPI bw':>7} {'ratio':>6}  mc2 algo")
+ratios = []
+for i, size in enumerate(sizes):
+    mt, pt = med(mc2, i, "out_of_place", "time_us"), med(mpi, i, "out_of_place", "time_us")
+    mb, pb = med(mc2, i, "out_of_place", "busbw_gbs"), med(mpi, i, "out_of_place", "busbw_gbs")
+    mbi, pbi = med(mc2, i, "in_place", "busbw_gbs"), med(mpi, i, "in_place", "busbw_gbs")
+    # busbw is 0 on one rank: compare speed by time then.
+    rb = ratio(mb, pb) if pb else ratio(pt, mt)
+    rbi = ratio(mbi, pbi)
+    if rb is not None: ratios.append(rb)
+    algo = mc2[-1]["rows"][i]["out_of_place"]["algo"]
+    print(f"  {size:>10}  {f(mt, '9.2f')} {f(pt, '9.2f')} {f(mb, '7.2f')} {f(pb, '7.2f')} "
+          f"{f(rb, '6.2f')}  {f(mbi, '7.2f')} {f(pbi, '7.2f')} {f(rbi, '6.2f')}  {algo}")
+lt_m, lt_p = med(mc2, 0, "out_of_place", "time_us"), med(mpi, 0, "out_of_place", "time_us")
+print(f"# latency at {sizes[0]} B: mc2 {f(lt_m, '.2f')} us, MPI {f(lt_p, '.2f')} us, "
+      f"ratio mc2/MPI = {f(ratio(lt_m, lt_p), '.2f')} (< 1: mc2 faster)")
+if ratios:
+    geo = statistics.geometric_mean([r for r in ratios if r > 0])
+    big = [r for s, r in zip(sizes, ratios) if s >= (1 << 20)]
+    print(f"# busbw ratio mc2/MPI: geometric mean {geo:.2f} over all sizes" +
+          (f", {statistics.geometric_mean(big):.2f} over sizes >= 1 MiB" if big else ""))
+EOF
+done
+[[ -n $keep ]] && echo "# raw outputs kept in $out"
+exit 0

@@ -1,0 +1,212 @@
+// `mc2 bench`: collective benchmarks in the manner of nccl-tests, and the
+// tuning of the algorithm selector (--tune).
+//
+// Outside an mc2 job the command re-executes itself under the launcher with
+// N ranks and a heap sized for the sweep, passing the output through
+// unprefixed (only rank 0 prints); inside a job (as every rank of that
+// launch, or under `mc2 run -n N mc2 bench ...`) it runs the sweep.
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "bench.h"
+#include "commands.h"
+#include "launcher.h"
+#include "mc2/mc2.h"
+
+namespace mc2::tools {
+
+namespace {
+
+constexpr int kDefaultRanks = 2;
+
+struct BenchArgs {
+  std::string coll;
+  int nranks = 0;
+  std::string min_bytes = "8", max_bytes = "256M";
+  int factor = 2;
+  std::string dtype = "f32", op = "sum", algo = "auto";
+  int iters = 20, warmup = 5, check = 1;
+  std::string buffers = "symmetric";
+  int root = 0;
+  std::string json;
+  bool tune = false;
+  std::string output;
+  std::string tune_result;  // internal: where a --tune job leaves its timings
+};
+
+[[noreturn]] void Usage(const std::string& message) {
+  fmt::print(stderr, "mc2 bench: {}\n", message);
+  throw CLI::RuntimeError(bench::kExitUsage);
+}
+
+// This executable, and the arguments it was started with.
+std::string SelfExe() {
+  char buf[PATH_MAX];
+  const ssize_t len = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (len <= 0) return "/proc/self/exe";
+  return std::string(buf, static_cast<size_t>(len));
+}
+
+std::vector<std::string> SelfArgs() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> args;
+  for (std::string a; std::getline(in, a, '\0');) args.push_back(a);
+  return args;
+}
+
+bench::Config Validate(const BenchArgs& a) {
+  using namespace bench;
+  Config cfg;
+  if (a.coll.empty())
+    Usage(fmt::format("missing the collective: expected one of {} (or --tune)", CollNames()));
+  auto coll = ParseColl(a.coll);
+  if (!coll)
+    Usage(fmt::format("unknown collective '{}': expected one of {}", a.coll, CollNames()));
+  cfg.coll = *coll;
+  if (a.nranks < 0 || a.nranks > 256)
+    Usage(fmt::format("-n {} is invalid: expected 1 to 256 ranks", a.nranks));
+  cfg.nranks = a.nranks;
+  auto min = ParseSize(a.min_bytes), max = ParseSize(a.max_bytes);
+  if (!min || *min == 0)
+    Usage(fmt::format("-b '{}' is invalid: expected a positive size such as 8, 64K, 256M or 1G",
+                      a.min_bytes));
+  if (!max || *max == 0)
+    Usage(fmt::format("-e '{}' is invalid: expected a positive size such as 8, 64K, 256M or 1G",
+                      a.max_bytes));
+  if (*min > *max) Usage(fmt::format("-b {} is larger than -e {}", a.min_bytes, a.max_bytes));
+  cfg.min_bytes = *min;
+  cfg.max_bytes = *max;
+  if (a.factor < 2) Usage(fmt::format("-f {} is invalid: the step factor must be at least 2", a.factor));
+  cfg.factor = a.factor;
+  auto dtype = ParseDType(a.dtype);
+  if (!dtype)
+    Usage(fmt::format("unknown dtype '{}': expected f32, f64, f16, bf16, i8, u8, i32 or i64",
+                      a.dtype));
+  cfg.dtype = *dtype;
+  auto op = ParseReduceOp(a.op);
+  if (!op)
+    Usage(fmt::format("unknown op '{}': expected sum, prod, min, max, avg, band, bor or bxor",
+                      a.op));
+  cfg.op = *op;
+  if (IsReducing(cfg.coll) && !IsValidReduction(cfg.dtype, cfg.op))
+    Usage(fmt::format("op {} is not defined for dtype {} (bitwise ops need an integer dtype)",
+                      ReduceOpName(cfg.op), DTypeName(cfg.dtype)));
+  auto algo = ParseAlgorithm(a.algo);
+  if (!algo)
+    Usage(fmt::format("unknown algorithm '{}': expected auto, ring, recursive_doubling, "
+                      "rabenseifner, tree or direct",
+                      a.algo));
+  cfg.algo = *algo;
+  if (cfg.coll == Coll::kSendRecv && cfg.algo != Algorithm::kAuto)
+    Usage("--algo does not apply to send_recv");
+  if (a.iters < 1) Usage(fmt::format("-i {} is invalid: expected at least 1 iteration", a.iters));
+  if (a.warmup < 0) Usage(fmt::format("-w {} is invalid: expected 0 or more", a.warmup));
+  cfg.iters = a.iters;
+  cfg.warmup = a.warmup;
+  if (a.check != 0 && a.check != 1) Usage(fmt::format("-c {} is invalid: expected 0 or 1", a.check));
+  cfg.check = a.check == 1;
+  if (a.buffers != "symmetric" && a.buffers != "private")
+    Usage(fmt::format("--buffers '{}' is invalid: expected symmetric or private", a.buffers));
+  cfg.symmetric = a.buffers == "symmetric";
+  // Inside a job the job's size is checked by the ranks.
+  const int n = a.nranks ? a.nranks : (Group::LaunchedByMc2() ? 0 : kDefaultRanks);
+  if (a.root < 0 || (n > 0 && a.root >= n))
+    Usage(fmt::format("--root {} is out of range for {} ranks", a.root, n));
+  cfg.root = a.root;
+  cfg.json_path = a.json;
+  return cfg;
+}
+
+void RunCallback(const BenchArgs& a) {
+  if (a.tune) {
+    if (!a.coll.empty()) Usage("--tune measures every tunable collective: give no collective");
+    if (Group::LaunchedByMc2()) {
+      if (a.tune_result.empty()) Usage("--tune inside a job is internal to `mc2 bench --tune`");
+      const int status = bench::RunTuneRank(a.tune_result);
+      if (status != 0) throw CLI::RuntimeError(status);
+      return;
+    }
+    if (a.nranks < 0 || a.nranks == 1 || a.nranks > 256)
+      Usage(fmt::format("-n {} is invalid for --tune: expected 2 to 256 ranks", a.nranks));
+    std::vector<int> counts = a.nranks ? std::vector<int>{a.nranks} : std::vector<int>{2, 4};
+    const int status = bench::RunTune(SelfExe(), counts, a.output);
+    if (status != 0) throw CLI::RuntimeError(status);
+    return;
+  }
+  if (!a.output.empty()) Usage("--output goes with --tune (use --json for a sweep's rows)");
+  bench::Config cfg = Validate(a);
+  if (Group::LaunchedByMc2()) {
+    const int status = bench::RunBenchRank(cfg);
+    if (status != 0) throw CLI::RuntimeError(status);
+    return;
+  }
+  LaunchOptions lo;
+  lo.nranks = cfg.nranks ? cfg.nranks : kDefaultRanks;
+  lo.argv = SelfArgs();
+  if (lo.argv.empty()) {
+    fmt::print(stderr, "mc2 bench: cannot read /proc/self/cmdline\n");
+    throw CLI::RuntimeError(bench::kExitWrong);
+  }
+  lo.argv[0] = SelfExe();
+  lo.prefix_output = false;
+  lo.heap_bytes = bench::HeapBytesFor(cfg, lo.nranks);
+  // The ranks write to pipes; tell rank 0 whether a person is watching.
+  if (isatty(STDERR_FILENO)) setenv("MC2_BENCH_STDERR_TTY", "1", 1);
+  const int status = RunLaunch(lo);
+  if (status != 0) throw CLI::RuntimeError(status);
+}
+
+}  // namespace
+
+void RegisterBench(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench",
+      "Benchmark a collective over a range of sizes (nccl-tests layout), or --tune the "
+      "algorithm selector");
+  cmd->add_option("collective", a->coll,
+                  "all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, reduce or "
+                  "send_recv");
+  cmd->add_option("-n,--nranks", a->nranks,
+                  "Ranks (default 2; inside a job: the job's size; --tune: 2 and 4)");
+  cmd->add_option("-b,--minbytes", a->min_bytes, "Smallest size in bytes, e.g. 8 or 1K")
+      ->capture_default_str();
+  cmd->add_option("-e,--maxbytes", a->max_bytes, "Largest size in bytes, e.g. 256M")
+      ->capture_default_str();
+  cmd->add_option("-f,--stepfactor", a->factor, "Size multiplier between rows")
+      ->capture_default_str();
+  cmd->add_option("-d,--datatype", a->dtype, "f32, f64, f16, bf16, i8, u8, i32 or i64")
+      ->capture_default_str();
+  cmd->add_option("-o,--op", a->op, "sum, prod, min, max, avg, band, bor or bxor")
+      ->capture_default_str();
+  cmd->add_option("--algo", a->algo,
+                  "auto, ring, recursive_doubling, rabenseifner, tree or direct")
+      ->capture_default_str();
+  cmd->add_option("-i,--iters", a->iters, "Timed iterations per size")->capture_default_str();
+  cmd->add_option("-w,--warmup", a->warmup, "Untimed iterations per size")
+      ->capture_default_str();
+  cmd->add_option("-c,--check", a->check, "1: check every result (exit 1 if any is wrong)")
+      ->capture_default_str();
+  cmd->add_option("--buffers", a->buffers,
+                  "symmetric (Group::AllocSymmetric) or private (heap memory)")
+      ->capture_default_str();
+  cmd->add_option("--root", a->root, "Root of broadcast and reduce")->capture_default_str();
+  cmd->add_option("--json", a->json, "Also write every row to this JSON file");
+  cmd->add_flag("--tune", a->tune,
+                "Time every algorithm of all_reduce, all_gather, reduce_scatter, broadcast and "
+                "reduce from 8 B to 64 MiB and write the selector's tuning table");
+  cmd->add_option("--output", a->output,
+                  "--tune: the table to write (default ~/.cache/mc2/tuning.json)");
+  cmd->add_option("--tune-result", a->tune_result)->group("");  // internal
+  cmd->callback([a] { RunCallback(*a); });
+}
+
+}  // namespace mc2::tools

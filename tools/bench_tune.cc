@@ -1,0 +1,382 @@
+// `mc2 bench --tune`: measures every algorithm of the collectives that have
+// several, for each rank count, and writes the selector's tuning table
+// (collectives/selector.h) with the fastest algorithm per size range.
+//
+// The parent launches one job per rank count; in the job every rank runs
+// RunTuneRank and rank 0 writes the raw timings to a temporary file that the
+// parent turns into the table.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "bench.h"
+#include "collectives/selector.h"
+#include "launcher.h"
+#include "mc2/mc2.h"
+
+namespace mc2::tools::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+constexpr Coll kTuned[] = {Coll::kAllReduce, Coll::kAllGather, Coll::kReduceScatter,
+                           Coll::kBroadcast, Coll::kReduce};
+constexpr Algorithm kCandidates[] = {Algorithm::kRing, Algorithm::kRecursiveDoubling,
+                                     Algorithm::kRabenseifner, Algorithm::kBinomialTree,
+                                     Algorithm::kDirect};
+constexpr size_t kMinBytes = 8;
+constexpr size_t kMaxBytes = size_t{64} << 20;
+constexpr DType kDType = DType::kF32;
+// Time spent timing one (collective, algorithm, size), per trial.
+constexpr double kTargetUs = 20000;
+constexpr int kTrials = 3;
+// A size where the previous size's winner is within kHysteresis of the best
+// keeps it, and a lone winner between two sizes won by the same algorithm
+// gives way to it if that one is within kIsolated: noise should not flip
+// the choice back and forth.
+constexpr double kHysteresis = 1.05;
+constexpr double kIsolated = 1.15;
+
+std::vector<size_t> TuneSizes() {
+  std::vector<size_t> out;
+  for (size_t s = kMinBytes; s <= kMaxBytes; s *= 4) out.push_back(s);
+  if (out.back() != kMaxBytes) out.push_back(kMaxBytes);
+  return out;
+}
+
+double Micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+// Runs one call; throws what the collective throws.
+void Once(const Group& g, Coll c, const Shape& s, const char* send, char* recv,
+          const CollectiveOptions& o) {
+  const size_t n = s.count;
+  Work w;
+  switch (c) {
+    case Coll::kAllReduce: w = AllReduce(g, send, recv, n, kDType, ReduceOp::kSum, o); break;
+    case Coll::kAllGather: w = AllGather(g, send, recv, n, kDType, o); break;
+    case Coll::kReduceScatter: w = ReduceScatter(g, send, recv, n, kDType, ReduceOp::kSum, o); break;
+    case Coll::kBroadcast: w = Broadcast(g, send, recv, n, kDType, 0, o); break;
+    case Coll::kReduce: w = Reduce(g, send, recv, n, kDType, ReduceOp::kSum, 0, o); break;
+    default: break;
+  }
+  w.Wait();
+}
+
+double MaxOverRanks(const Group& g, double v) {
+  AllReduce(g, &v, &v, 1, DType::kF64, ReduceOp::kMax).Wait();
+  return v;
+}
+
+// Iterations of `algo` that take about kTargetUs, after a warm-up call;
+// 0 if the algorithm does not implement the collective (identical on every
+// rank: the selector refuses it in the call itself).
+int Calibrate(const Group& g, Coll c, Algorithm algo, const Shape& s, const char* send,
+              char* recv) {
+  CollectiveOptions o;
+  o.algorithm = algo;
+  try {
+    Once(g, c, s, send, recv, o);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kInvalidArgument) return 0;
+    throw;
+  }
+  Barrier(g).Wait();
+  const auto t0 = Clock::now();
+  Once(g, c, s, send, recv, o);
+  const double probe = MaxOverRanks(g, Micros(Clock::now() - t0));
+  return static_cast<int>(std::clamp(kTargetUs / std::max(probe, 0.05), 1.0, 5000.0));
+}
+
+// Average microseconds per call over `iters` calls (the max over ranks).
+double TimeAlgorithm(const Group& g, Coll c, Algorithm algo, const Shape& s, const char* send,
+                     char* recv, int iters) {
+  CollectiveOptions o;
+  o.algorithm = algo;
+  Barrier(g).Wait();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) Once(g, c, s, send, recv, o);
+  return MaxOverRanks(g, Micros(Clock::now() - t0)) / iters;
+}
+
+std::string HomeCachePath() {
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : ".") + "/.cache/mc2/tuning.json";
+}
+
+struct Point {
+  size_t bytes;  // the selector's size measure
+  std::map<std::string, double> times;
+};
+
+// Winner per point, smoothed; then runs of equal winners as table entries.
+std::vector<collectives::TuningTable::Entry> MakeEntries(const std::vector<Point>& pts,
+                                                         std::vector<std::string>* winners) {
+  winners->clear();
+  for (size_t i = 0; i < pts.size(); ++i) {
+    std::string best;
+    double bt = 1e300;
+    for (auto& [a, t] : pts[i].times)
+      if (t < bt) bt = t, best = a;
+    if (i > 0 && !winners->back().empty()) {
+      auto prev = pts[i].times.find(winners->back());
+      if (prev != pts[i].times.end() && prev->second <= bt * kHysteresis) best = prev->first;
+    }
+    winners->push_back(best);
+  }
+  for (size_t i = 1; i + 1 < pts.size(); ++i) {
+    const std::string& around = (*winners)[i - 1];
+    if (around.empty() || around != (*winners)[i + 1] || around == (*winners)[i]) continue;
+    auto it = pts[i].times.find(around), mine = pts[i].times.find((*winners)[i]);
+    if (it != pts[i].times.end() && mine != pts[i].times.end() &&
+        it->second <= mine->second * kIsolated)
+      (*winners)[i] = around;
+  }
+  std::vector<collectives::TuningTable::Entry> entries;
+  for (size_t i = 0; i < pts.size(); ++i) {
+    if ((*winners)[i].empty()) continue;
+    const bool last = i + 1 == pts.size();
+    if (!last && (*winners)[i + 1] == (*winners)[i]) continue;
+    size_t max_bytes = ~size_t{0};
+    if (!last) {
+      // About halfway (geometrically) to the next measured size, rounded
+      // down to a power of two, and never below this size.
+      const double mid =
+          std::sqrt(static_cast<double>(pts[i].bytes) * static_cast<double>(pts[i + 1].bytes));
+      size_t p2 = 1;
+      while (static_cast<double>(p2) * 2 <= mid) p2 *= 2;
+      max_bytes = std::max(pts[i].bytes, p2);
+    }
+    entries.push_back({max_bytes, *ParseAlgorithm((*winners)[i])});
+  }
+  return entries;
+}
+
+}  // namespace
+
+size_t TuneHeapBytes() {
+  // send and recv of at most kMaxBytes each, plus the group's areas.
+  return 2 * kMaxBytes + (size_t{64} << 20);
+}
+
+int RunTuneRank(const std::string& result_path) {
+  Group g;
+  try {
+    g = Group::FromEnv();
+  } catch (const Error& e) {
+    fmt::print(stderr, "mc2 bench --tune: cannot join the job: {}\n", e.what());
+    return kExitWrong;
+  }
+  const int n = g.size();
+  const bool lead = g.rank() == 0;
+  try {
+    SymmetricBuffer send = g.AllocSymmetric(kMaxBytes);
+    SymmetricBuffer recv = g.AllocSymmetric(kMaxBytes);
+    std::memset(send.data(), 0, kMaxBytes);
+    std::memset(recv.data(), 0, kMaxBytes);
+    const auto sizes = TuneSizes();
+    json results = json::object();
+    const auto start = Clock::now();
+    size_t step = 0, steps = std::size(kTuned) * sizes.size();
+    for (Coll c : kTuned) {
+      std::vector<bool> skip(std::size(kCandidates), false);
+      json points = json::array();
+      for (size_t bytes : sizes) {
+        const Shape s = ShapeFor(c, bytes, DTypeSize(kDType), n);
+        json times = json::object();
+        std::vector<int> iters(std::size(kCandidates), 0);
+        std::vector<double> best(std::size(kCandidates), 1e300);
+        for (size_t k = 0; k < std::size(kCandidates); ++k) {
+          if (skip[k]) continue;
+          iters[k] = Calibrate(g, c, kCandidates[k], s, send.as<char>(), recv.as<char>());
+          if (iters[k] == 0) skip[k] = true;  // not implemented: skip every size
+        }
+        // Trials interleave the algorithms, so that drift hits all alike;
+        // each keeps its best trial.
+        for (int t = 0; t < kTrials; ++t)
+          for (size_t k = 0; k < std::size(kCandidates); ++k)
+            if (!skip[k])
+              best[k] = std::min(best[k], TimeAlgorithm(g, c, kCandidates[k], s, send.as<char>(),
+                                                        recv.as<char>(), iters[k]));
+        for (size_t k = 0; k < std::size(kCandidates); ++k)
+          if (!skip[k]) times[AlgorithmName(kCandidates[k])] = best[k];
+        // The selector's size measure: per-rank bytes (all_gather: the
+        // block each rank contributes; reduce_scatter: the whole input).
+        points.push_back({{"bytes", s.send_bytes}, {"size", s.bytes}, {"times", times}});
+        ++step;
+        if (lead && (isatty(STDERR_FILENO) || std::getenv("MC2_BENCH_STDERR_TTY"))) {
+          fmt::print(stderr, "\r[tune] {} ranks: {}/{} ({:.0f} s)", n, step, steps,
+                     std::chrono::duration<double>(Clock::now() - start).count());
+          std::fflush(stderr);
+        }
+      }
+      results[CollName(c)] = std::move(points);
+    }
+    if (lead && (isatty(STDERR_FILENO) || std::getenv("MC2_BENCH_STDERR_TTY"))) {
+      fmt::print(stderr, "\r{:50}\r", "");
+      std::fflush(stderr);
+    }
+    Barrier(g).Wait();
+    if (lead) {
+      json j = {{"ranks", n},
+                {"dtype", DTypeName(kDType)},
+                {"seconds", std::chrono::duration<double>(Clock::now() - start).count()},
+                {"results", results}};
+      std::ofstream out(result_path);
+      out << j.dump() << "\n";
+      if (!out) {
+        fmt::print(stderr, "mc2 bench --tune: cannot write {}\n", result_path);
+        return kExitWrong;
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "mc2 bench --tune: rank {}: {}\n", g.rank(), e.what());
+    return kExitWrong;
+  }
+}
+
+int RunTune(const std::string& self_exe, const std::vector<int>& nranks,
+            const std::string& output_arg) {
+  const std::string output = output_arg.empty() ? HomeCachePath() : output_arg;
+  collectives::TuningTable table;
+  // Keep what an earlier run measured for other rank counts.
+  if (std::ifstream in(output); in) {
+    std::stringstream buf;
+    buf << in.rdbuf();
+    try {
+      table = collectives::TuningTable::Parse(buf.str(), output);
+    } catch (const Error& e) {
+      fmt::print(stderr, "mc2 bench --tune: replacing {}: {}\n", output, e.message());
+    }
+  }
+  json meta = {{"generated_by", "mc2 bench --tune"},
+               {"dtype", DTypeName(kDType)},
+               {"measured_ranks", nranks}};
+  {
+    char when[64];
+    std::time_t now = std::time(nullptr);
+    std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S%z", std::localtime(&now));
+    meta["date"] = when;
+  }
+#ifndef NDEBUG
+  fmt::print("# WARNING: debug build, figures are not representative\n");
+#endif
+  const auto start = Clock::now();
+  for (int n : nranks) {
+    char tmpl[] = "/tmp/mc2-tune-XXXXXX";
+    const int fd = mkstemp(tmpl);
+    if (fd < 0) {
+      fmt::print(stderr, "mc2 bench --tune: cannot create a temporary file in /tmp\n");
+      return kExitWrong;
+    }
+    close(fd);
+    const std::string tmp = tmpl;
+    LaunchOptions lo;
+    lo.nranks = n;
+    lo.argv = {self_exe, "bench", "--tune", "-n", std::to_string(n), "--tune-result", tmp};
+    lo.prefix_output = false;
+    lo.heap_bytes = TuneHeapBytes();
+    const int status = RunLaunch(lo);
+    json r;
+    if (status == 0) {
+      std::ifstream in(tmp);
+      try {
+        in >> r;
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "mc2 bench --tune: bad measurements from the {}-rank job: {}\n", n,
+                   e.what());
+      }
+    }
+    std::remove(tmp.c_str());
+    if (status != 0) return status;
+    if (!r.is_object() || !r.contains("results")) return kExitWrong;
+
+    fmt::print("# mc2 bench --tune: {} ranks, dtype {}, {:.1f} s\n", n, DTypeName(kDType),
+               r.value("seconds", 0.0));
+    // Winners by size: one column per collective.
+    std::map<std::string, std::vector<std::string>> winners;
+    std::vector<size_t> sizes;
+    for (Coll c : kTuned) {
+      const std::string kind = CollName(c);
+      std::vector<Point> pts;
+      for (auto& p : r["results"][kind]) {
+        Point pt{p["bytes"].get<size_t>(), {}};
+        for (auto& [a, t] : p["times"].items()) pt.times[a] = t.get<double>();
+        pts.push_back(std::move(pt));
+        if (c == kTuned[0]) sizes.push_back(p["size"].get<size_t>());
+      }
+      auto entries = MakeEntries(pts, &winners[kind]);
+      if (!entries.empty()) table.rules[kind][n] = std::move(entries);
+    }
+    fmt::print("# {:>9}", "size");
+    for (Coll c : kTuned) fmt::print("  {:>18}", CollName(c));
+    fmt::print("\n");
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      fmt::print("  {:>9}", FormatSize(sizes[i]));
+      for (Coll c : kTuned) {
+        const auto& w = winners[CollName(c)];
+        fmt::print("  {:>18}", i < w.size() && !w[i].empty() ? w[i] : "-");
+      }
+      fmt::print("\n");
+    }
+    for (Coll c : kTuned) {
+      auto it = table.rules.find(CollName(c));
+      if (it == table.rules.end() || !it->second.count(n)) continue;
+      std::string line;
+      for (auto& e : it->second.at(n))
+        line += e.max_bytes == ~size_t{0}
+                    ? fmt::format(" {} beyond", AlgorithmName(e.algorithm))
+                    : fmt::format(" {} up to {};", AlgorithmName(e.algorithm),
+                                  FormatSize(e.max_bytes));
+      fmt::print("# {} ({} ranks):{}\n", CollName(c), n, line);
+    }
+    meta["raw"][std::to_string(n)] = r["results"];
+    std::fflush(stdout);
+  }
+
+  json out = json::parse(table.ToJson());
+  meta["seconds"] = std::chrono::duration<double>(Clock::now() - start).count();
+  out["_meta"] = meta;
+  std::error_code ec;
+  const std::filesystem::path path(output);
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
+  const std::string tmp = output + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << out.dump(1) << "\n";
+    if (!f) {
+      fmt::print(stderr, "mc2 bench --tune: cannot write {}\n", tmp);
+      return kExitWrong;
+    }
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    fmt::print(stderr, "mc2 bench --tune: cannot write {}: {}\n", output, ec.message());
+    std::remove(tmp.c_str());
+    return kExitWrong;
+  }
+  fmt::print("# wrote {}\n", output);
+  const char* env = std::getenv("MC2_TUNING_FILE");
+  if (env && *env && std::filesystem::path(env) != path)
+    fmt::print("# note: MC2_TUNING_FILE={} is set, so the selector reads that file instead\n", env);
+  return 0;
+}
+
+}  // namespace mc2::tools::bench
