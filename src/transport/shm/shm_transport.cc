@@ -138,14 +138,14 @@ void ShmTransport::WaitGE(int owner, uint64_t off, uint64_t value,
     if (flag.load(std::memory_order_acquire) >= value) return;
     MC2_CPU_RELAX();
   }
+  // Then spin yielding, so that a peer sharing this core (more ranks than
+  // cores) can run and publish; sched_yield returns at once otherwise.
   const int64_t spin_end = NowNs() + spin_ns_;
   for (int i = 0;; ++i) {
     if (flag.load(std::memory_order_acquire) >= value) return;
-    if ((i & 63) == 63) {
+    if ((i & 15) == 15) {
       if (NowNs() >= spin_end) break;
-      // After a short pure spin, yield so that a peer sharing this core
-      // (more ranks than cores) can run and publish.
-      if (i >= 2048) sched_yield();
+      sched_yield();
     } else {
       MC2_CPU_RELAX();
     }
