@@ -70,6 +70,7 @@ std::shared_ptr<GroupImpl> MakeWorldGroup(std::shared_ptr<World> world) {
                             "MC2_HEAP_BYTES / --heap or lower MC2_SCRATCH_BYTES",
                             world->transport->HeapBytes(), need),
                 rank, "init");
+  GroupImpl::ClearArea(world->transport->HeapBase(rank) + *off, size);
   std::vector<int> members(size);
   std::iota(members.begin(), members.end(), 0);
   auto g = std::make_shared<GroupImpl>(std::move(world), std::move(members), rank,
@@ -177,7 +178,12 @@ Group Group::Split(int color, int key) const {
   size_t scratch = GroupImpl::DefaultScratchBytes();
   uint64_t mine = internal::kPrivate;
   if (color >= 0) {
-    if (auto off = g->world().heap->Allocate(GroupImpl::AreaBytes(new_size, scratch))) mine = *off;
+    if (auto off = g->world().heap->Allocate(GroupImpl::AreaBytes(new_size, scratch))) {
+      mine = *off;
+      // The memory may have held an older group's flags, which only grow:
+      // start from zero before any peer learns where the area is.
+      GroupImpl::ClearArea(g->HeapPtr(g->rank(), mine), new_size);
+    }
   }
   std::vector<uint64_t> offs(n);
   g->RunSync("split", [&](OpContext& ctx) {

@@ -82,6 +82,11 @@ size_t GroupImpl::AreaBytes(int size, size_t scratch_bytes) {
   return fixed + 2 * kInlineBytes + 2 * scratch_bytes;
 }
 
+void GroupImpl::ClearArea(char* area, int size) {
+  size_t fixed = (kP2POff + static_cast<size_t>(size) * 64 + 4095) / 4096 * 4096;
+  std::memset(area, 0, fixed + 2 * kInlineBytes);
+}
+
 GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int rank,
                      std::vector<uint64_t> area_offsets, size_t scratch_bytes)
     : world_(std::move(world)), members_(std::move(members)), rank_(rank),

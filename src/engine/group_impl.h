@@ -143,6 +143,9 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
 
   // Bytes of heap a group of `size` members needs for its control area.
   static size_t AreaBytes(int size, size_t scratch_bytes);
+  // Zeroes the flags and inline areas of a control area at `area` (this
+  // rank's memory) for a group of `size` members; scratch needs no reset.
+  static void ClearArea(char* area, int size);
   // Scratch per half used by new groups: MC2_SCRATCH_BYTES, default 2 MiB.
   static size_t DefaultScratchBytes();
 

@@ -119,9 +119,18 @@ bool P2PEngine::Step(Op& op) {
   return moved;
 }
 
+void P2PEngine::Release(std::shared_ptr<GroupImpl> group) {
+  // If the caller let go of every handle of the group, ours is the last:
+  // release it on a thread of its own, which may then join this one.
+  if (group.use_count() == 1) std::thread([g = std::move(group)] {}).detach();
+}
+
 void P2PEngine::FailAll(const std::exception_ptr& e) {
   for (auto& [key, q] : queues_)
-    for (auto& op : q) op.work->Fail(e);
+    for (auto& op : q) {
+      op.work->Fail(e);
+      Release(std::move(op.group));
+    }
   queues_.clear();
 }
 
@@ -158,6 +167,7 @@ void P2PEngine::Loop() {
           moved |= Step(q.front());
           if (q.front().next < q.front().chunks) break;
           q.front().work->Complete();
+          Release(std::move(q.front().group));
           q.pop_front();
           moved = true;
         }

@@ -65,6 +65,7 @@ class P2PEngine {
   bool Step(Op& op);
   bool CanStep(const Op& op) const;
   void FailAll(const std::exception_ptr& e);
+  static void Release(std::shared_ptr<GroupImpl> group);
 
   World* world_;
   std::mutex mu_;

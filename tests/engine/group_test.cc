@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "mc2/mc2.h"
@@ -165,6 +166,32 @@ TEST(Group, TimeoutNamesTheMissingRank) {
     }
   }, {.timeout = std::chrono::milliseconds(300)}), Error);
   EXPECT_GE(timeouts.load(), 1);
+}
+
+}  // namespace
+}  // namespace mc2
+
+namespace mc2 {
+namespace {
+
+// Regression: a new group's control area may reuse the memory of a freed
+// one, whose flags were high; stale flags must not let a rank run ahead.
+TEST(Group, ReusedControlAreasStartClean) {
+  Group::RunInProcess(3, [&](Group& g) {
+    for (int round = 0; round < 20; ++round) {
+      Group sub = g.Split(0, g.rank());
+      for (int i = 0; i < 5; ++i) {
+        // Rank 0 lags, so that a rank fooled by a stale flag would read
+        // its input before it is written.
+        if (sub.rank() == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+        std::vector<int32_t> v(5000, sub.rank() + round + i), out(5000);
+        AllReduce(sub, v.data(), out.data(), v.size(), DType::kI32, ReduceOp::kSum,
+                  {.algorithm = Algorithm::kRing}).Wait();
+        ASSERT_EQ(out[4999], 3 * (round + i) + 3) << "round " << round << " op " << i;
+      }
+      Barrier(g).Wait();  // everyone is done with `sub` before it is freed
+    }
+  });
 }
 
 }  // namespace
