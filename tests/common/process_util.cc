@@ -80,7 +80,8 @@ bool WaitUntilGone(const std::vector<pid_t>& pids, double seconds) {
 Launch Spawn(const std::vector<std::string>& args, EnvOverrides env) {
   // Cheap jobs by default, and no MC2_* from the caller's environment.
   EnvOverrides all = {{"MC2_HEAP_BYTES", std::to_string(kTestHeapBytes)},
-                      {"MC2_SHM_DIR", std::nullopt}};
+                      {"MC2_SHM_DIR", std::nullopt},
+                      {kJobTagVariable, JobTag()}};
   for (auto& [key, value] : env) all[key] = value;
   std::vector<std::string> env_strings;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -182,17 +183,30 @@ Result RunMc2(const std::vector<std::string>& args, EnvOverrides env, double tim
   return Wait(launch, timeout);
 }
 
-std::vector<pid_t> ProcessesMatching(const std::string& needle) {
+const std::string& JobTag() {
+  static const std::string tag = std::to_string(getpid());
+  return tag;
+}
+
+std::vector<pid_t> TaggedProcesses() {
+  const std::string entry = std::string(kJobTagVariable) + "=" + JobTag();
   std::vector<pid_t> out;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
+  for (const auto& dir : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = dir.path().filename().string();
     if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
     pid_t pid = std::stoi(name);
     if (pid == getpid() || ProcessGone(pid)) continue;
-    std::ifstream cmd(entry.path() / "cmdline");
-    std::string line((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
-    std::replace(line.begin(), line.end(), '\0', ' ');
-    if (line.find(needle) != std::string::npos) out.push_back(pid);
+    std::ifstream env(dir.path() / "environ");
+    std::string all((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
+    for (size_t pos = 0; pos < all.size();) {
+      size_t end = all.find('\0', pos);
+      if (end == std::string::npos) end = all.size();
+      if (all.compare(pos, end - pos, entry) == 0) {
+        out.push_back(pid);
+        break;
+      }
+      pos = end + 1;
+    }
   }
   return out;
 }

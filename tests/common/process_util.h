@@ -31,8 +31,13 @@ std::set<std::string> ShmEntries();
 // True if `pid` no longer runs (a zombie counts as gone).
 bool ProcessGone(pid_t pid);
 bool WaitUntilGone(const std::vector<pid_t>& pids, double seconds);
-// Pids of running processes whose command line contains `needle`.
-std::vector<pid_t> ProcessesMatching(const std::string& needle);
+// Every job Spawn starts carries kJobTagVariable=JobTag() (unique to this
+// test process) in its environment, inherited by its ranks and anything
+// they start; TaggedProcesses finds those still running. Other jobs on the
+// machine (another test binary, a developer's run) are never matched.
+inline constexpr const char* kJobTagVariable = "MC2TEST_JOB_TAG";
+const std::string& JobTag();
+std::vector<pid_t> TaggedProcesses();
 
 struct Result {
   int status = -1;  // exit status, or 128 + signal

@@ -23,8 +23,8 @@ class ProcessesTest : public ::testing::Test {
     for (const auto& name : ShmEntries())
       if (shm_before_.count(name) == 0) leaked.insert(name);
     EXPECT_TRUE(leaked.empty()) << "files left in /dev/shm";
-    auto left = ProcessesMatching("test_prog_");
-    EXPECT_TRUE(left.empty()) << left.size() << " test program(s) outlived the job";
+    auto left = TaggedProcesses();
+    EXPECT_TRUE(left.empty()) << left.size() << " process(es) outlived the job";
     for (pid_t p : left) kill(p, SIGKILL);
   }
   std::set<std::string> shm_before_;
