@@ -10,7 +10,11 @@
 #
 # Usage: bench/compare_mpi.sh [-n N] [-b MIN] [-e MAX] [-f F] [-r REPS]
 #            [-i ITERS] [-w WARMUP] [-c 0|1] [-d DTYPE] [--buffers symmetric|private]
-#            [--stat avg|median] [--build DIR] [--keep DIR] [COLLECTIVE ...]
+#            [--stat avg|median] [--build DIR] [--keep DIR] [--mpich]
+#            [COLLECTIVE ...]
+# --mpich: also run the same program built with MPICH (Debian's mpich and
+# libmpich-dev, installed on demand) and report mc2 against the better of
+# the two MPIs per size ("best" columns).
 # --stat: which time of a run to use: avg (nccl-tests' figure, the default) or
 # the median iteration (robust against a loaded machine).
 # Collectives default to: all_reduce all_gather reduce_scatter all_to_all broadcast reduce
@@ -21,10 +25,10 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
 nranks=2 minb=8 maxb=256M factor=2 reps=3 iters=20 warmup=5 check=0 dtype=f32
-buffers=symmetric build=${MC2_BUILD_DIR:-$repo/build} keep="" stat=avg
+buffers=symmetric build=${MC2_BUILD_DIR:-$repo/build} keep="" stat=avg mpich=0
 colls=()
 
-usage() { sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 die() { echo "compare_mpi.sh: $*" >&2; exit 2; }
 
 while [[ $# -gt 0 ]]; do
@@ -42,6 +46,7 @@ while [[ $# -gt 0 ]]; do
     --build) build=$2; shift 2 ;;
     --stat) stat=$2; shift 2 ;;
     --keep) keep=$2; shift 2 ;;
+    --mpich) mpich=1; shift ;;
     -h|--help) usage ;;
     -*) die "unknown option $1 (see --help)" ;;
     *) colls+=("$1"); shift ;;
@@ -72,6 +77,17 @@ else
   trap 'rm -rf "$out"' EXIT
 fi
 
+if (( mpich )); then
+  if ! command -v mpicc.mpich >/dev/null || ! command -v mpiexec.mpich >/dev/null; then
+    echo "compare_mpi.sh: installing MPICH (mpich, libmpich-dev)" >&2
+    sudo=(); [[ $(id -u) -eq 0 ]] || sudo=(sudo)
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
+      mpich libmpich-dev >&2 || die "cannot install MPICH"
+  fi
+  mpichb=$out/mpi_coll_bench_mpich
+  mpicc.mpich -O2 -std=c11 -o "$mpichb" "$here/mpi_coll_bench.c" || die "cannot build with MPICH"
+fi
+
 sweep=(-b "$minb" -e "$maxb" -f "$factor" -i "$iters" -w "$warmup" -c "$check" -d "$dtype")
 
 failed() {  # what base: show the end of its output (the directory may be removed)
@@ -89,24 +105,33 @@ run_mpi() {
     failed "mpi_coll_bench $1" "$out/mpi_$1_$2"
 }
 
+run_mpich() {
+  mpiexec.mpich -n "$nranks" "$mpichb" "$1" "${sweep[@]}" \
+    --json "$out/mpich_$1_$2.json" >"$out/mpich_$1_$2.txt" 2>"$out/mpich_$1_$2.err" ||
+    failed "mpi_coll_bench (MPICH) $1" "$out/mpich_$1_$2"
+}
+
 echo "# compare_mpi: $nranks ranks, sizes $minb..$maxb x$factor, dtype $dtype, mc2 buffers $buffers," \
      "iters $iters, warmup $warmup, $reps repetitions (medians), time: $stat, $(nproc) cores"
 echo "# MPI: $(mpirun --version 2>/dev/null | head -1), mpirun ${mpirun_args[*]}"
+(( mpich )) && echo "# MPICH: $(mpichversion 2>/dev/null | head -1 | tr -s ' \t' ' '), mpiexec.mpich -n $nranks"
 for c in "${colls[@]}"; do
   for ((r = 1; r <= reps; r++)); do
     progress '\r[compare] %s: repetition %d/%d ' "$c" "$r" "$reps"
     # Alternate which side goes first so that slow drift hits both equally.
-    if (( r % 2 )); then run_mc2 "$c" "$r"; run_mpi "$c" "$r"
-    else run_mpi "$c" "$r"; run_mc2 "$c" "$r"; fi
+    if (( r % 2 )); then run_mc2 "$c" "$r"; run_mpi "$c" "$r"; (( mpich )) && run_mpich "$c" "$r"
+    else (( mpich )) && run_mpich "$c" "$r"; run_mpi "$c" "$r"; run_mc2 "$c" "$r"; fi
   done
   progress '\r%40s\r' ''
-  python3 - "$out" "$c" "$reps" "$stat" <<'EOF'
+  python3 - "$out" "$c" "$reps" "$stat" "$mpich" <<'EOF'
 import json, statistics, sys
 
 out, coll, reps, stat = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+with_mpich = sys.argv[5] == "1"
 def load(side):
     return [json.load(open(f"{out}/{side}_{coll}_{r}.json")) for r in range(1, reps + 1)]
 mc2, mpi = load("mc2"), load("mpi")
+mpich = load("mpich") if with_mpich else None
 
 def value(m, key):
     # The run's time: its average (nccl-tests) or its median iteration;
@@ -135,8 +160,10 @@ print(f"# {coll}: {mc2[0]['ranks']} ranks; time = {stat} of {mc2[0]['iters']} it
       f"median of {reps} runs; busbw in GB/s; ratio = mc2/MPI (> 1: mc2 faster); "
       f"mc2 algorithms: {', '.join(algos)}")
 print(f"# {'':>10}  {'out-of-place':^43}  {'in-place':^30}")
+extra = f"  {'MPICH bw':>8} {'best':>6}" if with_mpich else ""
 print(f"# {'size':>10}  {'mc2 us':>9} {'MPI us':>9} {'mc2 bw':>7} {'MPI bw':>7} {'ratio':>6}"
-      f"  {'mc2 bw':>7} {'MPI bw':>7} {'ratio':>6}  mc2 algo")
+      f"  {'mc2 bw':>7} {'MPI bw':>7} {'ratio':>6}  mc2 algo{extra}")
+best_ratios = []
 ratios = []
 for i, size in enumerate(sizes):
     mt, pt = med(mc2, i, "out_of_place", "time_us"), med(mpi, i, "out_of_place", "time_us")
@@ -147,8 +174,17 @@ for i, size in enumerate(sizes):
     rbi = ratio(mbi, pbi)
     if rb is not None: ratios.append(rb)
     algo = mc2[-1]["rows"][i]["out_of_place"]["algo"]
+    extra = ""
+    if with_mpich:
+        # mc2 against the better of the two MPIs, by time (works for busbw 0 too).
+        ct = med(mpich, i, "out_of_place", "time_us")
+        cb = med(mpich, i, "out_of_place", "busbw_gbs")
+        best_t = min(t for t in (pt, ct) if t is not None)
+        rbest = ratio(best_t, mt)
+        if rbest is not None: best_ratios.append(rbest)
+        extra = f"  {f(cb, '8.2f')} {f(rbest, '6.2f')}"
     print(f"  {size:>10}  {f(mt, '9.2f')} {f(pt, '9.2f')} {f(mb, '7.2f')} {f(pb, '7.2f')} "
-          f"{f(rb, '6.2f')}  {f(mbi, '7.2f')} {f(pbi, '7.2f')} {f(rbi, '6.2f')}  {algo}")
+          f"{f(rb, '6.2f')}  {f(mbi, '7.2f')} {f(pbi, '7.2f')} {f(rbi, '6.2f')}  {algo}{extra}")
 lt_m, lt_p = med(mc2, 0, "out_of_place", "time_us"), med(mpi, 0, "out_of_place", "time_us")
 print(f"# latency at {sizes[0]} B: mc2 {f(lt_m, '.2f')} us, MPI {f(lt_p, '.2f')} us, "
       f"ratio mc2/MPI = {f(ratio(lt_m, lt_p), '.2f')} (< 1: mc2 faster)")
@@ -157,6 +193,10 @@ if ratios:
     big = [r for s, r in zip(sizes, ratios) if s >= (1 << 20)]
     print(f"# busbw ratio mc2/MPI: geometric mean {geo:.2f} over all sizes" +
           (f", {statistics.geometric_mean(big):.2f} over sizes >= 1 MiB" if big else ""))
+    print(f"# slowest size against Open MPI: ratio {min(ratios):.2f}")
+if best_ratios:
+    print(f"# against the better of Open MPI and MPICH: slowest ratio {min(best_ratios):.2f}, "
+          f"geometric mean {statistics.geometric_mean([r for r in best_ratios if r > 0]):.2f}")
 EOF
 done
 [[ -n $keep ]] && echo "# raw outputs kept in $out"
