@@ -5,9 +5,15 @@
 // small header (tag, total size, index). Per peer the sender publishes how
 // many chunks it wrote and the receiver how many it consumed; the sender
 // reuses slot c % 2 once chunk c - 2 is consumed, and each side wakes the
-// other after publishing. Messages between two ranks are delivered in order;
-// the tag and size of each are checked against the Recv (kMismatch if they
-// differ). A Send completes once its last chunk is in the channel.
+// other after publishing. A Send completes once its last chunk is in the
+// channel.
+//
+// Matching, as in MPI: a message from rank p with tag t goes to the earliest
+// posted Recv(p, t) still unmatched; messages with the same (source, tag)
+// never overtake each other. A message that arrives (while some Recv from
+// its source is posted) before its own Recv is copied into an unexpected-
+// message buffer and delivered when that Recv is posted. A size difference
+// between a message and its Recv is kMismatch.
 //
 // Progress never blocks on one message: a dedicated thread (started with
 // the first message) advances every pending operation as far as it can and
@@ -21,7 +27,10 @@
 #define MC2_ENGINE_P2P_ENGINE_H_
 
 #include <condition_variable>
+#include <algorithm>
 #include <deque>
+#include <list>
+#include <optional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -58,12 +67,43 @@ class P2PEngine {
     std::chrono::steady_clock::time_point deadline;
     std::shared_ptr<WorkState> work;
   };
-  using Key = std::tuple<GroupImpl*, int, bool>;
+  using Key = std::pair<GroupImpl*, int>;  // (group, peer)
+
+  // A message that arrived before its Recv was posted.
+  struct Unexpected {
+    int64_t tag;
+    std::vector<char> data;
+    bool complete = false;
+    std::optional<Op> claimer;  // a Recv posted while it was still arriving
+  };
+  // What arrives from one peer of one group.
+  struct Inbound {
+    std::shared_ptr<GroupImpl> group;
+    int peer = -1;
+    std::deque<Op> posted;              // unmatched Recvs, in post order
+    std::list<Unexpected> unexpected;   // in arrival order
+    // The message arriving now: into `current` (a matched Recv) or into
+    // `*current_unexpected`.
+    std::optional<Op> current;
+    Unexpected* current_unexpected = nullptr;
+    size_t next = 0, chunks = 0;
+    bool Active() const {
+      return current || current_unexpected || !posted.empty() ||
+             std::any_of(unexpected.begin(), unexpected.end(),
+                         [](const Unexpected& u) { return u.claimer.has_value(); });
+    }
+  };
 
   void Loop();
-  // Advances `op` as far as possible; returns whether it moved.
-  bool Step(Op& op);
-  bool CanStep(const Op& op) const;
+  // Advances a Send as far as possible; returns whether it moved.
+  bool StepSend(Op& op);
+  bool CanSend(const Op& op) const;
+  // Drains what `in`'s peer has sent, matching messages to Recvs.
+  bool StepInbound(Inbound& in);
+  bool CanReceive(const Inbound& in) const;
+  // Matches a newly posted Recv against the unexpected messages.
+  void PostRecv(Op op);
+  void Finish(Op& op, const char* src, size_t total, int64_t tag);
   void FailAll(const std::exception_ptr& e);
   static void Release(std::shared_ptr<GroupImpl> group);
 
@@ -72,7 +112,8 @@ class P2PEngine {
   std::condition_variable cv_;
   std::vector<Op> incoming_;  // guarded by mu_
   bool stop_ = false;         // guarded by mu_
-  std::map<Key, std::deque<Op>> queues_;  // progress thread only
+  std::map<Key, std::deque<Op>> sends_;   // progress thread only
+  std::map<Key, Inbound> inbound_;        // progress thread only
   std::thread thread_;
 };
 

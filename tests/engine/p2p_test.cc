@@ -58,19 +58,65 @@ TEST(P2P, MessagesArriveInOrderIncludingEmptyOnes) {
   });
 }
 
-TEST(P2P, TagMismatchFailsBothSides) {
+// Messages match Recvs by (source, tag), not by arrival order: rank 0 sends
+// tags 1, 2, 3 (one of them several chunks long); rank 1 posts the Recvs in
+// the order 3, 1, 2 and waits for each before posting the next.
+TEST(P2P, RecvsMatchByTagWhateverTheOrder) {
+  Group::RunInProcess(2, [&](Group& g) {
+    const std::vector<size_t> sizes = {10, 700000, 33};
+    if (g.rank() == 0) {
+      std::vector<std::vector<int32_t>> out;
+      std::vector<Work> works;
+      for (int t = 1; t <= 3; ++t) {
+        out.push_back(Pattern(sizes[t - 1], 0, t));
+        works.push_back(g.Send(out.back().data(), out.back().size() * 4, 1, t));
+      }
+      for (auto& w : works) w.Wait();
+    } else {
+      for (int t : {3, 1, 2}) {
+        std::vector<int32_t> in(sizes[t - 1], -1);
+        g.Recv(in.data(), in.size() * 4, 0, t).Wait();
+        EXPECT_EQ(in, Pattern(sizes[t - 1], 0, t)) << "tag " << t;
+      }
+    }
+  });
+}
+
+// Messages with the same source and tag never overtake each other.
+TEST(P2P, SameTagMessagesStayInOrder) {
+  Group::RunInProcess(2, [&](Group& g) {
+    if (g.rank() == 0) {
+      std::vector<std::vector<int32_t>> out;
+      std::vector<Work> works;
+      for (int i = 0; i < 6; ++i) {
+        out.push_back(Pattern(100, 0, i));
+        works.push_back(g.Send(out.back().data(), 400, 1, /*tag=*/7));
+      }
+      for (auto& w : works) w.Wait();
+    } else {
+      for (int i = 0; i < 6; ++i) {
+        std::vector<int32_t> in(100);
+        g.Recv(in.data(), 400, 0, 7).Wait();
+        EXPECT_EQ(in, Pattern(100, 0, i)) << "message " << i;
+      }
+    }
+  });
+}
+
+TEST(P2P, SizeMismatchFailsBothSides) {
   std::atomic<int> errors{0};
   EXPECT_THROW(Group::RunInProcess(2, [&](Group& g) {
-    int32_t x = 5;
+    int32_t x[2] = {5, 6};
     try {
       if (g.rank() == 0) {
-        g.Send(&x, 4, 1, /*tag=*/1).Wait();
+        g.Send(x, 8, 1, /*tag=*/1).Wait();
         // The receiver's failure aborts the world: the next operation fails.
         Barrier(g).Wait();
       } else {
-        g.Recv(&x, 4, 0, /*tag=*/2).Wait();
+        g.Recv(x, 4, 0, /*tag=*/1).Wait();
       }
     } catch (const Error& e) {
+      if (g.rank() == 1) EXPECT_EQ(e.code(), ErrorCode::kMismatch) << e.what();
       ++errors;
       throw;
     }
