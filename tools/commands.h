@@ -17,6 +17,9 @@ namespace mc2::tools {
 void RegisterRun(CLI::App& app);
 // `mc2 bench COLLECTIVE -n N -b MIN -e MAX ...` and `mc2 bench --tune`
 void RegisterBench(CLI::App& app);
+// `mc2 trace merge DIR -o FILE`, `mc2 trace report DIR [--json]`,
+// `mc2 trace plot DIR -o FILE.svg`
+void RegisterTrace(CLI::App& app);
 
 }  // namespace mc2::tools
 

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   mc2::tools::RegisterRun(app);
   mc2::tools::RegisterBench(app);
+  mc2::tools::RegisterTrace(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "mc2/work.h"
@@ -31,6 +32,11 @@ struct WorldOptions {
   // Deterministic reductions (bitwise identical for every algorithm):
   // -1 = MC2_DETERMINISTIC (default on), 0 = off, 1 = on.
   int deterministic = -1;
+  // Link emulation (docs/link-emulation.md): empty = MC2_LINK, "none" =
+  // off, else e.g. "bw=10GB/s,lat=5us": every payload a rank publishes
+  // becomes visible to its peers after the modeled transfer time on the
+  // rank's egress port. An invalid value throws kInvalidArgument.
+  std::string link = {};
 };
 
 // Memory in the symmetric heap: allocated by every rank of a group with the

@@ -5,7 +5,9 @@
 #include "mc2/collectives.h"
 #include "mc2/error.h"
 #include "mc2/group.h"
+#include "mc2/ops.h"
 #include "mc2/tensor.h"
+#include "mc2/trace.h"
 #include "mc2/work.h"
 
 #endif  // MC2_MC2_H_

@@ -11,6 +11,7 @@
 #include "collectives/selector.h"
 #include "core/enforce.h"
 #include "core/log.h"
+#include "trace/recorder.h"
 
 namespace mc2 {
 
@@ -123,6 +124,15 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
       [a = std::move(a), fn, algo, fp, expose_send, expose_bytes, expose_recv, timeout,
        n](OpContext& ctx) {
         GroupImpl* g = ctx.g;
+        // One comm span per collective, from the start of its body (staging,
+        // arrival, algorithm) to its end; off, this is one relaxed load.
+        trace::ScopedSpan span(trace::Category::kComm);
+        if (span.on()) {
+          span.span().name = ctx.name;
+          span.span().algorithm = AlgorithmName(algo);
+          span.span().bytes = std::max(a.send_bytes, a.recv_bytes);
+          span.span().rank = g->world_rank(g->rank());
+        }
         if (timeout.count() > 0) ctx.timeout = timeout;
         ctx.work->SetAlgorithm(AlgorithmName(algo));
         MC2_LOG(kDebug, "{} #{}: {} count={} dtype={} on {} ranks", ctx.name, ctx.seq,

@@ -7,7 +7,12 @@
 #include <cmath>
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <system_error>
 
+#include <unistd.h>
+
+#include "core/link_config.h"
 #include "core/log.h"
 
 #include "mc2/error.h"
@@ -128,12 +133,25 @@ long EnvInt(const char* name, long dflt, long lo, long hi) {
   return v ? ParseInt(*v, name, lo, hi) : dflt;
 }
 
+void CheckWritableDirectory(const std::string& dir, std::string_view what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  // A concurrent creator (another rank) is fine: only the end state counts.
+  std::error_code ec2;
+  if (!std::filesystem::is_directory(dir, ec2) || ::access(dir.c_str(), W_OK | X_OK) != 0)
+    Bad(what, dir,
+        fmt::format("a directory that exists or can be created, and is writable{}",
+                    ec ? " (" + ec.message() + ")" : std::string()));
+}
+
 void ValidateEnvironment() {
   EnvDuration("MC2_TIMEOUT", std::chrono::seconds(300));
   EnvBool("MC2_DETERMINISTIC", true);
   EnvInt("MC2_SPIN_US", 20, 0, 1000000);
   if (GetEnv("MC2_HEAP_BYTES")) EnvBytes("MC2_HEAP_BYTES", 0);
   if (GetEnv("MC2_SCRATCH_BYTES")) EnvBytes("MC2_SCRATCH_BYTES", 0);
+  LinkConfigFromEnv();
+  EnvInt("MC2_GEMM_THREADS", 1, 1, 1024);
   if (auto v = GetEnv("MC2_KERNELS"); v && *v != "portable" && *v != "auto")
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("MC2_KERNELS='{}' is invalid: expected auto or portable", *v));
@@ -144,11 +162,12 @@ void ValidateEnvironment() {
                   fmt::format("MC2_LOG_LEVEL='{}' is invalid: expected error, warn, info, "
                               "debug or trace", *v));
   }
+  if (auto v = GetEnv("MC2_TRACE")) CheckWritableDirectory(*v, "MC2_TRACE");
   static const char* const kKnown[] = {
       "MC2_RANK", "MC2_WORLD_SIZE", "MC2_LOCAL_RANK", "MC2_LOCAL_SIZE", "MC2_JOB_ID",
       "MC2_SHM_FDS", "MC2_HEAP_BYTES", "MC2_SHM_DIR", "MC2_TIMEOUT", "MC2_ALGO",
       "MC2_DETERMINISTIC", "MC2_SCRATCH_BYTES", "MC2_SPIN_US", "MC2_LOG_LEVEL",
-      "MC2_TUNING_FILE", "MC2_KERNELS"};
+      "MC2_TUNING_FILE", "MC2_KERNELS", "MC2_TRACE", "MC2_LINK", "MC2_GEMM_THREADS"};
   for (char** e = ::environ; *e; ++e) {
     std::string_view entry(*e);
     if (entry.rfind("MC2_", 0) != 0) continue;

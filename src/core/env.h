@@ -32,6 +32,11 @@ std::chrono::nanoseconds EnvDuration(const char* name, std::chrono::nanoseconds 
 bool EnvBool(const char* name, bool dflt);
 long EnvInt(const char* name, long dflt, long lo, long hi);
 
+// Creates `dir` (and its parents) if missing and checks that it is a
+// writable directory; throws mc2::Error(kInvalidArgument) naming `what`
+// otherwise.
+void CheckWritableDirectory(const std::string& dir, std::string_view what);
+
 // Checks every MC2_* variable this layer and the transport read, once, up
 // front (called when a world is created), so that a bad value fails at
 // set-up with a message naming it rather than deep inside an operation.

@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "engine/group_impl.h"
 #include "mc2/group.h"
+#include "trace/recorder.h"
 
 namespace mc2 {
 namespace internal {
@@ -31,6 +32,8 @@ namespace {
 
 std::shared_ptr<World> MakeWorld(std::unique_ptr<transport::Transport> tx,
                                  const WorldOptions& options) {
+  // MC2_TRACE, the thread's rank and name for spans (see trace/recorder.h).
+  trace::OnWorldStart(tx->rank(), tx->size());
   auto world = std::make_shared<World>();
   world->timeout = options.timeout.count() > 0
                        ? options.timeout
@@ -107,7 +110,7 @@ using internal::OpKind;
 
 Group Group::FromEnv(const WorldOptions& options) {
   core::ValidateEnvironment();
-  auto tx = transport::CreateTransportFromEnv();
+  auto tx = transport::CreateTransportFromEnv(options.link);
   return Group(internal::MakeWorldGroup(internal::MakeWorld(std::move(tx), options)));
 }
 
@@ -117,7 +120,7 @@ void Group::RunInProcess(int size, const std::function<void(Group&)>& body,
                          const WorldOptions& options) {
   core::ValidateEnvironment();
   size_t heap = options.heap_bytes ? options.heap_bytes : size_t{64} << 20;
-  auto txs = transport::CreateInProcessTransports(size, heap);
+  auto txs = transport::CreateInProcessTransports(size, heap, options.link);
   std::mutex mu;
   std::exception_ptr first;
   std::vector<std::thread> threads;

@@ -9,6 +9,7 @@
 #include "core/env.h"
 #include "core/log.h"
 #include "mc2/collectives.h"
+#include "trace/recorder.h"
 
 namespace mc2::internal {
 
@@ -58,6 +59,8 @@ std::string Fingerprint::Describe() const {
 World::~World() {
   engine.reset();
   p2p.reset();
+  // Every thread of the world has stopped: its spans are final.
+  trace::OnWorldEnd(transport->rank());
 }
 
 P2PEngine& World::P2P() {
@@ -104,6 +107,9 @@ GroupImpl::~GroupImpl() {
   // handle goes, after its last operation completed on this rank; any peer
   // still inside an operation of this group is past reading our memory
   // (operations end with every member's reads done) or is failing anyway.
+  // Under link emulation a flag of this area may still be on its way:
+  // let it land before the memory can be reused.
+  tx().Drain();
   for (auto& c : channels_)
     if (c.chan_off != kPrivate) world_->heap->Free(c.chan_off);
   world_->heap->Free(area_[rank_]);

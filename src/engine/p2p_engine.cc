@@ -7,6 +7,7 @@
 
 #include "core/enforce.h"
 #include "engine/group_impl.h"
+#include "trace/recorder.h"
 
 namespace mc2::internal {
 namespace {
@@ -216,6 +217,7 @@ void P2PEngine::FailAll(const std::exception_ptr& e) {
 }
 
 void P2PEngine::Loop() {
+  trace::SetThreadName("p2p");
   auto* tx = world_->transport.get();
   auto any_ready = [&] {
     for (auto& [key, q] : sends_)

@@ -4,6 +4,7 @@
 
 #include "core/env.h"
 #include "mc2/error.h"
+#include "trace/recorder.h"
 
 namespace mc2::engine {
 
@@ -50,6 +51,7 @@ void ProgressEngine::Fail(const std::shared_ptr<internal::WorkState>& work,
 
 void ProgressEngine::Loop() {
   using Clock = std::chrono::steady_clock;
+  trace::SetThreadName("progress");
   for (;;) {
     std::pair<std::shared_ptr<internal::WorkState>, Task> item;
     {

@@ -1,11 +1,22 @@
 // The one place that names concrete transports.
 #include "core/env.h"
+#include "core/link_config.h"
+#include "transport/link_emulation.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/transport.h"
 
 #include <time.h>
 
 namespace mc2::transport {
+namespace {
+
+// WorldOptions::link when given, else MC2_LINK.
+core::LinkConfig LinkConfigFor(std::string_view link) {
+  return link.empty() ? core::LinkConfigFromEnv()
+                      : core::ParseLinkConfig(link, "WorldOptions::link");
+}
+
+}  // namespace
 
 Clock::time_point CoarseNow() {
   // CLOCK_MONOTONIC_COARSE shares CLOCK_MONOTONIC's epoch (steady_clock's).
@@ -16,10 +27,17 @@ Clock::time_point CoarseNow() {
 
 bool LaunchedByMc2() { return core::GetEnv("MC2_SHM_FDS").has_value(); }
 
-std::unique_ptr<Transport> CreateTransportFromEnv() { return shm::CreateProcessTransport(); }
+std::unique_ptr<Transport> CreateTransportFromEnv(std::string_view link) {
+  core::LinkConfig config = LinkConfigFor(link);  // invalid text fails before any set-up
+  return WrapWithLinkEmulation(shm::CreateProcessTransport(), config);
+}
 
-std::vector<std::unique_ptr<Transport>> CreateInProcessTransports(int size, size_t heap_bytes) {
-  return shm::CreateThreadTransports(size, heap_bytes);
+std::vector<std::unique_ptr<Transport>> CreateInProcessTransports(int size, size_t heap_bytes,
+                                                                  std::string_view link) {
+  core::LinkConfig config = LinkConfigFor(link);
+  auto txs = shm::CreateThreadTransports(size, heap_bytes);
+  for (auto& tx : txs) tx = WrapWithLinkEmulation(std::move(tx), config);
+  return txs;
 }
 
 }  // namespace mc2::transport

@@ -13,8 +13,9 @@
 //
 // The shared-memory transport (shm/) is the first implementation: heaps are
 // shared-memory segments mapped by every process, or plain memory when the
-// ranks are threads of one process. A link-emulation wrapper (later) delays
-// the visibility of a Publish by the modeled transfer time of its payload.
+// ranks are threads of one process. The link-emulation wrapper
+// (link_emulation.h, MC2_LINK) delays the visibility of a Publish by the
+// modeled transfer time of its payload.
 //
 // Thread safety: all methods may be called concurrently from any thread of
 // the owning rank.
@@ -27,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mc2/error.h"
@@ -34,6 +36,8 @@
 namespace mc2::transport {
 
 using Clock = std::chrono::steady_clock;
+
+class LinkModel;  // link_emulation.h
 
 // Clock::now() to within a scheduler tick (~1-4 ms), at a fraction of the
 // cost: used for operation deadlines, which need no more precision.
@@ -103,15 +107,29 @@ class Transport {
   // Records `error` as the world's failure (first one wins), so that every
   // rank's waits raise kAborted (or kPeerDied) promptly.
   virtual void Abort(const Error& error) = 0;
+
+  // The emulated egress port of this rank when link emulation is on (see
+  // link_emulation.h), else null. Operators use it to account for the
+  // transfers they make.
+  virtual LinkModel* link() { return nullptr; }
+  // Returns once every Publish / RemoteAdd / Wake this rank issued is
+  // visible to the other ranks (immediate without link emulation). Called
+  // before this rank's flag memory is freed or reused.
+  virtual void Drain() {}
 };
 
 // The transports of the local process's world, chosen by the environment:
 // under `mc2 run` the shm transport over the launcher's segments. Throws
 // kInvalidArgument naming the missing variable when not launched by mc2.
-std::unique_ptr<Transport> CreateTransportFromEnv();
+// `link` (WorldOptions::link) selects link emulation: empty = MC2_LINK,
+// "none" = off, else a link description (core/link_config.h); invalid text
+// throws kInvalidArgument naming it.
+std::unique_ptr<Transport> CreateTransportFromEnv(std::string_view link = {});
 
 // An in-process world of `size` ranks (threads): element r is rank r's view.
-std::vector<std::unique_ptr<Transport>> CreateInProcessTransports(int size, size_t heap_bytes);
+// `link` as for CreateTransportFromEnv.
+std::vector<std::unique_ptr<Transport>> CreateInProcessTransports(int size, size_t heap_bytes,
+                                                                  std::string_view link = {});
 
 // Whether the environment describes an mc2-launched rank (MC2_SHM_FDS set).
 bool LaunchedByMc2();

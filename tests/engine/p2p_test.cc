@@ -30,8 +30,10 @@ TEST(P2P, AllPairsExchangeOfLargeMessages) {
         works.push_back(g.Recv(in[p].data(), count * 4, p, /*tag=*/g.rank()));
       }
       for (auto& w : works) w.Wait();
-      for (int p = 0; p < n; ++p)
-        if (p != g.rank()) EXPECT_EQ(in[p], Pattern(count, p, g.rank())) << "from " << p;
+      for (int p = 0; p < n; ++p) {
+        if (p == g.rank()) continue;
+        EXPECT_EQ(in[p], Pattern(count, p, g.rank())) << "from " << p;
+      }
     });
   }
 }
@@ -52,9 +54,10 @@ TEST(P2P, MessagesArriveInOrderIncludingEmptyOnes) {
       }
     }
     for (auto& w : works) w.Wait();
-    if (g.rank() == 1)
+    if (g.rank() == 1) {
       for (size_t i = 0; i < sizes.size(); ++i)
         EXPECT_EQ(bufs[i], Pattern(sizes[i], 0, static_cast<int>(i)));
+    }
   });
 }
 
@@ -116,7 +119,9 @@ TEST(P2P, SizeMismatchFailsBothSides) {
         g.Recv(x, 4, 0, /*tag=*/1).Wait();
       }
     } catch (const Error& e) {
-      if (g.rank() == 1) EXPECT_EQ(e.code(), ErrorCode::kMismatch) << e.what();
+      if (g.rank() == 1) {
+        EXPECT_EQ(e.code(), ErrorCode::kMismatch) << e.what();
+      }
       ++errors;
       throw;
     }
