@@ -114,6 +114,120 @@ inline double GemmFlops(size_t m, size_t n, size_t k) {
 void ConvertF32ToBF16(const float* src, bf16* dst, size_t count);
 void ConvertBF16ToF32(const bf16* src, float* dst, size_t count);
 
+// ---------------------------------------------------------------------------
+// Fused compute+communication operators (issue 3).
+//
+// Each operator multiplies local matrices and runs the collective that
+// follows (or precedes) the product in a tensor-parallel layer. All matrices
+// are row-major and tight; A and B are of `dtype` (kF32, or kBF16 with f32
+// accumulation); C is always f32.
+//
+// Where things run. The operator call runs every GEMM on the calling thread
+// and overlaps it with communication tasks it submits to the rank's progress
+// thread (collectives) and point-to-point thread (the fused ring steps). It
+// returns once the whole result is in place: the returned Work is already
+// complete (Work::algorithm() names the pipeline that ran). A communication
+// failure is reported by that Work (Wait() rethrows it); the ...Sync
+// convenience calls Wait() for you. Invalid arguments throw
+// mc2::Error(kInvalidArgument) and shapes that disagree across ranks throw
+// mc2::Error(kMismatch) from the call, on EVERY rank: each call starts with a
+// small all-gather of every rank's shapes and options, checked identically
+// everywhere, so a bad argument on one rank fails all ranks instead of
+// hanging them. Every rank of the group must call the same operator in the
+// same order (like a collective). Calls on one group from one thread at a
+// time. Buffers are the caller's; they are only used during the call.
+//
+// Determinism. In deterministic mode (Group::deterministic(), the default)
+// f32 GEMMs run on oneDNN (GemmBackend::kOneDNN, row-block invariant) and
+// the reductions use the canonical ReduceTree order over ranks, so every
+// pipeline and every split count give the serial result bit for bit (f32
+// and bf16). This needs one GEMM thread per rank (gemm_threads 0 with
+// MC2_GEMM_THREADS unset, or 1). Outside deterministic mode f32 uses
+// OpenBLAS and results may differ in the last bits between pipelines.
+
+// How an operator overlaps its GEMMs with the communication.
+enum class Pipeline : uint8_t {
+  // GEMM, then the collective (or the collective, then the GEMM).
+  kSerial = 0,
+  // CoC: M is cut into `splits` chunks (every rank's row block is cut the
+  // same way); the collective of chunk i runs on the progress thread while
+  // chunk i+1 is multiplied.
+  kChunked,
+  // Ring decomposition over point-to-point channels in the symmetric heap:
+  // at step i a rank multiplies the block it already holds while the next
+  // block moves (AllGatherMatmul: its own shard first, then shard r-1, r-2,
+  // ... as they arrive; MatmulReduceScatter: the partial for rank r+i, sent
+  // while the partial for r+i+1 is computed, and reduced by its owner with
+  // ReduceTree in rank order; MatmulAllReduce: the same, then an all-gather).
+  kFused,
+  // Chosen from the global shape (same choice on every rank): serial for one
+  // rank or small products (< 2^25 flops per rank), otherwise chunked with
+  // 4 chunks (a fixed rule for now, not yet the measured cost model).
+  kAuto,
+};
+inline constexpr int kNumPipelines = 4;
+// "serial", "chunked", "fused", "auto".
+const char* PipelineName(Pipeline p);
+std::optional<Pipeline> ParsePipeline(std::string_view name);
+
+struct FusedOptions {
+  Pipeline pipeline = Pipeline::kAuto;
+  // Chunks of the chunked pipeline, 1..16 (must agree across ranks; other
+  // pipelines check the range but ignore the value).
+  int splits = 4;
+  // Timeout of the collectives involved; 0 = the group's (MC2_TIMEOUT).
+  std::chrono::nanoseconds timeout{0};
+  // GemmOptions::threads for every GEMM (0 = MC2_GEMM_THREADS, default 1).
+  int gemm_threads = 0;
+};
+
+// What an operator call ran (kAuto resolved), for reports and benchmarks.
+struct FusedReport {
+  Pipeline pipeline = Pipeline::kSerial;
+  int splits = 1;
+};
+
+// C [M x n] = gather_rows(A_shard of every rank) [M x k] * B [k x n], where
+// rank r holds A_shard [m_local_r x k] and M = sum of m_local_r (row counts
+// may differ and be 0). k must agree across ranks; n may differ (B is this
+// rank's column block; C may be null only when M x n = 0). `gathered_a` (optional, M x k of dtype) receives the
+// gathered A (what backward reuses); null if not wanted.
+Work AllGatherMatmul(const Group& g, const void* a_shard, size_t m_local, size_t k,
+                     const void* b, size_t n, DType dtype, float* c, void* gathered_a = nullptr,
+                     const FusedOptions& options = {}, FusedReport* report = nullptr);
+
+// C_shard [m_local x n] = rows [sum(m_local of ranks < r), +m_local) of
+// sum over ranks of A [M x k_local] * B [k_local x n]. M and n must agree
+// across ranks, the m_local must add up to M; k_local may differ.
+Work MatmulReduceScatter(const Group& g, const void* a, size_t m, size_t k, const void* b,
+                         size_t n, DType dtype, float* c_shard, size_t m_local,
+                         const FusedOptions& options = {}, FusedReport* report = nullptr);
+
+// C [M x n] = sum over ranks of A [M x k_local] * B [k_local x n], on every
+// rank. M and n must agree across ranks; k_local may differ.
+Work MatmulAllReduce(const Group& g, const void* a, size_t m, size_t k, const void* b,
+                     size_t n, DType dtype, float* c, const FusedOptions& options = {},
+                     FusedReport* report = nullptr);
+
+// Synchronous conveniences: the call, then Wait().
+inline void AllGatherMatmulSync(const Group& g, const void* a_shard, size_t m_local, size_t k,
+                                const void* b, size_t n, DType dtype, float* c,
+                                void* gathered_a = nullptr, const FusedOptions& options = {},
+                                FusedReport* report = nullptr) {
+  AllGatherMatmul(g, a_shard, m_local, k, b, n, dtype, c, gathered_a, options, report).Wait();
+}
+inline void MatmulReduceScatterSync(const Group& g, const void* a, size_t m, size_t k,
+                                    const void* b, size_t n, DType dtype, float* c_shard,
+                                    size_t m_local, const FusedOptions& options = {},
+                                    FusedReport* report = nullptr) {
+  MatmulReduceScatter(g, a, m, k, b, n, dtype, c_shard, m_local, options, report).Wait();
+}
+inline void MatmulAllReduceSync(const Group& g, const void* a, size_t m, size_t k, const void* b,
+                                size_t n, DType dtype, float* c, const FusedOptions& options = {},
+                                FusedReport* report = nullptr) {
+  MatmulAllReduce(g, a, m, k, b, n, dtype, c, options, report).Wait();
+}
+
 }  // namespace mc2
 
 #endif  // MC2_OPS_H_

@@ -1,0 +1,367 @@
+// Fused operators (include/mc2/ops.h): every pipeline and split count gives
+// the serial result bit for bit in deterministic mode, for f32 and bf16,
+// random (non-divisible) shapes and 1-5 ranks; serial is close to a double
+// reference; inconsistent arguments fail on every rank.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mc2/mc2.h"
+
+namespace mc2 {
+namespace {
+
+constexpr int kSplits[] = {1, 2, 3, 4, 7};
+
+// Values of one operand, generated identically on every rank from (seed,
+// owner), stored as `dtype` bytes, with their exact values as doubles.
+struct Mat {
+  std::vector<char> bytes;
+  std::vector<double> value;
+};
+
+Mat Random(size_t count, DType dtype, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> f(count);
+  for (auto& x : f) x = dist(rng);
+  Mat m;
+  m.value.resize(count);
+  if (dtype == DType::kF32) {
+    m.bytes.resize(count * 4);
+    std::memcpy(m.bytes.data(), f.data(), count * 4);
+    for (size_t i = 0; i < count; ++i) m.value[i] = f[i];
+  } else {
+    std::vector<bf16> h(count);
+    ConvertF32ToBF16(f.data(), h.data(), count);
+    std::vector<float> back(count);
+    ConvertBF16ToF32(h.data(), back.data(), count);
+    m.bytes.resize(count * 2);
+    std::memcpy(m.bytes.data(), h.data(), count * 2);
+    for (size_t i = 0; i < count; ++i) m.value[i] = back[i];
+  }
+  return m;
+}
+
+// |c - ref| small against the sum of |products| (f32 accumulation).
+bool Close(float c, double ref, double abs_sum) {
+  return std::fabs(double(c) - ref) <= 1e-5 * abs_sum + 1e-6;
+}
+
+struct Counters {
+  std::atomic<int> runs{0}, not_bitwise{0}, not_close{0}, wrong_report{0};
+};
+
+std::vector<FusedOptions> AllPipelines() {
+  std::vector<FusedOptions> v;
+  FusedOptions o;
+  o.pipeline = Pipeline::kFused;
+  v.push_back(o);
+  o.pipeline = Pipeline::kAuto;
+  v.push_back(o);
+  for (int s : kSplits) {
+    o.pipeline = Pipeline::kChunked;
+    o.splits = s;
+    v.push_back(o);
+  }
+  return v;
+}
+
+class FusedOpsSweep : public ::testing::TestWithParam<std::tuple<int, DType>> {};
+
+TEST_P(FusedOpsSweep, AllGatherMatmul) {
+  auto [size, dtype] = GetParam();
+  Counters cnt;
+  for (uint64_t trial = 0; trial < 3; ++trial) {
+    std::mt19937_64 shape_rng(1000 * size + trial + (dtype == DType::kBF16 ? 77 : 0));
+    size_t k = 1 + shape_rng() % 37;
+    std::vector<size_t> rows(size), ns(size);
+    for (int r = 0; r < size; ++r) {
+      rows[r] = (trial == 2 && r == 0) ? 0 : shape_rng() % 11;
+      ns[r] = 1 + shape_rng() % 29;
+    }
+    Group::RunInProcess(size, [&](Group& g) {
+      const int me = g.rank();
+      size_t M = 0;
+      std::vector<size_t> off(size);
+      std::vector<Mat> shards;
+      for (int r = 0; r < size; ++r) {
+        off[r] = M;
+        M += rows[r];
+        shards.push_back(Random(rows[r] * k, dtype, trial * 100 + r));
+      }
+      size_t n = ns[me];
+      Mat b = Random(k * n, dtype, trial * 100 + 50 + me);
+      std::vector<float> serial(M * n);
+      std::vector<char> gathered(M * k * DTypeSize(dtype));
+      FusedOptions so;
+      so.pipeline = Pipeline::kSerial;
+      AllGatherMatmulSync(g, shards[me].bytes.data(), rows[me], k, b.bytes.data(), n, dtype,
+                          serial.data(), gathered.data(), so);
+      // Gathered A and the reference.
+      for (int r = 0; r < size; ++r) {
+        if (std::memcmp(gathered.data() + off[r] * k * DTypeSize(dtype), shards[r].bytes.data(),
+                        shards[r].bytes.size()) != 0) {
+          cnt.not_bitwise++;
+        }
+        for (size_t i = 0; i < rows[r]; ++i) {
+          for (size_t j = 0; j < n; ++j) {
+            double ref = 0, abs_sum = 0;
+            for (size_t q = 0; q < k; ++q) {
+              double p = shards[r].value[i * k + q] * b.value[q * n + j];
+              ref += p;
+              abs_sum += std::fabs(p);
+            }
+            if (!Close(serial[(off[r] + i) * n + j], ref, abs_sum)) cnt.not_close++;
+          }
+        }
+      }
+      for (const FusedOptions& o : AllPipelines()) {
+        std::vector<float> c(M * n, -7.0f);
+        std::vector<char> ga(M * k * DTypeSize(dtype));
+        FusedReport rep;
+        Work w = AllGatherMatmul(g, shards[me].bytes.data(), rows[me], k, b.bytes.data(), n,
+                                 dtype, c.data(), ga.data(), o, &rep);
+        w.Wait();
+        cnt.runs++;
+        if (o.pipeline != Pipeline::kAuto && rep.pipeline != o.pipeline) cnt.wrong_report++;
+        if (w.algorithm() != PipelineName(rep.pipeline)) cnt.wrong_report++;
+        if (std::memcmp(c.data(), serial.data(), c.size() * 4) != 0) cnt.not_bitwise++;
+        if (ga != gathered) cnt.not_bitwise++;
+      }
+      // Without the gathered output too.
+      std::vector<float> c(M * n);
+      FusedOptions fo;
+      fo.pipeline = Pipeline::kFused;
+      AllGatherMatmulSync(g, shards[me].bytes.data(), rows[me], k, b.bytes.data(), n, dtype,
+                          c.data(), nullptr, fo);
+      if (std::memcmp(c.data(), serial.data(), c.size() * 4) != 0) cnt.not_bitwise++;
+    });
+  }
+  EXPECT_GT(cnt.runs.load(), 0);
+  EXPECT_EQ(cnt.not_bitwise.load(), 0);
+  EXPECT_EQ(cnt.not_close.load(), 0);
+  EXPECT_EQ(cnt.wrong_report.load(), 0);
+}
+
+// Shared by MatmulReduceScatter and MatmulAllReduce: the full reference sum
+// over ranks of A_r B_r (M x n) and its |.| sums.
+struct Reference {
+  std::vector<double> sum, abs_sum;
+};
+
+Reference FullReference(const std::vector<Mat>& a, const std::vector<Mat>& b,
+                        const std::vector<size_t>& ks, size_t M, size_t n) {
+  Reference ref;
+  ref.sum.assign(M * n, 0);
+  ref.abs_sum.assign(M * n, 0);
+  for (size_t r = 0; r < a.size(); ++r) {
+    for (size_t i = 0; i < M; ++i) {
+      for (size_t j = 0; j < n; ++j) {
+        double s = 0, as = 0;
+        for (size_t q = 0; q < ks[r]; ++q) {
+          double p = a[r].value[i * ks[r] + q] * b[r].value[q * n + j];
+          s += p;
+          as += std::fabs(p);
+        }
+        ref.sum[i * n + j] += s;
+        ref.abs_sum[i * n + j] += as;
+      }
+    }
+  }
+  return ref;
+}
+
+TEST_P(FusedOpsSweep, MatmulReduceScatterAndAllReduce) {
+  auto [size, dtype] = GetParam();
+  Counters cnt;
+  for (uint64_t trial = 0; trial < 3; ++trial) {
+    std::mt19937_64 shape_rng(2000 * size + trial + (dtype == DType::kBF16 ? 77 : 0));
+    size_t n = 1 + shape_rng() % 31;
+    std::vector<size_t> rows(size), ks(size);
+    size_t M = 0;
+    for (int r = 0; r < size; ++r) {
+      rows[r] = (trial == 1 && r == size - 1) ? 0 : shape_rng() % 13;
+      ks[r] = 1 + shape_rng() % 41;
+      M += rows[r];
+    }
+    Group::RunInProcess(size, [&](Group& g) {
+      const int me = g.rank();
+      std::vector<Mat> a, b;
+      for (int r = 0; r < size; ++r) {
+        a.push_back(Random(M * ks[r], dtype, trial * 100 + r));
+        b.push_back(Random(ks[r] * n, dtype, trial * 100 + 50 + r));
+      }
+      Reference ref = FullReference(a, b, ks, M, n);
+      size_t off = 0;
+      for (int r = 0; r < me; ++r) off += rows[r];
+      // Reduce-scatter.
+      std::vector<float> rs_serial(rows[me] * n);
+      FusedOptions so;
+      so.pipeline = Pipeline::kSerial;
+      MatmulReduceScatterSync(g, a[me].bytes.data(), M, ks[me], b[me].bytes.data(), n, dtype,
+                              rs_serial.data(), rows[me], so);
+      for (size_t i = 0; i < rows[me] * n; ++i) {
+        if (!Close(rs_serial[i], ref.sum[off * n + i], ref.abs_sum[off * n + i])) cnt.not_close++;
+      }
+      // All-reduce.
+      std::vector<float> ar_serial(M * n);
+      MatmulAllReduceSync(g, a[me].bytes.data(), M, ks[me], b[me].bytes.data(), n, dtype,
+                          ar_serial.data(), so);
+      for (size_t i = 0; i < M * n; ++i) {
+        if (!Close(ar_serial[i], ref.sum[i], ref.abs_sum[i])) cnt.not_close++;
+      }
+      for (const FusedOptions& o : AllPipelines()) {
+        std::vector<float> c(rows[me] * n, -7.0f);
+        FusedReport rep;
+        MatmulReduceScatterSync(g, a[me].bytes.data(), M, ks[me], b[me].bytes.data(), n, dtype,
+                                c.data(), rows[me], o, &rep);
+        if (o.pipeline != Pipeline::kAuto && rep.pipeline != o.pipeline) cnt.wrong_report++;
+        if (std::memcmp(c.data(), rs_serial.data(), c.size() * 4) != 0) cnt.not_bitwise++;
+        std::vector<float> d(M * n, -7.0f);
+        MatmulAllReduceSync(g, a[me].bytes.data(), M, ks[me], b[me].bytes.data(), n, dtype,
+                            d.data(), o);
+        if (std::memcmp(d.data(), ar_serial.data(), d.size() * 4) != 0) cnt.not_bitwise++;
+        cnt.runs++;
+      }
+    });
+  }
+  EXPECT_GT(cnt.runs.load(), 0);
+  EXPECT_EQ(cnt.not_bitwise.load(), 0);
+  EXPECT_EQ(cnt.not_close.load(), 0);
+  EXPECT_EQ(cnt.wrong_report.load(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksDtypes, FusedOpsSweep,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5),
+                                            ::testing::Values(DType::kF32, DType::kBF16)),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                  DTypeName(std::get<1>(info.param));
+                         });
+
+// Larger shapes, where the GEMM kernels block rows and K: still bitwise.
+TEST(FusedOps, LargerShapesBitwise) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    Counters cnt;
+    Group::RunInProcess(3, [&](Group& g) {
+      const size_t M = 301, k = 129, n = 67;
+      Mat a = Random(M * k, dtype, 5 + g.rank());
+      Mat b = Random(k * n, dtype, 9 + g.rank());
+      std::vector<float> serial(M * n), c(M * n);
+      FusedOptions o;
+      o.pipeline = Pipeline::kSerial;
+      MatmulAllReduceSync(g, a.bytes.data(), M, k, b.bytes.data(), n, dtype, serial.data(), o);
+      for (const FusedOptions& p : AllPipelines()) {
+        MatmulAllReduceSync(g, a.bytes.data(), M, k, b.bytes.data(), n, dtype, c.data(), p);
+        if (c != serial) cnt.not_bitwise++;
+      }
+      // AllGatherMatmul with 100 rows per rank.
+      std::vector<float> ag_serial(300 * n), ag(300 * n);
+      AllGatherMatmulSync(g, a.bytes.data(), 100, k, b.bytes.data(), n, dtype, ag_serial.data(),
+                          nullptr, o);
+      for (const FusedOptions& p : AllPipelines()) {
+        AllGatherMatmulSync(g, a.bytes.data(), 100, k, b.bytes.data(), n, dtype, ag.data(),
+                            nullptr, p);
+        if (ag != ag_serial) cnt.not_bitwise++;
+      }
+    });
+    EXPECT_EQ(cnt.not_bitwise.load(), 0) << DTypeName(dtype);
+  }
+}
+
+// Runs `call` on every rank of a 3-rank group and returns the error code
+// each rank got (-1: none); then checks the group still works.
+std::vector<int> ErrorCodes(const std::function<void(Group&)>& call) {
+  std::vector<int> codes(3, -1);
+  Group::RunInProcess(3, [&](Group& g) {
+    try {
+      call(g);
+    } catch (const Error& e) {
+      codes[g.rank()] = static_cast<int>(e.code());
+    }
+    // The group is still usable.
+    float x = 1, y = 0;
+    AllReduce(g, &x, &y, 1, DType::kF32, ReduceOp::kSum).Wait();
+    EXPECT_EQ(y, 3.0f);
+  });
+  return codes;
+}
+
+TEST(FusedOps, InconsistentShapesFailEverywhere) {
+  const int mis = static_cast<int>(ErrorCode::kMismatch);
+  const int inv = static_cast<int>(ErrorCode::kInvalidArgument);
+  std::vector<float> a(64 * 64, 1.0f), b(64 * 64, 1.0f), c(64 * 64);
+  // k differs in AllGatherMatmul.
+  EXPECT_EQ(ErrorCodes([&](Group& g) {
+              AllGatherMatmulSync(g, a.data(), 2, g.rank() == 1 ? 5 : 4, b.data(), 3,
+                                  DType::kF32, c.data());
+            }),
+            std::vector<int>(3, mis));
+  // M differs in MatmulAllReduce.
+  EXPECT_EQ(ErrorCodes([&](Group& g) {
+              MatmulAllReduceSync(g, a.data(), g.rank() == 2 ? 7 : 6, 4, b.data(), 3,
+                                  DType::kF32, c.data());
+            }),
+            std::vector<int>(3, mis));
+  // m_local do not add up to M.
+  EXPECT_EQ(ErrorCodes([&](Group& g) {
+              MatmulReduceScatterSync(g, a.data(), 6, 4, b.data(), 3, DType::kF32, c.data(), 3);
+            }),
+            std::vector<int>(3, mis));
+  // Different operators.
+  EXPECT_EQ(ErrorCodes([&](Group& g) {
+              if (g.rank() == 0) {
+                MatmulAllReduceSync(g, a.data(), 6, 4, b.data(), 3, DType::kF32, c.data());
+              } else {
+                MatmulReduceScatterSync(g, a.data(), 6, 4, b.data(), 3, DType::kF32, c.data(),
+                                        2);
+              }
+            }),
+            std::vector<int>(3, mis));
+  // Different splits / pipelines.
+  EXPECT_EQ(ErrorCodes([&](Group& g) {
+              FusedOptions o;
+              o.pipeline = Pipeline::kChunked;
+              o.splits = 2 + g.rank();
+              MatmulAllReduceSync(g, a.data(), 6, 4, b.data(), 3, DType::kF32, c.data(), o);
+            }),
+            std::vector<int>(3, mis));
+  // Bad splits on every rank, and on one rank only.
+  for (int bad : {0, 17}) {
+    EXPECT_EQ(ErrorCodes([&](Group& g) {
+                FusedOptions o;
+                o.splits = bad;
+                MatmulAllReduceSync(g, a.data(), 6, 4, b.data(), 3, DType::kF32, c.data(), o);
+              }),
+              std::vector<int>(3, inv));
+  }
+  EXPECT_EQ(ErrorCodes([&](Group& g) {
+              FusedOptions o;
+              o.splits = g.rank() == 1 ? 99 : 4;
+              AllGatherMatmulSync(g, a.data(), 2, 4, b.data(), 3, DType::kF32, c.data(), nullptr,
+                                  o);
+            }),
+            std::vector<int>(3, inv));
+  // Unsupported dtype.
+  EXPECT_EQ(ErrorCodes([&](Group& g) {
+              MatmulAllReduceSync(g, a.data(), 6, 4, b.data(), 3, DType::kF64, c.data());
+            }),
+            std::vector<int>(3, inv));
+}
+
+TEST(FusedOps, PipelineNames) {
+  for (int i = 0; i < kNumPipelines; ++i) {
+    auto p = static_cast<Pipeline>(i);
+    EXPECT_EQ(ParsePipeline(PipelineName(p)), p);
+  }
+  EXPECT_FALSE(ParsePipeline("bogus").has_value());
+}
+
+}  // namespace
+}  // namespace mc2
