@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "collectives/algorithm.h"
+#include "core/copy.h"
 #include "core/reduce.h"
 
 namespace mc2::collectives {
@@ -94,7 +95,7 @@ void DirectAllReduce(OpContext& ctx, const CollArgs& a) {
       [&](size_t k, char* half) {
         if (ctx.send_off[g->rank()] != kPrivate) return;
         size_t n = std::min(w, a.count - k * w);
-        std::memcpy(half, a.send + k * w * a.esize, n * a.esize);
+        core::CopyBytes(half, a.send + k * w * a.esize, n * a.esize);
       },
       [&](size_t k, uint64_t half_off) {
         size_t n = std::min(w, a.count - k * w);
@@ -125,7 +126,7 @@ void DirectReduce(OpContext& ctx, const CollArgs& a) {
       [&](size_t k, char* half) {
         if (ctx.send_off[g->rank()] != kPrivate) return;
         size_t n = std::min(w, a.count - k * w);
-        std::memcpy(half, a.send + k * w * a.esize, n * a.esize);
+        core::CopyBytes(half, a.send + k * w * a.esize, n * a.esize);
       },
       [&](size_t k, uint64_t half_off) {
         if (!root) return;
@@ -140,11 +141,11 @@ void DirectBroadcast(OpContext& ctx, const CollArgs& a) {
   GroupImpl* g = ctx.g;
   bool root = g->rank() == a.root;
   size_t bytes = a.count * a.esize;
-  if (root && !a.in_place && bytes) std::memcpy(a.recv, a.send, bytes);
+  if (root && !a.in_place && bytes) core::CopyBytes(a.recv, a.send, bytes);
   const char* src = PeerSend(ctx, a.root, 0);
   if (bytes == 0) return FinishOperation(ctx, false);
   if (src || DirectInline(a, g->size())) {
-    if (!root) std::memcpy(a.recv, src ? src : g->Ptr(a.root, g->InlineOff(ctx.seq)), bytes);
+    if (!root) core::CopyBytes(a.recv, src ? src : g->Ptr(a.root, g->InlineOff(ctx.seq)), bytes);
     return FinishOperation(ctx, root);
   }
   size_t w = PartElems(ctx, a.esize, 1, "direct");
@@ -153,12 +154,12 @@ void DirectBroadcast(OpContext& ctx, const CollArgs& a) {
       [&](size_t k, char* half) {
         if (!root) return;
         size_t n = std::min(w, a.count - k * w);
-        std::memcpy(half, a.send + k * w * a.esize, n * a.esize);
+        core::CopyBytes(half, a.send + k * w * a.esize, n * a.esize);
       },
       [&](size_t k, uint64_t half_off) {
         if (root) return;
         size_t n = std::min(w, a.count - k * w);
-        std::memcpy(a.recv + k * w * a.esize, g->Ptr(a.root, half_off), n * a.esize);
+        core::CopyBytes(a.recv + k * w * a.esize, g->Ptr(a.root, half_off), n * a.esize);
       });
   FinishOperation(ctx, root);
 }
@@ -171,7 +172,7 @@ static void GatherBlocks(OpContext& ctx, const CollArgs& a, bool collect) {
   int n = g->size();
   const char* mine = a.in_place ? a.recv + a.displs[me] * a.esize : a.send;
   if (collect && !a.in_place && a.counts[me])
-    std::memcpy(a.recv + a.displs[me] * a.esize, a.send, a.counts[me] * a.esize);
+    core::CopyBytes(a.recv + a.displs[me] * a.esize, a.send, a.counts[me] * a.esize);
   size_t maxc = *std::max_element(a.counts.begin(), a.counts.end());
   bool exposed = ctx.send_off[me] != kPrivate;
   bool all_in_place = AllSend(ctx);
@@ -181,7 +182,7 @@ static void GatherBlocks(OpContext& ctx, const CollArgs& a, bool collect) {
       for (int r = 0; r < n; ++r) {
         if (r == me || a.counts[r] == 0) continue;
         const char* p = PeerSend(ctx, r, 0);
-        std::memcpy(a.recv + a.displs[r] * a.esize, p ? p : g->Ptr(r, g->InlineOff(ctx.seq)),
+        core::CopyBytes(a.recv + a.displs[r] * a.esize, p ? p : g->Ptr(r, g->InlineOff(ctx.seq)),
                     a.counts[r] * a.esize);
       }
     return FinishOperation(ctx, exposed);
@@ -192,7 +193,7 @@ static void GatherBlocks(OpContext& ctx, const CollArgs& a, bool collect) {
       [&](size_t k, char* half) {
         if (exposed || k * w >= a.counts[me]) return;
         size_t m = std::min(w, a.counts[me] - k * w);
-        std::memcpy(half, mine + k * w * a.esize, m * a.esize);
+        core::CopyBytes(half, mine + k * w * a.esize, m * a.esize);
       },
       [&](size_t k, uint64_t half_off) {
         if (!collect) return;
@@ -200,7 +201,7 @@ static void GatherBlocks(OpContext& ctx, const CollArgs& a, bool collect) {
           if (r == me || k * w >= a.counts[r]) continue;
           size_t m = std::min(w, a.counts[r] - k * w);
           const char* p = PeerSend(ctx, r, k * w * a.esize);
-          std::memcpy(a.recv + (a.displs[r] + k * w) * a.esize, p ? p : g->Ptr(r, half_off),
+          core::CopyBytes(a.recv + (a.displs[r] + k * w) * a.esize, p ? p : g->Ptr(r, half_off),
                       m * a.esize);
         }
       });
@@ -219,12 +220,12 @@ void DirectScatter(OpContext& ctx, const CollArgs& a) {
   int n = g->size();
   bool root = me == a.root;
   size_t bytes = a.count * a.esize;
-  if (root && !a.in_place && bytes) std::memcpy(a.recv, a.send + me * bytes, bytes);
+  if (root && !a.in_place && bytes) core::CopyBytes(a.recv, a.send + me * bytes, bytes);
   if (bytes == 0) return FinishOperation(ctx, false);
   const char* src = PeerSend(ctx, a.root, me * bytes);
   if (src || DirectInline(a, n)) {
     if (!root)
-      std::memcpy(a.recv, src ? src : g->Ptr(a.root, g->InlineOff(ctx.seq)) + me * bytes, bytes);
+      core::CopyBytes(a.recv, src ? src : g->Ptr(a.root, g->InlineOff(ctx.seq)) + me * bytes, bytes);
     return FinishOperation(ctx, root);
   }
   size_t w = PartElems(ctx, a.esize, n, "direct");
@@ -234,13 +235,13 @@ void DirectScatter(OpContext& ctx, const CollArgs& a) {
         if (!root) return;
         size_t m = std::min(w, a.count - k * w);
         for (int r = 0; r < n; ++r)
-          std::memcpy(half + r * w * a.esize, a.send + (r * a.count + k * w) * a.esize,
+          core::CopyBytes(half + r * w * a.esize, a.send + (r * a.count + k * w) * a.esize,
                       m * a.esize);
       },
       [&](size_t k, uint64_t half_off) {
         if (root) return;
         size_t m = std::min(w, a.count - k * w);
-        std::memcpy(a.recv + k * w * a.esize, g->Ptr(a.root, half_off) + me * w * a.esize,
+        core::CopyBytes(a.recv + k * w * a.esize, g->Ptr(a.root, half_off) + me * w * a.esize,
                     m * a.esize);
       });
   FinishOperation(ctx, root);
@@ -273,7 +274,7 @@ void DirectReduceScatterV(OpContext& ctx, const CollArgs& a) {
         for (int r = 0; r < n; ++r) {
           if (k * w >= a.counts[r]) continue;
           size_t m = std::min(w, a.counts[r] - k * w);
-          std::memcpy(half + r * w * a.esize, a.send + (a.displs[r] + k * w) * a.esize,
+          core::CopyBytes(half + r * w * a.esize, a.send + (a.displs[r] + k * w) * a.esize,
                       m * a.esize);
         }
       },
@@ -325,7 +326,7 @@ void DirectAllToAllV(OpContext& ctx, const CollArgs& a) {
         for (int r = 0; r < n; ++r) {
           if (r == me || k * w >= a.send_counts[r]) continue;
           size_t m = std::min(w, a.send_counts[r] - k * w);
-          std::memcpy(half + r * w * a.esize, a.send + (a.send_displs[r] + k * w) * a.esize,
+          core::CopyBytes(half + r * w * a.esize, a.send + (a.send_displs[r] + k * w) * a.esize,
                       m * a.esize);
         }
       },
@@ -334,7 +335,7 @@ void DirectAllToAllV(OpContext& ctx, const CollArgs& a) {
           if (r == me || k * w >= a.recv_counts[r]) continue;
           size_t m = std::min(w, a.recv_counts[r] - k * w);
           const char* p = PeerSend(ctx, r, (peer_displs(r)[me] + k * w) * a.esize);
-          std::memcpy(a.recv + (a.recv_displs[r] + k * w) * a.esize,
+          core::CopyBytes(a.recv + (a.recv_displs[r] + k * w) * a.esize,
                       p ? p : g->Ptr(r, half_off) + me * w * a.esize, m * a.esize);
         }
       });

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "collectives/algorithm.h"
+#include "core/copy.h"
 #include "core/reduce.h"
 
 namespace mc2::collectives {
@@ -61,7 +62,7 @@ void RabenseifnerAllReduce(OpContext& ctx, const CollArgs& a) {
     const size_t result_at = len * e;  // in the half, after the input window
     // Halves are reused two rounds later, once every peer staged round k-1.
     if (k >= 2) WaitAll(ctx, 0, k);
-    if (!send_sym) std::memcpy(g->Ptr(me, half), a.send + base * e, len * e);
+    if (!send_sym) core::CopyBytes(g->Ptr(me, half), a.send + base * e, len * e);
     PublishStep(ctx, 0, k + 1, len * e);
     WaitAll(ctx, 0, k + 1);
 
@@ -73,7 +74,7 @@ void RabenseifnerAllReduce(OpContext& ctx, const CollArgs& a) {
                                             : g->Ptr(r, half) + off * e;
     char* mine = recv_sym ? a.recv + (base + off) * e : g->Ptr(me, half) + result_at;
     if (m) core::ReduceTree(a.dtype, a.op, mine, srcs.data(), n, m, n);
-    if (!recv_sym && m) std::memcpy(a.recv + (base + off) * e, mine, m * e);
+    if (!recv_sym && m) core::CopyBytes(a.recv + (base + off) * e, mine, m * e);
     PublishStep(ctx, 1, k + 1, m * e);
     WaitAll(ctx, 1, k + 1);
 
@@ -86,7 +87,7 @@ void RabenseifnerAllReduce(OpContext& ctx, const CollArgs& a) {
       const char* src = ctx.recv_off[r] != kPrivate
                             ? g->HeapPtr(r, ctx.recv_off[r]) + (base + roff) * e
                             : g->Ptr(r, half) + result_at;
-      std::memcpy(a.recv + (base + roff) * e, src, rm * e);
+      core::CopyBytes(a.recv + (base + roff) * e, src, rm * e);
     }
   }
   FinishOperation(ctx, send_sym || recv_sym);

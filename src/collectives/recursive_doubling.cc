@@ -43,6 +43,7 @@
 #include <fmt/format.h>
 
 #include "collectives/algorithm.h"
+#include "core/copy.h"
 #include "core/enforce.h"
 #include "core/reduce.h"
 
@@ -188,7 +189,7 @@ void RecursiveDoublingAllReduce(OpContext& ctx, const CollArgs& a) {
     };
     // Every rank finished round k-2, the previous user of this half.
     if (k >= 2) WaitAll(ctx, kStream, s0 - per_round);
-    if (!send_sym) std::memcpy(g->Ptr(me, half), a.send + base * e, len * e);
+    if (!send_sym) core::CopyBytes(g->Ptr(me, half), a.send + base * e, len * e);
     PublishStep(ctx, kStream, s0 + 1, len * e);
     for (int j = 0; j < L; ++j) {
       const int y = sch.peer(j, me);
@@ -214,7 +215,7 @@ void RecursiveDoublingAllGatherV(OpContext& ctx, const CollArgs& a) {
   const size_t e = a.esize;
   const char* mine = a.in_place ? a.recv + a.displs[me] * e : a.send;
   if (!a.in_place && a.counts[me])
-    std::memcpy(a.recv + a.displs[me] * e, a.send, a.counts[me] * e);
+    core::CopyBytes(a.recv + a.displs[me] * e, a.send, a.counts[me] * e);
   const size_t maxc = *std::max_element(a.counts.begin(), a.counts.end());
   if (maxc == 0 || n == 1) return FinishOperation(ctx, false);
   const bool send_sym = ctx.send_off[me] != kPrivate;
@@ -246,7 +247,7 @@ void RecursiveDoublingAllGatherV(OpContext& ctx, const CollArgs& a) {
       // Every rank finished round k-2, the previous user of this half.
       if (k >= 2) WaitAll(ctx, kStream, s0 - per_round);
       if (!send_sym && piece(k, me))
-        std::memcpy(g->Ptr(me, half) + me * w * e, mine + k * w * e, piece(k, me) * e);
+        core::CopyBytes(g->Ptr(me, half) + me * w * e, mine + k * w * e, piece(k, me) * e);
     }
     PublishStep(ctx, kStream, s0 + 1);
     for (int j = 0; j < L; ++j) {
@@ -258,9 +259,9 @@ void RecursiveDoublingAllGatherV(OpContext& ctx, const CollArgs& a) {
           const size_t len = piece(k, b);
           if (len == 0) continue;
           char* dst = a.recv + (a.displs[b] + k * w) * e;
-          std::memcpy(dst, block_src(y, b), len * e);
+          core::CopyBytes(dst, block_src(y, b), len * e);
           // Keep the scratch copy for later readers (none after the last step).
-          if (!recv_sym && j < L - 1) std::memcpy(g->Ptr(me, half) + b * w * e, dst, len * e);
+          if (!recv_sym && j < L - 1) core::CopyBytes(g->Ptr(me, half) + b * w * e, dst, len * e);
           bytes += len * e;
         }
       }

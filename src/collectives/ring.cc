@@ -53,6 +53,7 @@
 #include <fmt/format.h>
 
 #include "collectives/algorithm.h"
+#include "core/copy.h"
 #include "core/reduce.h"
 
 namespace mc2::collectives {
@@ -153,14 +154,14 @@ void RingReduce(OpContext& ctx, const CollArgs& a, size_t rounds, size_t ch, boo
           const size_t len = chunk(k, c).len;
           bytes += len * e;
           if (len == 0 || (s == 0 && send_sym)) continue;
-          std::memcpy(slot + j * ch * e, s == 0 ? raw(c) : left_part(s - 1, j + 1, c), len * e);
+          core::CopyBytes(slot + j * ch * e, s == 0 ? raw(c) : left_part(s - 1, j + 1, c), len * e);
         }
       } else {
         // The partial result of chunk me-1-s (my raw chunk in step 0).
         const int c = Mod(me - 1 - s, n);
         const size_t len = chunk(k, c).len;
         bytes = len * e;
-        if (len && s == 0 && !send_sym) std::memcpy(slot, raw(c), len * e);
+        if (len && s == 0 && !send_sym) core::CopyBytes(slot, raw(c), len * e);
         if (len && s > 0) core::Combine(a.dtype, a.op, slot, left_part(s - 1, 0, c), raw(c), len);
       }
       pipe.End(q, bytes);
@@ -168,7 +169,7 @@ void RingReduce(OpContext& ctx, const CollArgs& a, size_t rounds, size_t ch, boo
       if (det) {
         const int origin = Mod(me - 1 - s, n);
         if (mine.len)
-          std::memcpy(coll.data() + origin * ch * e, left_part(s, 0, me), mine.len * e);
+          core::CopyBytes(coll.data() + origin * ch * e, left_part(s, 0, me), mine.len * e);
         if (s == n - 2 && mine.len) {
           for (int x = 0; x < n; ++x)
             srcs[x] = x == me ? static_cast<const void*>(raw(me)) : coll.data() + x * ch * e;
@@ -186,12 +187,12 @@ void RingReduce(OpContext& ctx, const CollArgs& a, size_t rounds, size_t ch, boo
       const uint64_t q = q0 + (n - 1) + t;
       pipe.Begin(q);
       const Piece p = chunk(k, Mod(me - t, n));
-      if (p.len && !recv_sym) std::memcpy(pipe.Mine(q), a.recv + p.off * e, p.len * e);
+      if (p.len && !recv_sym) core::CopyBytes(pipe.Mine(q), a.recv + p.off * e, p.len * e);
       pipe.End(q, p.len * e);
       const Piece lp = chunk(k, Mod(me - 1 - t, n));
       const char* src =
           left_recv_sym ? g->HeapPtr(left, ctx.recv_off[left]) + lp.off * e : pipe.Left(q);
-      if (lp.len) std::memcpy(a.recv + lp.off * e, src, lp.len * e);
+      if (lp.len) core::CopyBytes(a.recv + lp.off * e, src, lp.len * e);
     }
   }
   FinishOperation(ctx, send_sym || recv_sym);
@@ -246,7 +247,7 @@ void RingAllGatherV(OpContext& ctx, const CollArgs& a) {
   const int me = g->rank();
   const size_t e = a.esize;
   if (!a.in_place && a.counts[me])
-    std::memcpy(a.recv + a.displs[me] * e, a.send, a.counts[me] * e);
+    core::CopyBytes(a.recv + a.displs[me] * e, a.send, a.counts[me] * e);
   const size_t maxc = *std::max_element(a.counts.begin(), a.counts.end());
   if (maxc == 0 || n == 1) return FinishOperation(ctx, false);
   const Pipe pipe(ctx);
@@ -273,7 +274,7 @@ void RingAllGatherV(OpContext& ctx, const CollArgs& a) {
       // My own block is read from my send in step 0, every block from my
       // recv when it is symmetric, else from scratch.
       if (len && !((t == 0 && send_sym) || recv_sym))
-        std::memcpy(pipe.Mine(q), a.recv + (a.displs[c] + k * w) * e, len * e);
+        core::CopyBytes(pipe.Mine(q), a.recv + (a.displs[c] + k * w) * e, len * e);
       pipe.End(q, len * e);
       const int lc = Mod(me - 1 - t, n);
       const size_t llen = piece(k, lc);
@@ -283,7 +284,7 @@ void RingAllGatherV(OpContext& ctx, const CollArgs& a) {
                         : left_recv_sym
                             ? g->HeapPtr(left, ctx.recv_off[left]) + (a.displs[lc] + k * w) * e
                             : pipe.Left(q);
-      std::memcpy(a.recv + (a.displs[lc] + k * w) * e, src, llen * e);
+      core::CopyBytes(a.recv + (a.displs[lc] + k * w) * e, src, llen * e);
     }
   }
   FinishOperation(ctx, send_sym || recv_sym);
@@ -295,7 +296,7 @@ void RingBroadcast(OpContext& ctx, const CollArgs& a) {
   const int me = g->rank();
   const size_t e = a.esize;
   const bool root = me == a.root;
-  if (root && !a.in_place && a.count) std::memcpy(a.recv, a.send, a.count * e);
+  if (root && !a.in_place && a.count) core::CopyBytes(a.recv, a.send, a.count * e);
   if (a.count == 0 || n == 1) return FinishOperation(ctx, false);
   const int v = Mod(me - a.root, n);  // position in the chain
   const int parent = Mod(me - 1, n);
@@ -317,13 +318,13 @@ void RingBroadcast(OpContext& ctx, const CollArgs& a) {
     char* dst = a.recv + k * w * e;
     if (v != 0) {
       g->WaitFlag(ctx, parent, GroupImpl::StepOff(kStream), GroupImpl::FlagValue(ctx.seq, k + 1));
-      std::memcpy(dst, src_of(parent, k), len * e);
+      core::CopyBytes(dst, src_of(parent, k), len * e);
     }
     if (copies) {
       // The child read round k-2 from this half.
       if (k >= 2)
         g->WaitFlag(ctx, child, GroupImpl::StepOff(kStream), GroupImpl::FlagValue(ctx.seq, k - 1));
-      std::memcpy(g->Ptr(me, g->ScratchOff(static_cast<int>(k % 2))), dst, len * e);
+      core::CopyBytes(g->Ptr(me, g->ScratchOff(static_cast<int>(k % 2))), dst, len * e);
     }
     PublishStep(ctx, kStream, k + 1, len * e);
   }

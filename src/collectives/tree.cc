@@ -42,6 +42,7 @@
 #include <fmt/format.h>
 
 #include "collectives/algorithm.h"
+#include "core/copy.h"
 #include "core/reduce.h"
 
 namespace mc2::collectives {
@@ -108,7 +109,7 @@ void UpRound(OpContext& ctx, const CollArgs& a, size_t k, size_t base, size_t le
     if (len) core::Combine(a.dtype, a.op, res, first ? raw : res, result_of(c), len);
     first = false;
   }
-  if (first && ctx.send_off[me] == kPrivate && len) std::memcpy(res, raw, len * e);
+  if (first && ctx.send_off[me] == kPrivate && len) core::CopyBytes(res, raw, len * e);
   if (me == 0) core::FinishAvg(a.dtype, a.op, res, len, n);
   PublishStep(ctx, kUp, k + 1, len * e);
 }
@@ -129,13 +130,13 @@ void DownRound(OpContext& ctx, int root, size_t k, char* dst, size_t len, size_t
   if (v != 0) {
     const int parent = Mod(t.Parent(v) + root, n);
     Wait(ctx, parent, kDown, k + 1);
-    if (len) std::memcpy(dst, src_of(parent), len * e);
+    if (len) core::CopyBytes(dst, src_of(parent), len * e);
   }
   const std::vector<int> children = t.Children(v);
   if (copies && !children.empty()) {
     if (k >= 2)
       for (int c : children) Wait(ctx, Mod(c + root, n), kDown, k - 1);
-    if (len) std::memcpy(g->Ptr(me, buf), dst, len * e);
+    if (len) core::CopyBytes(g->Ptr(me, buf), dst, len * e);
   }
   PublishStep(ctx, kDown, k + 1, len * e);
 }
@@ -167,7 +168,7 @@ void TreeReduce(OpContext& ctx, const CollArgs& a) {
     UpRound(ctx, a, k, base, len, buf, me == 0 && a.root == 0 ? a.recv + base * e : nullptr);
     if (me == a.root && a.root != 0) {
       Wait(ctx, 0, kUp, k + 1);
-      std::memcpy(a.recv + base * e, g->Ptr(0, buf), len * e);
+      core::CopyBytes(a.recv + base * e, g->Ptr(0, buf), len * e);
       PublishStep(ctx, kHop, k + 1);
     }
   }
@@ -211,7 +212,7 @@ void TreeBroadcast(OpContext& ctx, const CollArgs& a) {
   const int me = g->rank();
   const size_t e = a.esize;
   const bool root = me == a.root;
-  if (root && !a.in_place && a.count) std::memcpy(a.recv, a.send, a.count * e);
+  if (root && !a.in_place && a.count) core::CopyBytes(a.recv, a.send, a.count * e);
   if (a.count == 0 || n == 1) return FinishOperation(ctx, false);
   const bool send_sym = ctx.send_off[me] != kPrivate;  // the root's only
   const bool recv_sym = ctx.recv_off[me] != kPrivate;
@@ -239,7 +240,7 @@ void TreeGather(OpContext& ctx, const CollArgs& a) {
   const size_t e = a.esize;
   const bool root = me == a.root;
   if (root && !a.in_place && a.counts[me])
-    std::memcpy(a.recv + a.displs[me] * e, a.send, a.counts[me] * e);
+    core::CopyBytes(a.recv + a.displs[me] * e, a.send, a.counts[me] * e);
   const size_t maxc = *std::max_element(a.counts.begin(), a.counts.end());
   if (maxc == 0 || n == 1) return FinishOperation(ctx, false);
   const bool send_sym = ctx.send_off[me] != kPrivate;
@@ -264,7 +265,7 @@ void TreeGather(OpContext& ctx, const CollArgs& a) {
       // The parent finished reading round k-2 from this half.
       if (k >= 2) Wait(ctx, Mod(t.Parent(v) + a.root, n), kUp, k - 1);
       if (!send_sym && piece(k, me))
-        std::memcpy(g->Ptr(me, half) + me * w * e, a.send + k * w * e, piece(k, me) * e);
+        core::CopyBytes(g->Ptr(me, half) + me * w * e, a.send + k * w * e, piece(k, me) * e);
     }
     size_t bytes = 0;
     for (int cv : children) {
@@ -275,7 +276,7 @@ void TreeGather(OpContext& ctx, const CollArgs& a) {
         const size_t len = piece(k, b);
         if (len == 0) continue;
         char* dst = root ? a.recv + (a.displs[b] + k * w) * e : g->Ptr(me, half) + b * w * e;
-        std::memcpy(dst, block_src(c, b), len * e);
+        core::CopyBytes(dst, block_src(c, b), len * e);
         bytes += len * e;
       }
     }
@@ -291,7 +292,7 @@ void TreeScatter(OpContext& ctx, const CollArgs& a) {
   const size_t e = a.esize;
   const bool root = me == a.root;
   const size_t bytes = a.count * e;
-  if (root && !a.in_place && bytes) std::memcpy(a.recv, a.send + me * bytes, bytes);
+  if (root && !a.in_place && bytes) core::CopyBytes(a.recv, a.send + me * bytes, bytes);
   if (bytes == 0 || n == 1) return FinishOperation(ctx, false);
   const bool send_sym = ctx.send_off[me] != kPrivate;  // the root's only
   const Binomial t{n};
@@ -316,14 +317,14 @@ void TreeScatter(OpContext& ctx, const CollArgs& a) {
       if (writes)
         for (int b = 0; b < n; ++b)
           if (b != me)
-            std::memcpy(g->Ptr(me, half) + b * w * e, a.send + (b * a.count + k * w) * e,
+            core::CopyBytes(g->Ptr(me, half) + b * w * e, a.send + (b * a.count + k * w) * e,
                         len * e);
     } else {
       const int parent = Mod(t.Parent(v) + a.root, n);
       Wait(ctx, parent, kDown, k + 1);
       for (int bv = v; bv < t.SubtreeEnd(v); ++bv) {
         const int b = Mod(bv + a.root, n);
-        std::memcpy(b == me ? a.recv + k * w * e : g->Ptr(me, half) + b * w * e,
+        core::CopyBytes(b == me ? a.recv + k * w * e : g->Ptr(me, half) + b * w * e,
                     block_src(parent, b), len * e);
       }
     }

@@ -1,0 +1,45 @@
+#include "core/copy.h"
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace mc2::core {
+namespace {
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) void StreamCopy(char* dst, const char* src, size_t n) {
+  // Align the destination to a cache line with an ordinary copy.
+  size_t head = (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63;
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  n -= head;
+  size_t lines = n / 64;
+  for (size_t i = 0; i < lines; ++i) {
+    __m512i v = _mm512_loadu_si512(src + i * 64);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i * 64), v);
+  }
+  std::memcpy(dst + lines * 64, src + lines * 64, n - lines * 64);
+  _mm_sfence();
+}
+
+const bool kHaveAvx512 = __builtin_cpu_supports("avx512f");
+#endif
+
+}  // namespace
+
+void CopyBytes(void* dst, const void* src, size_t n) {
+#if defined(__x86_64__)
+  if (n >= kStreamCopyBytes && kHaveAvx512) {
+    StreamCopy(static_cast<char*>(dst), static_cast<const char*>(src), n);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n);
+}
+
+}  // namespace mc2::core
