@@ -73,6 +73,7 @@ class ShmTransport final : public transport::Transport {
   const bool threads_;
   std::vector<int> pidfds_;  // one per rank (-1 for self); empty for threads
   int64_t spin_ns_;
+  bool oversubscribed_ = false;  // more ranks than hardware threads
 };
 
 // Builds rank `rank`'s transport from the launcher's environment.
