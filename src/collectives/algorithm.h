@@ -66,6 +66,11 @@ inline constexpr uint64_t kMaxSteps = (uint64_t{1} << 24) - 2;
 // even one element per part fits.
 size_t PartElems(const OpContext& ctx, size_t esize, size_t parts, const char* algorithm);
 
+// Throws kInvalidArgument naming `algorithm` when `rounds` rounds of
+// `steps_per_round` flag steps would overflow the step field of a flag.
+void CheckSteps(const OpContext& ctx, size_t rounds, size_t steps_per_round,
+                const char* algorithm);
+
 // Waits until every member's flag on `stream` reaches FlagValue(seq, step).
 void WaitAll(OpContext& ctx, int stream, uint64_t step);
 // Publishes FlagValue(seq, step) on `stream`.

@@ -54,17 +54,6 @@ using internal::kPrivate;
 
 constexpr int kStream = 0;
 
-
-
-void CheckSteps(OpContext& ctx, size_t rounds, size_t steps_per_round) {
-  if (rounds > kMaxSteps / std::max<size_t>(steps_per_round, 1))
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("recursive_doubling: {} rounds of {} steps exceed the flag range "
-                            "(raise MC2_SCRATCH_BYTES)",
-                            rounds, steps_per_round),
-                ctx.g->rank(), ctx.name, ctx.seq);
-}
-
 // The schedule for N ranks: who combines with whom in which step, and what
 // each rank holds before each step.
 class Schedule {
@@ -172,7 +161,7 @@ void RecursiveDoublingAllReduce(OpContext& ctx, const CollArgs& a) {
   const size_t w = PartElems(ctx, e, L, "recursive_doubling");
   const size_t rounds = CeilDiv(a.count, w);
   const uint64_t per_round = L + 1;
-  CheckSteps(ctx, rounds, per_round);
+  CheckSteps(ctx, rounds, per_round, "recursive_doubling");
 
   for (size_t k = 0; k < rounds; ++k) {
     const size_t base = k * w;
@@ -228,7 +217,7 @@ void RecursiveDoublingAllGatherV(OpContext& ctx, const CollArgs& a) {
   const size_t w = all_recv ? maxc : PartElems(ctx, e, n, "recursive_doubling");
   const size_t rounds = CeilDiv(maxc, w);
   const uint64_t per_round = L + 1;
-  CheckSteps(ctx, rounds, per_round);
+  CheckSteps(ctx, rounds, per_round, "recursive_doubling");
   auto piece = [&](size_t k, int b) -> size_t {
     const size_t from = k * w;
     return from >= a.counts[b] ? 0 : std::min(w, a.counts[b] - from);

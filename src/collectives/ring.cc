@@ -63,17 +63,6 @@ using internal::kPrivate;
 
 constexpr int kStream = 0;
 
-
-
-void CheckSteps(OpContext& ctx, size_t rounds, size_t steps_per_round) {
-  if (rounds > kMaxSteps / std::max<size_t>(steps_per_round, 1))
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("ring: {} rounds of {} steps exceed the flag range (raise "
-                            "MC2_SCRATCH_BYTES)",
-                            rounds, steps_per_round),
-                ctx.g->rank(), ctx.name, ctx.seq);
-}
-
 struct Piece {
   size_t off = 0;  // elements
   size_t len = 0;
@@ -127,7 +116,7 @@ void RingReduce(OpContext& ctx, const CollArgs& a, size_t rounds, size_t ch, boo
   const bool left_send_sym = ctx.send_off[left] != kPrivate;
   const bool left_recv_sym = ctx.recv_off[left] != kPrivate;
   const uint64_t per_round = static_cast<uint64_t>(n - 1) * (all_gather ? 2 : 1);
-  CheckSteps(ctx, rounds, per_round);
+  CheckSteps(ctx, rounds, per_round, "ring");
   // Deterministic mode: the raw contributions to my chunk, by origin.
   std::vector<char> coll(det ? static_cast<size_t>(n) * ch * e : 0);
   std::vector<const void*> srcs(n);
@@ -260,7 +249,7 @@ void RingAllGatherV(OpContext& ctx, const CollArgs& a) {
                                     [](uint64_t o) { return o != kPrivate; });
   const size_t w = all_recv ? maxc : PartElems(ctx, e, 1, "ring");
   const size_t rounds = CeilDiv(maxc, w);
-  CheckSteps(ctx, rounds, n - 1);
+  CheckSteps(ctx, rounds, n - 1, "ring");
   auto piece = [&](size_t k, int b) -> size_t {
     const size_t from = k * w;
     return from >= a.counts[b] ? 0 : std::min(w, a.counts[b] - from);
@@ -305,7 +294,7 @@ void RingBroadcast(OpContext& ctx, const CollArgs& a) {
   const bool recv_sym = ctx.recv_off[me] != kPrivate;
   const size_t w = PartElems(ctx, e, 1, "ring");
   const size_t rounds = CeilDiv(a.count, w);
-  CheckSteps(ctx, rounds, 1);
+  CheckSteps(ctx, rounds, 1, "ring");
   // Where rank x's copy of round k can be read.
   auto src_of = [&](int x, size_t k) -> const char* {
     if (ctx.send_off[x] != kPrivate) return g->HeapPtr(x, ctx.send_off[x]) + k * w * e;  // root

@@ -18,6 +18,16 @@ size_t PartElems(const OpContext& ctx, size_t esize, size_t parts, const char* a
   return w >= 16 ? w / 16 * 16 : w;
 }
 
+void CheckSteps(const OpContext& ctx, size_t rounds, size_t steps_per_round,
+                const char* algorithm) {
+  if (rounds > kMaxSteps / std::max<size_t>(steps_per_round, 1))
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: {} rounds of {} steps exceed the flag range (raise "
+                            "MC2_SCRATCH_BYTES)",
+                            algorithm, rounds, steps_per_round),
+                ctx.g->rank(), ctx.name, ctx.seq);
+}
+
 void WaitAll(OpContext& ctx, int stream, uint64_t step) {
   GroupImpl* g = ctx.g;
   uint64_t v = GroupImpl::FlagValue(ctx.seq, step);

@@ -54,8 +54,6 @@ constexpr int kUp = 0;    // towards the root: subtree results, gathered blocks
 constexpr int kDown = 1;  // away from the root: broadcast data, scattered blocks
 constexpr int kHop = 2;   // reduce: the root has copied rank 0's result
 
-
-
 void CheckRounds(OpContext& ctx, size_t rounds) {
   if (rounds > kMaxSteps)
     throw Error(ErrorCode::kInvalidArgument,

@@ -27,25 +27,6 @@ namespace {
               fmt::format("{}='{}' is invalid: expected {}", what, text, form));
 }
 
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
-// Splits "1.5G" into 1.5 and "G". Returns false if there is no leading number.
-bool SplitNumber(std::string_view s, double* value, std::string_view* unit) {
-  size_t i = 0;
-  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
-  if (i == 0) return false;
-  std::string num(s.substr(0, i));
-  char* end = nullptr;
-  *value = std::strtod(num.c_str(), &end);
-  if (end != num.c_str() + num.size() || !std::isfinite(*value)) return false;
-  *unit = Trim(s.substr(i));
-  return true;
-}
-
 std::string Lower(std::string_view s) {
   std::string r(s);
   for (auto& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -54,11 +35,29 @@ std::string Lower(std::string_view s) {
 
 }  // namespace
 
+std::string_view TrimSpace(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+bool SplitNumber(std::string_view s, double* value, std::string_view* unit) {
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == 0) return false;
+  std::string num(s.substr(0, i));
+  char* end = nullptr;
+  *value = std::strtod(num.c_str(), &end);
+  if (end != num.c_str() + num.size() || !std::isfinite(*value)) return false;
+  *unit = TrimSpace(s.substr(i));
+  return true;
+}
+
 size_t ParseBytes(std::string_view text, std::string_view what) {
   constexpr std::string_view kForm = "a byte count such as 1048576, 64K, 256M or 2G";
   double v;
   std::string_view unit;
-  if (!SplitNumber(Trim(text), &v, &unit)) Bad(what, text, kForm);
+  if (!SplitNumber(TrimSpace(text), &v, &unit)) Bad(what, text, kForm);
   std::string u = Lower(unit);
   double mult;
   if (u.empty() || u == "b") mult = 1;
@@ -77,7 +76,7 @@ std::chrono::nanoseconds ParseDuration(std::string_view text, std::string_view w
       "a positive duration such as 300 (seconds), 1.5s, 250ms, 10us or 5m";
   double v;
   std::string_view unit;
-  if (!SplitNumber(Trim(text), &v, &unit)) Bad(what, text, kForm);
+  if (!SplitNumber(TrimSpace(text), &v, &unit)) Bad(what, text, kForm);
   std::string u = Lower(unit);
   double ns;
   if (u.empty() || u == "s") ns = v * 1e9;
@@ -92,14 +91,14 @@ std::chrono::nanoseconds ParseDuration(std::string_view text, std::string_view w
 }
 
 bool ParseBool(std::string_view text, std::string_view what) {
-  std::string t = Lower(Trim(text));
+  std::string t = Lower(TrimSpace(text));
   if (t == "1" || t == "true" || t == "yes" || t == "on") return true;
   if (t == "0" || t == "false" || t == "no" || t == "off") return false;
   Bad(what, text, "one of 1, 0, true, false, yes, no, on, off");
 }
 
 long ParseInt(std::string_view text, std::string_view what, long lo, long hi) {
-  std::string_view t = Trim(text);
+  std::string_view t = TrimSpace(text);
   long v = 0;
   auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
   if (ec != std::errc() || p != t.data() + t.size() || v < lo || v > hi)

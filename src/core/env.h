@@ -24,6 +24,12 @@ bool ParseBool(std::string_view text, std::string_view what);
 // A non-negative integer in [lo, hi].
 long ParseInt(std::string_view text, std::string_view what, long lo, long hi);
 
+// Helpers of the parsers above, for other parsers of configuration strings:
+// `text` without leading and trailing white space, and "1.5G" split into
+// 1.5 and "G" (false when `text` does not start with a number).
+std::string_view TrimSpace(std::string_view text);
+bool SplitNumber(std::string_view text, double* value, std::string_view* unit);
+
 // The raw value of an environment variable, or nullopt when unset or empty.
 std::optional<std::string> GetEnv(const char* name);
 // Typed getters: the default when unset; throws naming `name` when invalid.

@@ -22,24 +22,6 @@ constexpr std::string_view kForm =
               fmt::format("{}='{}' is invalid: {}; expected {}", what, text, problem, kForm));
 }
 
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
-// Splits "10GB/s" into 10 and "GB/s". False if there is no leading number.
-bool SplitNumber(std::string_view s, double* value, std::string_view* unit) {
-  size_t i = 0;
-  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
-  if (i == 0) return false;
-  std::string num(s.substr(0, i));
-  char* end = nullptr;
-  *value = std::strtod(num.c_str(), &end);
-  if (end != num.c_str() + num.size() || !std::isfinite(*value)) return false;
-  *unit = Trim(s.substr(i));
-  return true;
-}
 
 // Bytes per second of one unit, or 0 if `unit` is not a rate unit.
 double RateUnit(std::string_view unit) {
@@ -101,7 +83,7 @@ std::string LinkConfig::Describe() const {
 }
 
 LinkConfig ParseLinkConfig(std::string_view text, std::string_view what) {
-  std::string_view t = Trim(text);
+  std::string_view t = TrimSpace(text);
   LinkConfig cfg;
   if (t == "none" || t == "off") return cfg;
   if (t.empty()) Bad(what, text, "it is empty");
@@ -110,13 +92,13 @@ LinkConfig ParseLinkConfig(std::string_view text, std::string_view what) {
   while (pos <= t.size()) {
     size_t comma = t.find(',', pos);
     if (comma == std::string_view::npos) comma = t.size();
-    std::string_view item = Trim(t.substr(pos, comma - pos));
+    std::string_view item = TrimSpace(t.substr(pos, comma - pos));
     pos = comma + 1;
     size_t eq = item.find('=');
     if (eq == std::string_view::npos)
       Bad(what, text, fmt::format("'{}' is not a key=value pair", item));
-    std::string_view key = Trim(item.substr(0, eq));
-    std::string_view value = Trim(item.substr(eq + 1));
+    std::string_view key = TrimSpace(item.substr(0, eq));
+    std::string_view value = TrimSpace(item.substr(eq + 1));
     double v;
     std::string_view unit;
     if (key == "bw") {
