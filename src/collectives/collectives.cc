@@ -119,10 +119,9 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
   // more than moving 64 KiB. Larger calls stay asynchronous.
   bool small = select_bytes <= kInlineMaxBytes;
   auto timeout = opts.timeout;
-  return gi->Submit(
-      internal::OpKindName(a.kind), small,
-      [a = std::move(a), fn, algo, fp, expose_send, expose_bytes, expose_recv, timeout,
-       n](OpContext& ctx) {
+  const char* name = internal::OpKindName(a.kind);
+  auto body = [a = std::move(a), fn, algo, fp, expose_send, expose_bytes, expose_recv, timeout,
+               n](OpContext& ctx) {
         GroupImpl* g = ctx.g;
         // One comm span per collective, from the start of its body (staging,
         // arrival, algorithm) to its end; off, this is one relaxed load.
@@ -170,7 +169,11 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
         g->Arrive(ctx, fp, exposed ? expose_send : nullptr, expose_bytes, expose_recv,
                   a.recv_bytes);
         fn(ctx, a);
-      });
+      };
+  if (small) {
+    if (auto w = gi->TryRunInline(name, body)) return std::move(*w);
+  }
+  return gi->Submit(name, false, std::move(body));
 }
 
 std::vector<size_t> Packed(const std::vector<size_t>& counts) {

@@ -96,6 +96,8 @@ GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int
       size_(static_cast<int>(members_.size())), area_(std::move(area_offsets)),
       scratch_bytes_(scratch_bytes), channels_(members_.size()),
       arrival_offsets_(2 * members_.size(), kPrivate) {
+  for (int m : members_) bases_.push_back(world_->transport->HeapBase(m));
+  heap_bytes_ = world_->transport->HeapBytes();
   size_t fixed = (kP2POff + static_cast<size_t>(size_) * 64 + 4095) / 4096 * 4096;
   inline_off_ = fixed;
   scratch_off_ = fixed + 2 * kInlineBytes;
@@ -116,9 +118,9 @@ GroupImpl::~GroupImpl() {
 }
 
 uint64_t GroupImpl::HeapOffset(const void* p, size_t bytes) const {
-  const char* base = tx().HeapBase(tx().rank());
+  const char* base = bases_[rank_];
   const char* c = static_cast<const char*>(p);
-  if (c >= base + transport::kHeapHeaderBytes && c + bytes <= base + tx().HeapBytes())
+  if (c >= base + transport::kHeapHeaderBytes && c + bytes <= base + heap_bytes_)
     return static_cast<uint64_t>(c - base);
   return kPrivate;
 }

@@ -30,6 +30,7 @@
 #include <functional>
 #include <mutex>
 #include <memory>
+#include <optional>
 #include <string>
 #include <span>
 #include <vector>
@@ -168,13 +169,9 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
 
   // Absolute heap offset / pointer of member `grank`'s area-relative `off`.
   uint64_t Abs(int grank, uint64_t off) const { return area_[grank] + off; }
-  char* Ptr(int grank, uint64_t off) const {
-    return tx().HeapBase(members_[grank]) + area_[grank] + off;
-  }
+  char* Ptr(int grank, uint64_t off) const { return bases_[grank] + area_[grank] + off; }
   // Pointer into member `grank`'s heap at absolute offset `heap_off`.
-  char* HeapPtr(int grank, uint64_t heap_off) const {
-    return tx().HeapBase(members_[grank]) + heap_off;
-  }
+  char* HeapPtr(int grank, uint64_t heap_off) const { return bases_[grank] + heap_off; }
   // Heap offset of [p, p+bytes) if it lies in this rank's heap, else kPrivate.
   uint64_t HeapOffset(const void* p, size_t bytes) const;
 
@@ -193,6 +190,28 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // number (ranks issue different numbers of them).
   Work Submit(const char* name, bool inline_ok, std::function<void(OpContext&)> body,
               bool collective = true);
+  // The inline half of Submit without type erasure, for latency-bound
+  // calls: runs `body` on the calling thread and returns its Work if the
+  // engine is idle; returns an empty optional (having done nothing, taken
+  // no sequence number) otherwise.
+  template <typename F>
+  std::optional<Work> TryRunInline(const char* name, F&& body) {
+    if (!world_->engine->Idle()) return std::nullopt;
+    uint64_t seq = seq_.fetch_add(1) + 1;
+    auto work = std::make_shared<WorkState>(seq, name);
+    world_->engine->TryRunInline(work, [&] {
+      OpContext ctx;
+      ctx.g = this;
+      ctx.seq = seq;
+      ctx.name = name;
+      ctx.work = work.get();
+      ctx.timeout = world_->timeout;
+      tx().CheckHealth(/*thorough=*/false);
+      body(ctx);
+    });
+    return Work(std::move(work));
+  }
+
   // Runs an operation synchronously on the calling thread after everything
   // queued before it (used by Split, AllocSymmetric, FromEnv).
   void RunSync(const char* name, std::function<void(OpContext&)> body);
@@ -231,6 +250,10 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   int rank_;
   int size_;
   std::vector<uint64_t> area_;
+  // Each member's heap as mapped here (fixed for the world's life): saves
+  // a virtual call on every pointer an algorithm forms.
+  std::vector<char*> bases_;
+  size_t heap_bytes_;
   size_t scratch_bytes_;
   uint64_t inline_off_;
   uint64_t scratch_off_;

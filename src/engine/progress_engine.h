@@ -35,6 +35,10 @@ class ProgressEngine {
   void Submit(std::shared_ptr<internal::WorkState> work, Task task);
   // Runs `task` on the calling thread if no task is queued or running;
   // returns false (and does nothing) otherwise.
+  // Whether no task is queued or running (a hint: racy by nature, exact
+  // when only the calling thread submits).
+  bool Idle() const { return outstanding_.load(std::memory_order_acquire) == 0; }
+
   template <typename F>
   bool TryRunInline(const std::shared_ptr<internal::WorkState>& work, F&& task) {
     if (outstanding_.load(std::memory_order_acquire) != 0) return false;
