@@ -117,7 +117,7 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
   // Latency-bound calls run on the caller when the engine is idle: a
   // hand-off to the progress thread and back costs two thread wake-ups,
   // more than moving 64 KiB. Larger calls stay asynchronous.
-  bool small = select_bytes <= kInlineMaxBytes;
+  bool small = opts.may_run_inline && select_bytes <= kInlineMaxBytes;
   auto timeout = opts.timeout;
   const char* name = internal::OpKindName(a.kind);
   auto body = [a = std::move(a), fn, algo, fp, expose_send, expose_bytes, expose_recv, timeout,

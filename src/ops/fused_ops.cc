@@ -226,6 +226,8 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, std::string l
   p.gemm.threads = o.gemm_threads;
   if (g.deterministic() && p.dtype == DType::kF32) p.gemm.backend = GemmBackend::kOneDNN;
   p.coll = co;
+  // The pipelines' collectives must run beside the GEMMs, however small.
+  p.coll.may_run_inline = false;
   return p;
 }
 

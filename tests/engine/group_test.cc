@@ -196,3 +196,28 @@ TEST(Group, ReusedControlAreasStartClean) {
 
 }  // namespace
 }  // namespace mc2
+
+namespace mc2 {
+namespace {
+
+// may_run_inline = false keeps even a tiny call in the background: the call
+// returns at once while a peer is late, and completes when it arrives.
+TEST(Group, BackgroundCallsReturnBeforeTheyComplete) {
+  Group::RunInProcess(2, [&](Group& g) {
+    int32_t v = 1, out = 0;
+    if (g.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auto t0 = std::chrono::steady_clock::now();
+    Work w = AllReduce(g, &v, &out, 1, DType::kI32, ReduceOp::kSum,
+                       {.may_run_inline = false});
+    auto returned = std::chrono::steady_clock::now() - t0;
+    if (g.rank() == 0) {
+      EXPECT_LT(returned, std::chrono::milliseconds(100));
+      EXPECT_FALSE(w.Test());
+    }
+    w.Wait();
+    EXPECT_EQ(out, 2);
+  });
+}
+
+}  // namespace
+}  // namespace mc2
