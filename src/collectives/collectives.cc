@@ -44,7 +44,7 @@ const AlgorithmTable& Algorithms() {
 
 namespace {
 
-constexpr size_t kInlineMaxBytes = 64 * 1024;
+constexpr size_t kInlineMaxBytes = 256 * 1024;
 
 uint64_t HashCounts(const std::vector<size_t>& a, const std::vector<size_t>& b = {}) {
   uint64_t h = 1469598103934665603ull;
@@ -116,7 +116,7 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
 
   // Latency-bound calls run on the caller when the engine is idle: a
   // hand-off to the progress thread and back costs two thread wake-ups,
-  // more than moving 64 KiB. Larger calls stay asynchronous.
+  // more than moving 256 KiB here. Larger calls stay asynchronous.
   bool small = opts.may_run_inline && select_bytes <= kInlineMaxBytes;
   auto timeout = opts.timeout;
   const char* name = internal::OpKindName(a.kind);

@@ -45,7 +45,7 @@ TEST_F(TraceRunTest, TracesMergesReportsAndPlotsAThreeRankRun) {
   const fs::path traces = dir_ / "t";
   constexpr int kRanks = 3, kSteps = 3, kTiles = 3;
   Result run = RunMc2({"run", "-n", std::to_string(kRanks), TestProgram("trace_demo"),
-                       std::to_string(kSteps), std::to_string(kTiles), "48", "262144"},
+                       std::to_string(kSteps), std::to_string(kTiles), "48", "524288"},
                       {{"MC2_TRACE", traces.string()}, {"MC2_HEAP_BYTES", "32M"}}, 120);
   ASSERT_EQ(run.status, 0) << run.out << run.err;
   EXPECT_THAT(run.out, HasSubstr("ok"));
@@ -106,7 +106,7 @@ TEST_F(TraceRunTest, TracesMergesReportsAndPlotsAThreeRankRun) {
     reduce_seen = true;
     EXPECT_EQ(op["calls"], kRanks * kSteps * kTiles);
     EXPECT_FALSE(op["algorithms"].empty());
-    EXPECT_EQ(op["bytes"], uint64_t{262144} * kRanks * kSteps * kTiles);
+    EXPECT_EQ(op["bytes"], uint64_t{524288} * kRanks * kSteps * kTiles);
   }
   EXPECT_TRUE(reduce_seen);
   EXPECT_FALSE(rep["top_uncovered"].empty());  // the serial all_gathers at least
