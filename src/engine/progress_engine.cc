@@ -25,13 +25,47 @@ ProgressEngine::~ProgressEngine() {
 
 void ProgressEngine::Submit(std::shared_ptr<internal::WorkState> work, Task task) {
   outstanding_.fetch_add(1, std::memory_order_acq_rel);
+  work->SetHelper(this);
   bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.emplace_back(std::move(work), std::move(task));
+    queue_.push_back({std::move(work), std::move(task), std::chrono::steady_clock::now()});
     wake = sleeping_;
   }
   if (wake) cv_.notify_one();
+}
+
+bool ProgressEngine::TakeHead(Queued* out) {
+  if (running_ || queue_.empty()) return false;
+  *out = std::move(queue_.front());
+  queue_.pop_front();
+  running_ = true;
+  return true;
+}
+
+void ProgressEngine::FinishTaken() {
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = false;
+    wake = sleeping_;
+  }
+  outstanding_.fetch_sub(1, std::memory_order_acq_rel);
+  if (wake) cv_.notify_all();
+}
+
+bool ProgressEngine::RunQueuedUntil(const internal::WorkState* target) {
+  while (!target->done()) {
+    Queued item;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!TakeHead(&item)) return target->done();
+    }
+    Execute(item.work, item.task);
+    item = Queued{};  // release the task's captures before the next one
+    FinishTaken();
+  }
+  return true;
 }
 
 void ProgressEngine::Fail(const std::shared_ptr<internal::WorkState>& work,
@@ -53,26 +87,38 @@ void ProgressEngine::Loop() {
   using Clock = std::chrono::steady_clock;
   trace::SetThreadName("progress");
   for (;;) {
-    std::pair<std::shared_ptr<internal::WorkState>, Task> item;
+    Queued item;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (queue_.empty()) {
+      if (queue_.empty() && !stop_) {
         // Spin (unlocked) for a while: a burst of operations usually follows.
         lock.unlock();
         auto end = Clock::now() + std::chrono::nanoseconds(spin_ns_);
         while (Clock::now() < end && outstanding_.load(std::memory_order_acquire) == 0)
           std::this_thread::yield();
         lock.lock();
-        sleeping_ = true;
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        sleeping_ = false;
-        if (queue_.empty()) return;  // stop_ and drained
       }
-      item = std::move(queue_.front());
-      queue_.pop_front();
+      sleeping_ = true;
+      cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !running_); });
+      sleeping_ = false;
+      if (queue_.empty()) {
+        if (stop_ && !running_) return;  // stopped and drained
+        continue;
+      }
+      // A caller about to wait for this task may run it itself (see the
+      // class comment): leave it alone for kGrace.
+      auto age = Clock::now() - queue_.front().queued_at;
+      if (age < kGrace && !stop_) {
+        lock.unlock();
+        auto until = Clock::now() + (kGrace - age);
+        while (Clock::now() < until) std::this_thread::yield();
+        continue;
+      }
+      if (!TakeHead(&item)) continue;
     }
-    Execute(item.first, item.second);
-    outstanding_.fetch_sub(1, std::memory_order_acq_rel);
+    Execute(item.work, item.task);
+    item = Queued{};
+    FinishTaken();
   }
 }
 

@@ -8,12 +8,20 @@
 // Idle policy: the thread spins for MC2_SPIN_US (default 20 us) after its last
 // task, then blocks on a condition variable, so an idle rank uses no CPU.
 //
+// Waiting callers help: a thread that waits for a task still queued runs the
+// queue itself up to that task (RunQueuedUntil), so an operation issued and
+// waited for at once costs no hand-off to the progress thread and back. The
+// progress thread leaves a newly queued task alone for kGrace, enough for
+// such a caller to arrive; a caller that computes instead gets its task run
+// in the background after that.
+//
 // Thread safety: Submit/TryRunInline may be called from any thread.
 #ifndef MC2_ENGINE_PROGRESS_ENGINE_H_
 #define MC2_ENGINE_PROGRESS_ENGINE_H_
 
 #include <atomic>
 #include <condition_variable>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -46,6 +54,13 @@ class ProgressEngine {
     return true;
   }
 
+  // Runs queued tasks on the calling thread, in order, until `target` is
+  // done or the queue holds nothing this thread can take (the progress
+  // thread is running one). Returns whether `target` is done.
+  bool RunQueuedUntil(const internal::WorkState* target);
+
+  static constexpr std::chrono::microseconds kGrace{30};
+
   // Total CPU time consumed by the progress thread (for tests of idleness).
   std::thread::id thread_id() const { return thread_.get_id(); }
 
@@ -65,7 +80,16 @@ class ProgressEngine {
   std::function<void(const std::exception_ptr&)> on_error_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<std::shared_ptr<internal::WorkState>, Task>> queue_;  // guarded by mu_
+  struct Queued {
+    std::shared_ptr<internal::WorkState> work;
+    Task task;
+    std::chrono::steady_clock::time_point queued_at;
+  };
+  // Takes the head task if no task is running (mu_ held); marks it running.
+  bool TakeHead(Queued* out);
+  void FinishTaken();
+  std::deque<Queued> queue_;  // guarded by mu_
+  bool running_ = false;      // guarded by mu_: a task is executing
   bool stop_ = false;                                                        // guarded by mu_
   bool sleeping_ = false;                                                    // guarded by mu_
   std::atomic<int64_t> outstanding_{0};  // queued + running tasks

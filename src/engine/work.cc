@@ -1,6 +1,7 @@
 #include <chrono>
 #include <thread>
 
+#include "engine/progress_engine.h"
 #include "engine/work_state.h"
 #include "mc2/work.h"
 
@@ -19,6 +20,9 @@ void WorkState::Finish(State s, std::exception_ptr e) {
 bool WorkState::WaitDone(int64_t timeout_ns) {
   using Clock = std::chrono::steady_clock;
   if (done()) return true;
+  // Run our own operation (and those queued before it) rather than wait
+  // for the progress thread to get to it.
+  if (helper_ && helper_->RunQueuedUntil(this)) return true;
   // Spin, yielding, for up to kSpin before sleeping: a sleeping waiter
   // costs a wake-up (tens of microseconds in a VM) when the operation
   // completes, which dominates mid-sized operations. Yielding keeps the

@@ -12,6 +12,10 @@
 #include <mutex>
 #include <string>
 
+namespace mc2::engine {
+class ProgressEngine;
+}
+
 namespace mc2::internal {
 
 class WorkState {
@@ -28,6 +32,10 @@ class WorkState {
   }
   uint64_t seq() const { return seq_; }
   const char* op() const { return op_; }
+
+  // The engine whose queue holds this operation; a waiter may run the queue
+  // itself up to it (ProgressEngine::RunQueuedUntil). Set before queuing.
+  void SetHelper(engine::ProgressEngine* engine) { helper_ = engine; }
 
   void Complete() { Finish(kDone, nullptr); }
   void Fail(std::exception_ptr e) { Finish(kFailed, std::move(e)); }
@@ -48,6 +56,7 @@ class WorkState {
   const uint64_t seq_;
   const char* op_;
   std::atomic<const char*> algorithm_{nullptr};
+  engine::ProgressEngine* helper_ = nullptr;
   // Completion takes mu_ only when a waiter sleeps (Dekker on seq_cst:
   // either the finisher sees sleeping_, or the waiter sees the state).
   std::atomic<bool> sleeping_{false};

@@ -116,11 +116,16 @@ TEST_F(RecorderTest, CollectivesAndScopesAreRecordedPerRank) {
   }
 }
 
-TEST_F(RecorderTest, LargeCollectivesRunOnTheProgressThread) {
+// A collective the caller does not wait for at once runs on the progress
+// thread while the caller computes (one waited for at once may be run by the
+// waiting caller itself).
+TEST_F(RecorderTest, BackgroundCollectivesRunOnTheProgressThread) {
   Enable(dir_.string());
   Group::RunInProcess(2, [](Group& g) {
     std::vector<float> x(1 << 18, 1.0f), y(1 << 18);
-    AllReduce(g, x.data(), y.data(), x.size(), DType::kF32, ReduceOp::kSum).Wait();
+    Work w = AllReduce(g, x.data(), y.data(), x.size(), DType::kF32, ReduceOp::kSum);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // "compute"
+    w.Wait();
   });
   TraceData t = ReadChromeTrace((dir_ / RankFileName(0)).string());
   ASSERT_EQ(t.spans.size(), 1u);
