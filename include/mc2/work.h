@@ -15,9 +15,11 @@ class WorkState;
 }
 
 // A Work is returned by every collective, point-to-point and fused operation.
-// The operation runs on the rank's progress thread (or inline, for small
-// messages); the buffers it was given must stay valid and unmodified (inputs)
-// or untouched (outputs) until the Work is complete.
+// The operation runs on the rank's progress thread, or on the calling thread
+// when that is cheaper: small calls made while nothing else is pending, and
+// an operation still queued when Wait() is called (Wait runs it, and those
+// queued before it, itself). The buffers it was given must stay valid and
+// unmodified (inputs) or untouched (outputs) until the Work is complete.
 //
 // Copies share the same operation. A default-constructed Work is complete.
 // Thread safety: Test/Wait may be called from any thread, concurrently.
@@ -31,7 +33,8 @@ class Work {
   // Blocks until the operation finishes; throws its mc2::Error if it failed.
   // The operation's own timeout (MC2_TIMEOUT / options) bounds the wait.
   void Wait() const;
-  // Like Wait, but returns false if still running after `timeout`.
+  // Like Wait, but returns false if still running after `timeout` (a queued
+  // operation that this call runs itself may take longer).
   bool Wait(std::chrono::milliseconds timeout) const;
   // The failure, or null while running or after success.
   std::exception_ptr error() const;
