@@ -352,7 +352,7 @@ void RunAllGatherMatmul(const Group& g, const Plan& p, const char* a_shard, cons
   };
   post_send(1);
   RunGemm(p, p.rows[me], p.k, a_shard, b, c + p.offs[me] * p.n);
-  std::memcpy(ag + p.offs[me] * row_bytes, a_shard, p.rows[me] * row_bytes);
+  if (p.rows[me]) std::memcpy(ag + p.offs[me] * row_bytes, a_shard, p.rows[me] * row_bytes);
   for (int i = 1; i < n; ++i) {
     int src = collectives::Mod(me - i, n);
     recv[i].Wait();
