@@ -292,6 +292,13 @@ void RunGemm(const Plan& p, size_t m, size_t k, const char* a, const char* b, fl
   Gemm(m, p.n, k, p.dtype, a, b, DType::kF32, c, p.gemm);
 }
 
+// The product of `rows` rows of A with B into dst; zeros when k == 0 (an
+// empty sum), which the reductions after it still need as their input.
+void GemmOrZero(const Plan& p, size_t rows, const char* a_rows, const char* b, float* dst) {
+  if (p.k == 0) std::fill(dst, dst + rows * p.n, 0.0f);
+  else RunGemm(p, rows, p.k, a_rows, b, dst);
+}
+
 // ---------------------------------------------------------------- AG + GEMM
 void RunAllGatherMatmul(const Group& g, const Plan& p, const char* a_shard, const char* b,
                         float* c, char* ag, Pending& pend) {
@@ -416,13 +423,9 @@ void RunMatmulReduceScatter(const Group& g, const Plan& p, const char* a, const 
                             float* c, Pending& pend) {
   const int n = p.size, me = p.rank;
   const size_t row_bytes = p.k * p.esize;
-  auto gemm_or_zero = [&](size_t rows, const char* a_rows, float* dst) {
-    if (p.k == 0) std::fill(dst, dst + rows * p.n, 0.0f);
-    else RunGemm(p, rows, p.k, a_rows, b, dst);
-  };
   if (p.pipeline == Pipeline::kSerial || n == 1) {
     std::vector<float> full(p.M * p.n);
-    gemm_or_zero(p.M, a, full.data());
+    GemmOrZero(p, p.M, a, b, full.data());
     std::vector<size_t> counts(n);
     for (int r = 0; r < n; ++r) counts[r] = p.rows[r] * p.n;
     pend.Add(ReduceScatterV(g, full.data(), c, counts, DType::kF32, ReduceOp::kSum, p.coll));
@@ -438,7 +441,7 @@ void RunMatmulReduceScatter(const Group& g, const Plan& p, const char* a, const 
       size_t at = base;
       for (int r = 0; r < n; ++r) {
         size_t lo = ChunkLo(p.rows[r], j, s), hi = ChunkLo(p.rows[r], j + 1, s);
-        gemm_or_zero(hi - lo, a + (p.offs[r] + lo) * row_bytes, packed.data() + at);
+        GemmOrZero(p, hi - lo, a + (p.offs[r] + lo) * row_bytes, b, packed.data() + at);
         counts[r] = (hi - lo) * p.n;
         at += counts[r];
       }
@@ -459,12 +462,8 @@ void RunMatmulAllReduce(const Group& g, const Plan& p, const char* a, const char
                         Pending& pend) {
   const int n = p.size, me = p.rank;
   const size_t row_bytes = p.k * p.esize;
-  auto gemm_or_zero = [&](size_t rows, const char* a_rows, float* dst) {
-    if (p.k == 0) std::fill(dst, dst + rows * p.n, 0.0f);
-    else RunGemm(p, rows, p.k, a_rows, b, dst);
-  };
   if (p.pipeline == Pipeline::kSerial || n == 1) {
-    gemm_or_zero(p.M, a, c);
+    GemmOrZero(p, p.M, a, b, c);
     if (p.M * p.n > 0) {
       pend.Add(AllReduce(g, c, c, p.M * p.n, DType::kF32, ReduceOp::kSum, p.coll));
       pend.WaitAll();
@@ -476,7 +475,7 @@ void RunMatmulAllReduce(const Group& g, const Plan& p, const char* a, const char
     for (int j = 0; j < s; ++j) {
       size_t lo = ChunkLo(p.M, j, s), hi = ChunkLo(p.M, j + 1, s);
       if (hi == lo || p.n == 0) continue;
-      gemm_or_zero(hi - lo, a + lo * row_bytes, c + lo * p.n);
+      GemmOrZero(p, hi - lo, a + lo * row_bytes, b, c + lo * p.n);
       pend.Add(AllReduce(g, c + lo * p.n, c + lo * p.n, (hi - lo) * p.n, DType::kF32,
                          ReduceOp::kSum, p.coll));
     }
