@@ -104,6 +104,12 @@ void DirectScatter(OpContext&, const CollArgs&);
 void DirectReduceScatterV(OpContext&, const CollArgs&);
 void DirectAllToAllV(OpContext&, const CollArgs&);
 void DirectBarrier(OpContext&, const CollArgs&);
+// eager.cc: the direct algorithm's small-message path, which skips the full
+// arrival handshake (see the file). Eligibility depends only on fingerprinted
+// arguments, so every rank takes the same path.
+size_t EagerStagedBytes(const CollArgs& a, int n);
+bool EagerEligible(const CollArgs& a, int n);
+void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp);
 // rabenseifner.cc
 void RabenseifnerAllReduce(OpContext&, const CollArgs&);
 // ring.cc

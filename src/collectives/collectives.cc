@@ -120,9 +120,12 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
   bool small = opts.may_run_inline && select_bytes <= kInlineMaxBytes;
   auto timeout = opts.timeout;
   const char* name = internal::OpKindName(a.kind);
+  bool eager = algo == Algorithm::kDirect && !gi->strict_check() && EagerEligible(a, n);
   auto body = [a = std::move(a), fn, algo, fp, expose_send, expose_bytes, expose_recv, timeout,
-               n](OpContext& ctx) {
+               n, eager](OpContext& ctx) {
         GroupImpl* g = ctx.g;
+        // Inline areas are written below, before any handshake.
+        g->AwaitReuse(ctx);
         // One comm span per collective, from the start of its body (staging,
         // arrival, algorithm) to its end; off, this is one relaxed load.
         trace::ScopedSpan span(trace::Category::kComm);
@@ -134,8 +137,9 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
         }
         if (timeout.count() > 0) ctx.timeout = timeout;
         ctx.work->SetAlgorithm(AlgorithmName(algo));
-        MC2_LOG(kDebug, "{} #{}: {} count={} dtype={} on {} ranks", ctx.name, ctx.seq,
-                AlgorithmName(algo), a.count, DTypeName(a.dtype), n);
+        MC2_LOG(kDebug, "{} #{}: {}{} count={} dtype={} on {} ranks", ctx.name, ctx.seq,
+                AlgorithmName(algo), eager ? " (eager)" : "", a.count, DTypeName(a.dtype), n);
+        if (eager) return RunEager(ctx, a, fp);
         // Stage what travels with the arrival handshake.
         char* inl = g->Ptr(g->rank(), g->InlineOff(ctx.seq));
         // Small direct calls always stage: copying a few bytes is cheaper
@@ -418,10 +422,15 @@ Work ReduceScatter(const Group& g, const void* send, void* recv, size_t count, D
   return Launch(g, std::move(a), opts, count * n * e);
 }
 
-Work AllToAllV(const Group& g, const void* send, std::span<const size_t> send_counts,
-               std::span<const size_t> send_displs, void* recv,
-               std::span<const size_t> recv_counts, std::span<const size_t> recv_displs,
-               DType dtype, const CollectiveOptions& opts) {
+namespace {
+// all_to_all is all_to_allv with every count equal; it keeps its own kind so
+// that the fingerprint carries the count (every rank then agrees the call is
+// small enough for the eager path).
+Work AllToAllLike(const Group& g, OpKind kind, const void* send,
+                  std::span<const size_t> send_counts, std::span<const size_t> send_displs,
+                  void* recv, std::span<const size_t> recv_counts,
+                  std::span<const size_t> recv_displs, DType dtype,
+                  const CollectiveOptions& opts) {
   CheckCommon(g, "all_to_allv", dtype);
   int n = g.size();
   MC2_CHECK_ARG(static_cast<int>(send_counts.size()) == n &&
@@ -447,7 +456,8 @@ Work AllToAllV(const Group& g, const void* send, std::span<const size_t> send_co
   CheckPtr("all_to_allv", "send", send, sspan * e);
   CheckPtr("all_to_allv", "recv", recv, rspan * e);
   CollArgs a;
-  a.kind = OpKind::kAllToAllV;
+  a.kind = kind;
+  if (kind == OpKind::kAllToAll) a.count = sc[0];
   a.in_place = send == recv;
   MC2_CHECK_ARG(a.in_place || !collectives::Overlap(send, sspan * e, recv, rspan * e),
                 "all_to_allv: send and recv overlap without being the same buffer");
@@ -471,12 +481,22 @@ Work AllToAllV(const Group& g, const void* send, std::span<const size_t> send_co
   for (size_t c : a.send_counts) maxb = std::max(maxb, c * e);
   return Launch(g, std::move(a), opts, maxb * n);
 }
+}  // namespace
+
+Work AllToAllV(const Group& g, const void* send, std::span<const size_t> send_counts,
+               std::span<const size_t> send_displs, void* recv,
+               std::span<const size_t> recv_counts, std::span<const size_t> recv_displs,
+               DType dtype, const CollectiveOptions& opts) {
+  return AllToAllLike(g, OpKind::kAllToAllV, send, send_counts, send_displs, recv, recv_counts,
+                      recv_displs, dtype, opts);
+}
+
 
 Work AllToAll(const Group& g, const void* send, void* recv, size_t count, DType dtype,
               const CollectiveOptions& opts) {
   MC2_CHECK_ARG(g.valid(), "all_to_all: the group is invalid (empty)");
   std::vector<size_t> c(g.size(), count);
-  return AllToAllV(g, send, c, {}, recv, c, {}, dtype, opts);
+  return AllToAllLike(g, OpKind::kAllToAll, send, c, {}, recv, c, {}, dtype, opts);
 }
 
 Work Barrier(const Group& g, const CollectiveOptions& opts) {

@@ -42,6 +42,8 @@ constexpr const char* kAlgoForm =
     "an algorithm name (auto, ring, recursive_doubling, rabenseifner, tree, direct) or a list "
     "such as all_reduce=ring,all_gather=direct";
 
+}  // namespace
+
 // Parsed MC2_ALGO: "" key = every collective.
 std::map<std::string, Algorithm> ParseAlgoEnv(const std::string& text) {
   std::map<std::string, Algorithm> out;
@@ -72,6 +74,8 @@ std::map<std::string, Algorithm> ParseAlgoEnv(const std::string& text) {
   }
   return out;
 }
+
+namespace {
 
 const std::map<std::string, Algorithm>& AlgoEnv() {
   static const std::map<std::string, Algorithm> env = [] {

@@ -34,6 +34,11 @@ struct TuningTable {
   Algorithm Lookup(const std::string& kind, int ranks, size_t bytes) const;
 };
 
+// Parses MC2_ALGO's text: one algorithm name for every collective (key "")
+// or "collective=name" pairs separated by commas. Throws kInvalidArgument
+// naming MC2_ALGO, the text, what is wrong and the accepted form.
+std::map<std::string, Algorithm> ParseAlgoEnv(const std::string& text);
+
 // Whether `algo` implements `kind`.
 bool Implements(Algorithm algo, OpKind kind);
 

@@ -146,6 +146,7 @@ void CheckWritableDirectory(const std::string& dir, std::string_view what) {
 void ValidateEnvironment() {
   EnvDuration("MC2_TIMEOUT", std::chrono::seconds(300));
   EnvBool("MC2_DETERMINISTIC", true);
+  EnvBool("MC2_CHECK", false);
   EnvInt("MC2_SPIN_US", 20, 0, 1000000);
   if (GetEnv("MC2_HEAP_BYTES")) EnvBytes("MC2_HEAP_BYTES", 0);
   if (GetEnv("MC2_SCRATCH_BYTES")) EnvBytes("MC2_SCRATCH_BYTES", 0);
@@ -165,8 +166,8 @@ void ValidateEnvironment() {
   static const char* const kKnown[] = {
       "MC2_RANK", "MC2_WORLD_SIZE", "MC2_LOCAL_RANK", "MC2_LOCAL_SIZE", "MC2_JOB_ID",
       "MC2_SHM_FDS", "MC2_HEAP_BYTES", "MC2_SHM_DIR", "MC2_TIMEOUT", "MC2_ALGO",
-      "MC2_DETERMINISTIC", "MC2_SCRATCH_BYTES", "MC2_SPIN_US", "MC2_LOG_LEVEL",
-      "MC2_TUNING_FILE", "MC2_KERNELS", "MC2_TRACE", "MC2_LINK", "MC2_GEMM_THREADS"};
+      "MC2_DETERMINISTIC", "MC2_CHECK", "MC2_SCRATCH_BYTES", "MC2_SPIN_US", "MC2_LOG_LEVEL",
+      "MC2_TUNING_FILE", "MC2_OPS_TUNING_FILE", "MC2_KERNELS", "MC2_TRACE", "MC2_LINK", "MC2_GEMM_THREADS"};
   for (char** e = ::environ; *e; ++e) {
     std::string_view entry(*e);
     if (entry.rfind("MC2_", 0) != 0) continue;

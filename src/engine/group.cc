@@ -40,6 +40,7 @@ std::shared_ptr<World> MakeWorld(std::unique_ptr<transport::Transport> tx,
                        : core::EnvDuration("MC2_TIMEOUT", std::chrono::seconds(300));
   world->deterministic = options.deterministic >= 0 ? options.deterministic != 0
                                                     : core::EnvBool("MC2_DETERMINISTIC", true);
+  world->strict_check = core::EnvBool("MC2_CHECK", false);
   world->heap = std::make_unique<engine::HeapAllocator>(transport::kHeapHeaderBytes,
                                                         tx->HeapBytes());
   world->transport = std::move(tx);
@@ -85,8 +86,9 @@ std::shared_ptr<GroupImpl> MakeWorldGroup(std::shared_ptr<World> world) {
     fp.count = static_cast<uint64_t>(ctx.g->size());
     // Algorithms plan their windows from these settings: every rank must
     // use the same (MC2_SCRATCH_BYTES, MC2_DETERMINISTIC).
-    fp.aux = (static_cast<uint64_t>(ctx.g->scratch_bytes()) << 1) |
-             (ctx.g->world().deterministic ? 1 : 0);
+    // Settings every rank must share: the collectives' paths depend on them.
+    fp.aux = (static_cast<uint64_t>(ctx.g->scratch_bytes()) << 2) |
+             (ctx.g->world().strict_check ? 2 : 0) | (ctx.g->world().deterministic ? 1 : 0);
     ctx.g->Arrive(ctx, fp, nullptr, 0, nullptr, 0);
   });
   return g;

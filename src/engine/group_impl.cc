@@ -48,8 +48,8 @@ std::string Fingerprint::Describe() const {
     if (aux) s += fmt::format(", layout={:#x}", aux);
     s += fmt::format(", algo={})", AlgorithmName(static_cast<Algorithm>(algorithm)));
   } else if (kind == static_cast<uint16_t>(OpKind::kInit)) {
-    s += fmt::format("(ranks={}, MC2_SCRATCH_BYTES={}, MC2_DETERMINISTIC={})", count, aux >> 1,
-                     aux & 1);
+    s += fmt::format("(ranks={}, MC2_SCRATCH_BYTES={}, MC2_CHECK={}, MC2_DETERMINISTIC={})",
+                     count, aux >> 2, (aux >> 1) & 1, aux & 1);
   } else {
     s += fmt::format("(count={}, root={}, aux={:#x})", count, root, aux);
   }
@@ -82,12 +82,12 @@ size_t GroupImpl::DefaultScratchBytes() {
 size_t GroupImpl::AreaBytes(int size, size_t scratch_bytes) {
   size_t fixed = kP2POff + static_cast<size_t>(size) * 64;
   fixed = (fixed + 4095) / 4096 * 4096;
-  return fixed + 2 * kInlineBytes + 2 * scratch_bytes;
+  return fixed + kSlots * kInlineBytes + 2 * scratch_bytes;
 }
 
 void GroupImpl::ClearArea(char* area, int size) {
   size_t fixed = (kP2POff + static_cast<size_t>(size) * 64 + 4095) / 4096 * 4096;
-  std::memset(area, 0, fixed + 2 * kInlineBytes);
+  std::memset(area, 0, fixed + kSlots * kInlineBytes);
 }
 
 GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int rank,
@@ -100,7 +100,7 @@ GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int
   heap_bytes_ = world_->transport->HeapBytes();
   size_t fixed = (kP2POff + static_cast<size_t>(size_) * 64 + 4095) / 4096 * 4096;
   inline_off_ = fixed;
-  scratch_off_ = fixed + 2 * kInlineBytes;
+  scratch_off_ = fixed + kSlots * kInlineBytes;
 }
 
 GroupImpl::~GroupImpl() {
@@ -133,13 +133,16 @@ void GroupImpl::WaitFlag(OpContext& ctx, int grank, uint64_t off, uint64_t value
   wc.timeout = ctx.timeout;
   wc.describe_missing = [&] {
     return fmt::format("rank {} (world rank {}; it is at operation #{} of this group)", grank,
-                       members_[grank],
-                       tx().Peek(members_[grank], area_[grank] + ArriveOff(0)) >
-                               tx().Peek(members_[grank], area_[grank] + ArriveOff(1))
-                           ? tx().Peek(members_[grank], area_[grank] + ArriveOff(0))
-                           : tx().Peek(members_[grank], area_[grank] + ArriveOff(1)));
+                       members_[grank], LastArrived(grank));
   };
   tx().WaitGE(members_[grank], area_[grank] + off, value, wc);
+}
+
+uint64_t GroupImpl::LastArrived(int grank) const {
+  uint64_t last = 0;
+  for (uint64_t s = 0; s < kSlots; ++s)
+    last = std::max(last, tx().Peek(members_[grank], area_[grank] + ArriveOff(s)));
+  return last;
 }
 
 std::string GroupImpl::DescribeNotArrived(uint64_t seq) const {
@@ -148,8 +151,11 @@ std::string GroupImpl::DescribeNotArrived(uint64_t seq) const {
   for (int r = 0; r < size_; ++r) {
     uint64_t a = tx().Peek(members_[r], area_[r] + ArriveOff(seq));
     if (a >= seq) continue;
-    uint64_t other = tx().Peek(members_[r], area_[r] + ArriveOff(seq + 1));
-    out += fmt::format("{}rank {} (last at #{})", n++ ? ", " : "", r, std::max(a, other));
+    // In a group made by Split the world rank is what finds the process
+    // (and what the launcher's messages use).
+    out += fmt::format("{}rank {} ({}last at #{})", n++ ? ", " : "", r,
+                       members_[r] != r ? fmt::format("world rank {}; ", members_[r]) : "",
+                       LastArrived(r));
   }
   return out.empty() ? out : fmt::format("{} to arrive at #{}", out, seq);
 }
@@ -167,6 +173,7 @@ Work GroupImpl::Submit(const char* name, bool inline_ok, std::function<void(OpCo
     ctx.timeout = world_->timeout;
     tx().CheckHealth(/*thorough=*/false);
     fn(ctx);
+    if (ctx.seq) PublishDone(ctx);
   };
   if (inline_ok && world_->engine->TryRunInline(work, [&] { run(body); })) return Work(work);
   world_->engine->Submit(work, [self = shared_from_this(), run, body = std::move(body)]() mutable {
@@ -189,6 +196,7 @@ void GroupImpl::RunSync(const char* name, std::function<void(OpContext&)> body) 
 
 void GroupImpl::Arrive(OpContext& ctx, const Fingerprint& fp, const void* send,
                        size_t send_bytes, const void* recv, size_t recv_bytes) {
+  AwaitReuse(ctx);
   auto* slot = reinterpret_cast<ArrivalSlot*>(Ptr(rank_, ArriveOff(ctx.seq)));
   slot->fp = fp;
   slot->send_off = send ? HeapOffset(send, send_bytes) : kPrivate;
@@ -214,13 +222,59 @@ void GroupImpl::Arrive(OpContext& ctx, const Fingerprint& fp, const void* send,
     ctx.send_off[r] = peer->send_off;
     ctx.recv_off[r] = peer->recv_off;
   }
+  // A member that arrived at seq has finished seq - 1.
+  peers_done_through_ = std::max(peers_done_through_, ctx.seq - 1);
   // Every rank compares against every other, so all of them raise.
   if (!mismatch.empty())
     throw Error(ErrorCode::kMismatch, "mismatched operations across ranks: " + mismatch, rank_,
                 ctx.name, ctx.seq);
 }
 
-void GroupImpl::FinishReads(OpContext& ctx) const { Publish(kDoneOff, ctx.seq); }
+void GroupImpl::FinishReads(OpContext& ctx) {
+  Publish(kDoneOff, ctx.seq);
+  done_published_ = ctx.seq;
+}
+
+void GroupImpl::AwaitReuse(OpContext& ctx) {
+  if (ctx.seq <= kSlots || peers_done_through_ >= ctx.seq - kSlots) return;
+  // Learn as much as the flags tell at once: a receiver that is already
+  // past seq - 1 saves the next operation this wait.
+  uint64_t through = ~uint64_t{0};
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    WaitFlag(ctx, r, kDoneOff, ctx.seq - kSlots);
+    through = std::min(through, tx().Peek(members_[r], area_[r] + kDoneOff));
+  }
+  peers_done_through_ = std::max(peers_done_through_, std::min(through, ctx.seq - 1));
+}
+
+void GroupImpl::PublishArrival(OpContext& ctx, const Fingerprint& fp) {
+  auto* slot = reinterpret_cast<ArrivalSlot*>(Ptr(rank_, ArriveOff(ctx.seq)));
+  slot->fp = fp;
+  slot->send_off = kPrivate;
+  slot->recv_off = kPrivate;
+  Publish(ArriveOff(ctx.seq), ctx.seq);
+}
+
+void GroupImpl::WaitArrival(OpContext& ctx, int grank, const Fingerprint& fp) {
+  if (grank == rank_) return;
+  transport::WaitContext wc;
+  wc.op = ctx.name;
+  wc.seq = ctx.seq;
+  wc.deadline = &ctx.deadline;
+  wc.timeout = ctx.timeout;
+  wc.describe_missing = [&] { return DescribeNotArrived(ctx.seq); };
+  tx().WaitGE(members_[grank], area_[grank] + ArriveOff(ctx.seq), ctx.seq, wc);
+  const auto* peer = reinterpret_cast<const ArrivalSlot*>(Ptr(grank, ArriveOff(ctx.seq)));
+  if (!(peer->fp == fp))
+    throw Error(ErrorCode::kMismatch,
+                fmt::format("mismatched operations across ranks: rank {} called {} but rank {} "
+                            "called {}",
+                            rank_, fp.Describe(), grank, peer->fp.Describe()),
+                rank_, ctx.name, ctx.seq);
+}
+
+bool GroupImpl::strict_check() const { return world_->strict_check; }
 
 void GroupImpl::WaitReadersDone(OpContext& ctx) const {
   for (int r = 0; r < size_; ++r)

@@ -4,20 +4,28 @@
 // Control area. Each member of a group owns an area in its heap, laid out
 // identically on every member (offsets below are relative to the area):
 //
-//   [arrive 2 x 128 B][done 64 B][steps kNumStreams x 64 B][signals 64 x 8 B]
-//   [p2p: size x 64 B][inline 2 x kInlineBytes][scratch 2 x scratch_bytes]
+//   [arrive kSlots x 128 B][done 64 B][steps kNumStreams x 64 B]
+//   [signals 64 x 8 B][p2p: size x 64 B][inline kSlots x kInlineBytes]
+//   [scratch 2 x scratch_bytes]
 //
 // Flags (arrive, done, steps, p2p words) are written only by their owner and
 // only increase, so waits are "peer flag >= target". A flag's value for
 // operation `seq` is FlagValue(seq, step): monotonic across operations.
 //
-// Reuse safety. Every operation starts with Arrive(): each rank publishes
-// its fingerprint and buffer offsets in arrive[seq % 2] and waits for all
-// members to do the same. A member can therefore be at most one operation
-// ahead of any other, so anything indexed by seq parity (arrive, inline,
-// scratch halves used by parity) is never overwritten while still being
-// read. User buffers read in place by peers (symmetric zero-copy) are
-// protected by FinishReads()/WaitReadersDone() at the end of an operation.
+// Reuse safety. Every operation ends by publishing done = seq (once; the
+// engine adds it if the body did not), and no rank writes the slots of
+// operation `seq` (arrive and inline, indexed by seq % kSlots) before every
+// member's done >= seq - kSlots (AwaitReuse), so a slot is never
+// overwritten while still being read. Most operations start with Arrive():
+// each rank publishes its fingerprint and buffer offsets in its arrive slot
+// and waits for all members to do the same, which also proves every member
+// finished seq - 2 (so AwaitReuse costs nothing after it). Eager
+// small-message operations (collectives/eager.cc) skip that full handshake:
+// a rank waits only for the peers whose data it needs, so a broadcast root
+// can run up to kSlots operations ahead of its receivers, as MPI's eager
+// protocol lets a sender run ahead while its messages fit the buffers. User
+// buffers read in place by peers (symmetric zero-copy) are protected by
+// FinishReads()/WaitReadersDone() at the end of an operation.
 //
 // Thread safety: operations of one group are issued by one thread at a
 // time; their bodies run on the rank's progress thread (or inline).
@@ -91,6 +99,8 @@ struct World {
   std::unique_ptr<engine::HeapAllocator> heap;
   std::chrono::nanoseconds timeout{};
   bool deterministic = true;
+  // MC2_CHECK=1: strict mismatch checking (see GroupImpl::strict_check).
+  bool strict_check = false;
   // Point-to-point progress, started by the first message.
   P2PEngine& P2P();
   std::once_flag p2p_once;
@@ -131,9 +141,11 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
  public:
   static constexpr int kNumStreams = 8;
   static constexpr size_t kInlineBytes = 8192;
+  // Operations whose slots coexist: how far an eager rank may run ahead.
+  static constexpr uint64_t kSlots = 32;
   static constexpr size_t kArriveOff = 0;
-  static constexpr size_t kDoneOff = 256;
-  static constexpr size_t kStepsOff = 320;
+  static constexpr size_t kDoneOff = kArriveOff + kSlots * 128;
+  static constexpr size_t kStepsOff = kDoneOff + 64;
   static constexpr size_t kSignalsOff = kStepsOff + kNumStreams * 64;
   static constexpr size_t kP2POff = kSignalsOff + Group::kNumSignals * 8;
 
@@ -160,11 +172,11 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   size_t scratch_bytes() const { return scratch_bytes_; }
 
   // Area-relative layout.
-  static uint64_t ArriveOff(uint64_t seq) { return kArriveOff + (seq & 1) * 128; }
+  static uint64_t ArriveOff(uint64_t seq) { return kArriveOff + (seq % kSlots) * 128; }
   static uint64_t StepOff(int stream) { return kStepsOff + stream * 64; }
   static uint64_t SignalOff(int slot) { return kSignalsOff + slot * 8; }
   uint64_t P2POff(int peer) const { return kP2POff + peer * 64; }
-  uint64_t InlineOff(uint64_t seq) const { return inline_off_ + (seq & 1) * kInlineBytes; }
+  uint64_t InlineOff(uint64_t seq) const { return inline_off_ + (seq % kSlots) * kInlineBytes; }
   uint64_t ScratchOff(int half) const { return scratch_off_ + half * scratch_bytes_; }
 
   // Absolute heap offset / pointer of member `grank`'s area-relative `off`.
@@ -208,6 +220,7 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
       ctx.timeout = world_->timeout;
       tx().CheckHealth(/*thorough=*/false);
       body(ctx);
+      PublishDone(ctx);
     });
     return Work(std::move(work));
   }
@@ -222,7 +235,25 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
               const void* recv, size_t recv_bytes);
   // Zero-copy reads of peers' user buffers end with FinishReads (publish
   // done=seq) and WaitReadersDone (wait for every member's done >= seq).
-  void FinishReads(OpContext& ctx) const;
+  void FinishReads(OpContext& ctx);
+  // Publishes done = ctx.seq unless the body already did (operations run
+  // one at a time per group, so a plain field tracks it).
+  void PublishDone(OpContext& ctx) {
+    if (ctx.seq > done_published_) FinishReads(ctx);
+  }
+  // Waits until every member's done >= seq - kSlots, the condition for
+  // writing this rank's slots of operation `seq` (see Reuse safety).
+  // Free when an earlier Arrive or wait already proved it.
+  void AwaitReuse(OpContext& ctx);
+  // Fingerprint of operation ctx.seq published in its arrive slot with no
+  // buffer offsets, for eager operations (after AwaitReuse).
+  void PublishArrival(OpContext& ctx, const Fingerprint& fp);
+  // Waits until member `grank` published operation ctx.seq and checks its
+  // fingerprint against `fp`; throws kMismatch naming both sides.
+  void WaitArrival(OpContext& ctx, int grank, const Fingerprint& fp);
+  // MC2_CHECK=1: every collective compares every member's fingerprint
+  // before data moves (the eager path is off).
+  bool strict_check() const;
   void WaitReadersDone(OpContext& ctx) const;
 
   // Small all-gather through the inline areas: every member contributes
@@ -233,6 +264,8 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // Operation counters.
   uint64_t last_seq() const { return seq_.load(); }
 
+  // The last operation member `grank` arrived at (its highest arrive slot).
+  uint64_t LastArrived(int grank) const;
   // A string naming the members whose arrive flag is below `seq`.
   std::string DescribeNotArrived(uint64_t seq) const;
 
@@ -258,10 +291,22 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   uint64_t inline_off_;
   uint64_t scratch_off_;
   std::atomic<uint64_t> seq_{0};
+  // Highest seq that every member is known to have finished, and the last
+  // done value this rank published (both touched only by the operation
+  // running on this group).
+  uint64_t peers_done_through_ = 0;
+  uint64_t done_published_ = 0;
   std::vector<PeerChannel> channels_;
   // Storage behind OpContext::send_off/recv_off: operations of a group run
   // one at a time, so one set is enough.
   std::vector<uint64_t> arrival_offsets_;
+
+ public:
+  // State a layer above the engine keeps per group (the fused operators'
+  // symmetric workspace, src/ops/fused_ops.cc), opaque here. Touched only
+  // by the thread issuing the group's operations. Declared last so that it
+  // is released first, while the world it allocated from is still alive.
+  std::shared_ptr<void> ops_state;
 };
 
 }  // namespace mc2::internal

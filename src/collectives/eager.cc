@@ -1,0 +1,160 @@
+// Eager small-message path of the direct algorithm.
+//
+// Why: a collective that starts with the full arrival handshake is a barrier,
+// and a barrier needs every rank on a core at the same moment. With more
+// ranks than cores (4 ranks on this 2-core host) that costs several context
+// switches per call, while MPI's eager protocols let a broadcast root or a
+// reduce contributor return as soon as its data is posted. Here each rank
+// stages its input in its inline area, publishes its fingerprint, and waits
+// only for the ranks whose data it needs: a broadcast root or a reduce
+// contributor waits for nobody, and runs ahead of the others by up to
+// GroupImpl::kSlots operations (AwaitReuse bounds the skew; group_impl.h).
+//
+// Mismatch checking: a rank compares the fingerprint of every rank it reads
+// from (for all-to-all patterns that is every rank, so all of them raise, as
+// on the full path). A rank that reads from nobody (a broadcast root, a
+// reduce contributor) cannot see a mismatch in that call; the rank that does
+// raises kMismatch, which aborts the world, so the others fail at their next
+// wait. MC2_CHECK=1 turns this path off, for strict checking on every rank.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "collectives/algorithm.h"
+#include "core/copy.h"
+#include "core/reduce.h"
+
+namespace mc2::collectives {
+
+size_t EagerStagedBytes(const CollArgs& a, int n) {
+  size_t maxc = 0;
+  for (size_t c : a.counts) maxc = std::max(maxc, c);
+  size_t total = a.counts.empty() ? 0 : a.displs.back() + a.counts.back();
+  switch (a.kind) {
+    case OpKind::kBarrier: return 0;
+    case OpKind::kAllReduce:
+    case OpKind::kReduce:
+    case OpKind::kBroadcast: return a.count * a.esize;
+    case OpKind::kAllGather:
+    case OpKind::kAllGatherV:
+    case OpKind::kGather: return maxc * a.esize;
+    case OpKind::kScatter:
+    case OpKind::kAllToAll: return a.count * a.esize * static_cast<size_t>(n);
+    case OpKind::kReduceScatter:
+    case OpKind::kReduceScatterV: return total * a.esize;
+    // Per-rank counts differ in all_to_allv: ranks could disagree.
+    default: return ~size_t{0};
+  }
+}
+
+bool EagerEligible(const CollArgs& a, int n) {
+  // Everything here is fingerprinted, so every rank decides alike.
+  return EagerStagedBytes(a, n) <= GroupImpl::kInlineBytes;
+}
+
+void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp) {
+  GroupImpl* g = ctx.g;
+  const int me = g->rank();
+  const int n = g->size();
+  const size_t e = a.esize;
+  auto staged = [&](int r) { return g->Ptr(r, g->InlineOff(ctx.seq)); };
+  auto wait = [&](int r) { g->WaitArrival(ctx, r, fp); };
+  // memcpy with a null pointer is undefined even for 0 bytes (empty calls).
+  auto copy = [](void* dst, const void* src, size_t bytes) {
+    if (bytes) std::memcpy(dst, src, bytes);
+  };
+
+  g->AwaitReuse(ctx);
+  char* mine = staged(me);
+  // Stage what others read, then publish: the flag orders the data.
+  switch (a.kind) {
+    case OpKind::kAllReduce:
+    case OpKind::kReduce:
+      copy(mine, a.send, a.count * e);
+      break;
+    case OpKind::kBroadcast:
+      if (me == a.root) copy(mine, a.send, a.count * e);
+      break;
+    case OpKind::kScatter:
+      if (me == a.root) copy(mine, a.send, a.count * e * n);
+      break;
+    case OpKind::kAllGather:
+    case OpKind::kAllGatherV:
+    case OpKind::kGather: {
+      const char* src = a.in_place ? a.recv + a.displs[me] * e : a.send;
+      copy(mine, src, a.counts[me] * e);
+      break;
+    }
+    case OpKind::kAllToAll:
+    case OpKind::kReduceScatter:
+    case OpKind::kReduceScatterV: {
+      size_t bytes = EagerStagedBytes(a, n);
+      // An in-place all-to-all already reads from a private copy (owned_send).
+      copy(mine, a.send, bytes);
+      break;
+    }
+    default: break;
+  }
+  g->PublishArrival(ctx, fp);
+
+  switch (a.kind) {
+    case OpKind::kBarrier:
+      for (int r = 0; r < n; ++r) wait(r);
+      break;
+    case OpKind::kAllReduce:
+    case OpKind::kReduce: {
+      if (a.kind == OpKind::kReduce && me != a.root) break;
+      std::vector<const void*> srcs(n);
+      for (int r = 0; r < n; ++r) {
+        wait(r);
+        srcs[r] = staged(r);
+      }
+      if (a.count) core::ReduceTree(a.dtype, a.op, a.recv, srcs.data(), n, a.count, n);
+      break;
+    }
+    case OpKind::kBroadcast:
+      if (me == a.root) {
+        if (!a.in_place) copy(a.recv, a.send, a.count * e);
+      } else {
+        wait(a.root);
+        copy(a.recv, staged(a.root), a.count * e);
+      }
+      break;
+    case OpKind::kScatter:
+      if (me != a.root) wait(a.root);
+      if (me != a.root || !a.in_place)
+        copy(a.recv, staged(a.root) + me * a.count * e, a.count * e);
+      break;
+    case OpKind::kAllGather:
+    case OpKind::kAllGatherV:
+    case OpKind::kGather:
+      if (a.kind == OpKind::kGather && me != a.root) break;
+      for (int r = 0; r < n; ++r) {
+        if (r == me && a.in_place) continue;
+        wait(r);
+        copy(a.recv + a.displs[r] * e, staged(r), a.counts[r] * e);
+      }
+      break;
+    case OpKind::kAllToAll:
+      for (int r = 0; r < n; ++r) {
+        wait(r);
+        copy(a.recv + r * a.count * e, staged(r) + me * a.count * e, a.count * e);
+      }
+      break;
+    case OpKind::kReduceScatter:
+    case OpKind::kReduceScatterV: {
+      std::vector<const void*> srcs(n);
+      for (int r = 0; r < n; ++r) {
+        wait(r);
+        srcs[r] = staged(r) + a.displs[me] * e;
+      }
+      if (a.counts[me])
+        core::ReduceTree(a.dtype, a.op, a.recv, srcs.data(), n, a.counts[me], n);
+      break;
+    }
+    default: break;
+  }
+  g->FinishReads(ctx);
+}
+
+}  // namespace mc2::collectives
