@@ -206,7 +206,12 @@ void RegisterBench(CLI::App& app) {
   cmd->add_option("--output", a->output,
                   "--tune: the table to write (default ~/.cache/mc2/tuning.json)");
   cmd->add_option("--tune-result", a->tune_result)->group("");  // internal
-  cmd->callback([a] { RunCallback(*a); });
+  // `mc2 bench ops ...` (tools/bench_ops.cc) has its own options and callback.
+  RegisterBenchOps(*cmd);
+  cmd->callback([a, cmd] {
+    if (cmd->got_subcommand("ops")) return;
+    RunCallback(*a);
+  });
 }
 
 }  // namespace mc2::tools

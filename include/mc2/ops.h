@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "mc2/group.h"
 #include "mc2/tensor.h"
@@ -124,7 +125,8 @@ void ConvertBF16ToF32(const bf16* src, float* dst, size_t count);
 //
 // Where things run. The operator call runs every GEMM on the calling thread
 // and overlaps it with communication tasks it submits to the rank's progress
-// thread (collectives) and point-to-point thread (the fused ring steps). It
+// thread (collectives, the fused pipeline's copies) and with the emulated
+// link's delivery thread (the fused pipeline's transfers). It
 // returns once the whole result is in place: the returned Work is already
 // complete (Work::algorithm() names the pipeline that ran). A communication
 // failure is reported by that Work (Wait() rethrows it); the ...Sync
@@ -147,22 +149,46 @@ void ConvertBF16ToF32(const bf16* src, float* dst, size_t count);
 
 // How an operator overlaps its GEMMs with the communication.
 enum class Pipeline : uint8_t {
-  // GEMM, then the collective (or the collective, then the GEMM).
+  // GEMM, then the collective (or the collective, then the GEMM). Under
+  // link emulation (MC2_LINK) serial and chunked run their collectives with
+  // the ring algorithm, which charges the link with the bytes it sends
+  // (the direct algorithms declare none, docs/link-emulation.md).
   kSerial = 0,
   // CoC: M is cut into `splits` chunks (every rank's row block is cut the
   // same way); the collective of chunk i runs on the progress thread while
   // chunk i+1 is multiplied.
   kChunked,
-  // Ring decomposition over point-to-point channels in the symmetric heap:
-  // at step i a rank multiplies the block it already holds while the next
-  // block moves (AllGatherMatmul: its own shard first, then shard r-1, r-2,
-  // ... as they arrive; MatmulReduceScatter: the partial for rank r+i, sent
-  // while the partial for r+i+1 is computed, and reduced by its owner with
-  // ReduceTree in rank order; MatmulAllReduce: the same, then an all-gather).
+  // Ring decomposition over one-sided symmetric-memory transfers: every
+  // block is cut into `splits` chunks; a rank multiplies the chunk it
+  // already holds while the next ones move (AllGatherMatmul: its own shard
+  // first, then chunk j of shard r-1, r-2, ... as each lands;
+  // MatmulReduceScatter: chunk j of the partial for rank r+1, r+2, ...,
+  // each handed to its owner as soon as it is made, which reduces the n
+  // partials of a chunk with ReduceTree in rank order once they landed;
+  // MatmulAllReduce: the same, and each reduced chunk is handed to every
+  // peer at once). The data lives in a per-group workspace in the symmetric
+  // heap (allocated on first use, grown as needed, freed with the group;
+  // for M x n products about M n 4 bytes per rank: a workspace that does
+  // not fit the heap fails with kShmExhausted on every rank); a transfer is
+  // a signal that, under link emulation, arrives at the modeled completion
+  // time on the sender's egress port, and the consumer reads the chunk in
+  // place. Waiting sleeps (no CPU burnt); a dead or stuck peer fails every
+  // rank within the timeout. See src/ops/fused_ops.cc.
   kFused,
-  // Chosen from the global shape (same choice on every rank): serial for one
-  // rank or small products (< 2^25 flops per rank), otherwise chunked with
-  // 4 chunks (a fixed rule for now, not yet the measured cost model).
+  // Chosen per call by a cost model (src/ops/cost_model.h): for serial,
+  // chunked and fused with s = 1..16 it predicts
+  //   T(s) ~ max(Tc, Tm) + min(Tc, Tm) / stages + steps * alpha
+  // with the GEMM's efficiency loss on small chunks, the collectives' cost
+  // on shared memory (of which only a measured fraction hides behind
+  // GEMMs: the cores that copy are the cores that multiply) and the
+  // emulated link's (which hides fully), and takes the fastest; it keeps
+  // serial unless that is predicted >= 3% faster (serial for one rank).
+  // Parameters: the tuning file `mc2 bench ops --tune` writes
+  // (MC2_OPS_TUNING_FILE, else ~/.cache/mc2/ops_tuning.json), else built-in
+  // defaults. The inputs are the globally agreed shapes and settings, so
+  // every rank chooses alike (ranks with different tuning files or link
+  // settings get kMismatch). The choice is reported in FusedReport,
+  // Work::algorithm() and the operator's trace span ("fused s=8").
   kAuto,
 };
 inline constexpr int kNumPipelines = 4;
@@ -172,8 +198,9 @@ std::optional<Pipeline> ParsePipeline(std::string_view name);
 
 struct FusedOptions {
   Pipeline pipeline = Pipeline::kAuto;
-  // Chunks of the chunked pipeline, 1..16 (must agree across ranks; other
-  // pipelines check the range but ignore the value).
+  // Chunks of the chunked pipeline, and chunks per block of the fused one,
+  // 1..16 (must agree across ranks; serial and auto check the range but
+  // ignore the value).
   int splits = 4;
   // Timeout of the collectives involved; 0 = the group's (MC2_TIMEOUT).
   std::chrono::nanoseconds timeout{0};
@@ -226,6 +253,177 @@ inline void MatmulAllReduceSync(const Group& g, const void* a, size_t m, size_t 
                                 size_t n, DType dtype, float* c, const FusedOptions& options = {},
                                 FusedReport* report = nullptr) {
   MatmulAllReduce(g, a, m, k, b, n, dtype, c, options, report).Wait();
+}
+
+// ---------------------------------------------------------------------------
+// Batched all-gather + matmul (sequence / context parallelism), issue 3 §2.
+// Same conventions as the operators above (agreement exchange, errors on
+// every rank, determinism, where things run).
+
+// The layout of B in AllGatherBatchMatmul.
+enum class BatchB : uint8_t {
+  // B is [batch x k x n]: entry e of the batch multiplies by B[e] (e.g. the
+  // per-head keys or values of attention).
+  kPerBatch = 0,
+  // B is one [k x n] matrix shared by every entry (e.g. a projection
+  // weight): the batch is just more rows.
+  kShared,
+};
+
+// C[e] [M x n] = gather_rows(A_shard[e] of every rank) [M x k] * B[e] (or
+// the shared B) for every batch entry e < batch. Rank r holds A_shard
+// [batch x m_local_r x k]: its rows (a sequence slice) of every entry; in
+// C[e] and the gathered A, rank 0's rows come first, then rank 1's, ...
+// (M = sum of m_local_r; row counts may differ and be 0). C is
+// [batch x M x n] f32, batch-major. `batch`, k and `b_layout` must agree
+// across ranks (else kMismatch); n may differ (B is this rank's column
+// block). `gathered_a` (optional, [batch x M x k] of dtype) receives the
+// gathered A, as AllGatherMatmul's.
+//
+// Pipelines: serial = one AllGatherV, then one GEMM per entry (one GEMM in
+// all for kShared); chunked = each shard, seen as batch*m_local rows, is
+// cut into `splits` chunks gathered by separate AllGatherV calls (so the
+// split runs along M when batch is 1 and along the batch when m_local is
+// small), the own shard is multiplied first and chunk j of the others while
+// chunks > j move; fused = a point-to-point ring: the own shard first, then
+// the shards of ranks r-1, r-2, ..., each cut into `splits` chunks and
+// multiplied chunk by chunk as they arrive; auto = chunked with 4 chunks
+// when a rough estimate says overlap pays (3/4 of min(compute, comm) beats
+// ~5% GEMM efficiency plus ~30 us per chunk and peer; comm at the emulated
+// link's bandwidth, else ~4 GB/s), else serial (src/ops/fused_common.h
+// OverlapPays: the measured cost model of the other operators does not
+// cover this one yet). Under link emulation serial and chunked gather with
+// the ring algorithm (charged by the link).
+Work AllGatherBatchMatmul(const Group& g, const void* a_shard, size_t batch, size_t m_local,
+                          size_t k, const void* b, BatchB b_layout, size_t n, DType dtype,
+                          float* c, void* gathered_a = nullptr, const FusedOptions& options = {},
+                          FusedReport* report = nullptr);
+
+inline void AllGatherBatchMatmulSync(const Group& g, const void* a_shard, size_t batch,
+                                     size_t m_local, size_t k, const void* b, BatchB b_layout,
+                                     size_t n, DType dtype, float* c, void* gathered_a = nullptr,
+                                     const FusedOptions& options = {},
+                                     FusedReport* report = nullptr) {
+  AllGatherBatchMatmul(g, a_shard, batch, m_local, k, b, b_layout, n, dtype, c, gathered_a,
+                       options, report)
+      .Wait();
+}
+
+// ---------------------------------------------------------------------------
+// Mixture of experts (expert parallelism), issue 3 §2.
+//
+// E experts are spread over the P ranks of a group, E / P per rank: expert e
+// lives on rank e / (E / P) as its local expert e % (E / P). Each rank has T
+// tokens [T x d] and routes each to `topk` experts (expert_ids [T x topk],
+// row-major; id -1 drops that slot: it is neither sent nor combined). A
+// *slot* is one (token t, choice j) pair, numbered t * topk + j. The three
+// calls of one MoE layer:
+//
+//   MoeRouting r = MoeRoute(g, ids, T, topk, E);          // counts exchange
+//   AllToAllMatmul(g, r, x, d, w1, h, dtype, y1);         // dispatch + x W1
+//   ... y1 -> activation -> hidden (dtype) ...
+//   MatmulAllToAll(g, r, hidden, h, w2, d, dtype, out, probs);  // W2 + combine
+//
+// On the expert side, rows are in *expert-grouped order*: local expert 0's
+// rows first, then expert 1's, ...; within an expert, the rows from rank 0
+// (in its slot order), then from rank 1, ... expert_rows(le) gives the
+// count of each expert, num_received() the total R.
+
+// Who sends what to whom, for one batch of tokens. Made by MoeRoute; reused
+// by every dispatch and combine of that batch (forward and backward). Plain
+// data: copyable, any thread may read it.
+struct MoeRouting {
+  int rank = 0;              // this rank in the group it was made for
+  int ranks = 0;             // that group's size P
+  int num_experts = 0;       // E
+  int experts_per_rank = 0;  // E / P
+  int topk = 1;
+  size_t num_tokens = 0;  // T of this rank
+  // counts[p * E + e]: slots of rank p routed to expert e (the whole P x E
+  // matrix, identical on every rank).
+  std::vector<size_t> counts;
+  // This rank's routed slots in dispatch order: by expert (hence by
+  // destination rank, then local expert), then by slot number.
+  std::vector<size_t> send_slots;
+  // A hash of (P, E, topk, counts), the same on every rank. The operators
+  // recompute it from the fields and compare it across ranks, so routings
+  // of different batches (or altered counts) fail with kMismatch.
+  uint64_t fingerprint = 0;
+
+  // Rows local expert `local_expert` receives (from all ranks).
+  size_t expert_rows(int local_expert) const;
+  // Rows this rank's experts receive in all: R.
+  size_t num_received() const;
+  // Slots this rank sends (routed slots, -1s excluded).
+  size_t num_sent() const { return send_slots.size(); }
+};
+
+// Collective: builds the routing of this rank's T tokens (expert_ids
+// [T x topk], ids in [-1, E)) by all-gathering the per-expert counts.
+// num_experts must be a positive multiple of the group size; topk >= 1;
+// num_experts and topk must agree across ranks (else kMismatch on every
+// rank); a bad id or argument on any rank is kInvalidArgument on every
+// rank. T may be 0 (expert_ids may then be null).
+MoeRouting MoeRoute(const Group& g, const int32_t* expert_ids, size_t num_tokens, int topk,
+                    int num_experts, std::chrono::nanoseconds timeout = {});
+
+// Dispatch + expert GEMM. x [T x d] (dtype) are this rank's tokens, w
+// [E/P x d x h] (dtype) its experts' weights (expert le's [d x h] at
+// w + le d h). y [R x h] f32 receives, in expert-grouped order, each routed
+// slot's token times its expert's weight; `dispatched_x` (optional,
+// [R x d] of dtype) the received tokens in the same order (what the weight
+// gradient needs). d and h must agree across ranks, and so must the
+// routing (its fingerprint, recomputed): else kMismatch on every rank.
+//
+// Pipelines (all move rows over the point-to-point channels, so link
+// emulation charges each alike): serial = the all-to-all-v of every routed
+// token, then one GEMM per expert (the classic dispatch, sort by expert,
+// grouped GEMM); chunked = the rows each rank sends to each other rank are
+// cut into `splits` chunks, the own rows are multiplied first and chunk j
+// as it arrives while chunks > j move; fused = the own rows first, then the
+// block from rank r-1, r-2, ..., cut into `splits` chunks, each multiplied
+// as soon as it arrives while the next moves (rank r sends to r+i at step
+// i); auto = as AllGatherBatchMatmul's (chunked 4 when overlap pays, from
+// the busiest rank's rows and port bytes, else serial; the count matrix
+// and link settings are the same everywhere, so is the choice).
+// FusedOptions::timeout does not apply
+// to the point-to-point messages (they use the group's timeout).
+Work AllToAllMatmul(const Group& g, const MoeRouting& routing, const void* x, size_t d,
+                    const void* w, size_t h, DType dtype, float* y, void* dispatched_x = nullptr,
+                    const FusedOptions& options = {}, FusedReport* report = nullptr);
+
+// Expert GEMM + combine. hidden [R x h] (dtype), in expert-grouped order (as
+// AllToAllMatmul's y), is multiplied by this rank's experts' w
+// [E/P x h x d] (dtype) and each row is returned to the rank and slot it
+// came from; out [T x d] f32 receives, per token t,
+//   out[t] = sum over j = 0..topk-1 with expert_ids[t, j] != -1, in that
+//            order, of probs[t * topk + j] * (row of slot (t, j))
+// (probs: f32 [T x topk], e.g. the router's gate values; null = 1). A token
+// with every slot dropped gets zeros. Same agreement rules as
+// AllToAllMatmul.
+//
+// Pipelines: serial = one GEMM per expert, then the all-to-all-v back,
+// then the combine; chunked = the rows for each other rank are cut into
+// `splits` chunks, each multiplied and then sent while the next is
+// multiplied, the own rows last; fused = chunk j of the block for rank
+// r+1, r+2, ... (blocks cut into `splits` chunks) multiplied and sent while
+// the next is multiplied, the own block last; auto as AllToAllMatmul.
+Work MatmulAllToAll(const Group& g, const MoeRouting& routing, const void* hidden, size_t h,
+                    const void* w, size_t d, DType dtype, float* out,
+                    const float* probs = nullptr, const FusedOptions& options = {},
+                    FusedReport* report = nullptr);
+
+inline void AllToAllMatmulSync(const Group& g, const MoeRouting& routing, const void* x,
+                               size_t d, const void* w, size_t h, DType dtype, float* y,
+                               void* dispatched_x = nullptr, const FusedOptions& options = {},
+                               FusedReport* report = nullptr) {
+  AllToAllMatmul(g, routing, x, d, w, h, dtype, y, dispatched_x, options, report).Wait();
+}
+inline void MatmulAllToAllSync(const Group& g, const MoeRouting& routing, const void* hidden,
+                               size_t h, const void* w, size_t d, DType dtype, float* out,
+                               const float* probs = nullptr, const FusedOptions& options = {},
+                               FusedReport* report = nullptr) {
+  MatmulAllToAll(g, routing, hidden, h, w, d, dtype, out, probs, options, report).Wait();
 }
 
 }  // namespace mc2

@@ -1,44 +1,84 @@
 // The fused compute+communication operators of include/mc2/ops.h:
 // AllGatherMatmul, MatmulReduceScatter and MatmulAllReduce, each with the
-// serial, chunked (CoC) and fused (ring decomposition) pipelines.
+// serial, chunked (CoC), fused (ring decomposition over one-sided
+// symmetric-memory transfers) and auto (cost model) pipelines.
 //
 // Works as follows (n ranks, rank r, s chunks).
 //
-// Every call first all-gathers a 64-byte ShapeMsg per rank (operator, dtype,
-// shapes, pipeline, splits, a local-error flag) and checks it identically on
-// every rank, so any inconsistency raises the same error everywhere before
-// data moves. Then, with the GEMMs on the calling thread:
+// Every call first all-gathers a ShapeMsg per rank (operator, dtype,
+// shapes, pipeline, splits, a local-error flag, a hash of the cost model's
+// inputs) and checks it identically on every rank, so any inconsistency
+// raises the same error everywhere before data moves, and `auto` resolves to
+// the same pipeline everywhere. Then, with the GEMMs on the calling thread:
 //
 // AllGatherMatmul (A_r [m_r x k], B [k x n] -> C [M x n]):
 //   serial   AllGatherV(A) into Ag, then one GEMM.          comm then compute
 //   chunked  s AllGatherV calls, chunk j = rows [m_r j/s, m_r (j+1)/s) of
 //            every shard, all queued at once; wait chunk j, multiply its n
 //            row blocks while chunks > j move.
-//   fused    own shard first (no wait), then at step i = 1..n-1 the shard of
-//            rank r-i, received over the point-to-point channel while the
-//            previous shard is multiplied; rank r sends its shard to r+i at
-//            step i, so every egress port carries one shard at a time.
-//            Bytes per rank: (M - m_r) k in, (n-1) m_r k out.
+//   fused    see "The fused pipeline" below: the own shard is multiplied
+//            first; chunk j of shard r-1, r-2, ... as each lands.
 // MatmulReduceScatter (A [M x k_r], B [k_r x n] -> C_r [m_r x n]):
 //   serial   one GEMM into P [M x n], then ReduceScatterV.
 //   chunked  chunk j = rows [m_d j/s, m_d (j+1)/s) of every destination
 //            block d, multiplied into a packed buffer and reduce-scattered
 //            (queued) while chunk j+1 is multiplied.
-//   fused    at step i = 1..n-1 the partial for rank d = r+i is multiplied
-//            and sent to d while the next one is multiplied; the own partial
-//            last; the owner reduces the n partials with core::ReduceTree in
-//            rank order (the canonical order ReduceScatterV uses).
+//   fused    chunk j of the partial for rank r+1, r+2, ... is multiplied
+//            into the workspace and handed to its owner while the next is
+//            multiplied; the own chunk last; the owner reduces the n
+//            partials of a chunk with core::ReduceTree in rank order (the
+//            canonical order ReduceScatterV uses) as soon as all landed.
 // MatmulAllReduce (A [M x k_r], B [k_r x n] -> C [M x n]):
 //   serial   one GEMM, then AllReduce in place.
 //   chunked  chunk j = rows [M j/s, M (j+1)/s): GEMM, then AllReduce queued.
-//   fused    the fused reduce-scatter above over blocks [M b/n, M (b+1)/n),
-//            reduced into C, then AllGatherV in place.
+//   fused    the fused reduce-scatter above over blocks [M b/n, M (b+1)/n);
+//            each reduced chunk is handed to every peer at once (the
+//            all-gather half), which copies it into its C.
+//
+// The fused pipeline. Each group has an operator workspace in the symmetric
+// heap (Workspace, cached in GroupImpl::ops_state, grown when a call needs
+// more): a data area, and per member 2 x n signal words (one 64-byte line
+// each), where word (phase, src) of rank d counts the chunks src handed to
+// d in that phase, over all calls (monotonic: never reset). A transfer is
+// one-sided: the producer writes the chunk into its own workspace (the
+// GEMM's output goes straight there; AllGatherMatmul's shard is copied
+// there by the progress thread while the caller multiplies its own shard),
+// then bumps the consumer's signal word with RemoteAdd declaring the
+// chunk's bytes. Under link emulation that bump is delivered only at the
+// modeled completion of the transfer on the producer's egress port
+// (transport/link_emulation.h: per-port serialization, in posting order),
+// by the link's delivery thread, so the caller goes on multiplying while
+// the "transfer" runs; without emulation it is immediate. The consumer
+// reads the chunk in place from the producer's workspace (a zero-copy Get
+// over shared memory: the GEMM or ReduceTree reads it directly) once its
+// signal word reached the expected count. Waiting is Transport::WaitGE:
+// a short spin, then a futex sleep (no CPU burnt), with the health checks
+// that turn a dead or aborted peer into an error within the timeout.
+//
+// Reuse safety. A rank overwrites its workspace only in a later call, and
+// every call starts with the all-gather of ShapeMsgs, which no rank passes
+// before every rank has entered the call, i.e. has returned from the
+// previous one, having read everything it was handed. Within a call no
+// region is written twice. Signal targets are cumulative per (phase, src),
+// kept by each consumer (Workspace::landed), so no reset is ever needed. A
+// call that fails with a communication error aborts the world (the
+// counters are then out of step and the world unusable, as after any
+// failed collective).
+//
+// Cost of fused per rank: AllGatherMatmul hands out (n-1) m_r k bytes on
+// its port (its shard to each peer) and copies m_r k; MatmulReduceScatter
+// (M - m_r) n 4 bytes and no copy; MatmulAllReduce that plus (n-1) m_r n 4
+// bytes, and copies (M - m_r) n 4 bytes into C. s chunks per block, so
+// n s GEMM calls and n s signals per rank.
 //
 // Determinism: row blocks of a oneDNN product (one thread) are bitwise the
 // rows of the full product, and every reduction is ReduceTree over ranks
 // (in the collectives or here), so all pipelines and split counts agree bit
 // for bit with serial.
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -47,10 +87,14 @@
 
 #include "collectives/algorithm.h"
 #include "core/reduce.h"
+#include "engine/group_impl.h"
 #include "engine/work_state.h"
 #include "mc2/collectives.h"
 #include "mc2/error.h"
 #include "mc2/ops.h"
+#include "ops/cost_model.h"
+#include "trace/recorder.h"
+#include "transport/link_emulation.h"
 
 namespace mc2 {
 
@@ -73,20 +117,12 @@ std::optional<Pipeline> ParsePipeline(std::string_view name) {
 
 namespace {
 
-enum class FusedOp : uint64_t { kAllGatherMatmul = 1, kMatmulReduceScatter, kMatmulAllReduce };
+using internal::GroupImpl;
+using ops::FusedOpKind;
 
-const char* FusedOpName(FusedOp op) {
-  switch (op) {
-    case FusedOp::kAllGatherMatmul: return "all_gather_matmul";
-    case FusedOp::kMatmulReduceScatter: return "matmul_reduce_scatter";
-    case FusedOp::kMatmulAllReduce: return "matmul_all_reduce";
-  }
-  return "?";
-}
+using FusedOp = FusedOpKind;
 
-// Point-to-point tag of the fused ring steps (messages between two ranks are
-// matched in order, so one tag serves every call).
-constexpr int kFusedTag = 0x4d433246;  // "MC2F"
+const char* FusedOpName(FusedOp op) { return ops::FusedOpKindName(op); }
 
 // What every rank publishes at the start of a call.
 struct ShapeMsg {
@@ -98,8 +134,10 @@ struct ShapeMsg {
   uint64_t m_local;  // RS: the shard rows; others 0
   uint64_t pipeline_splits;  // pipeline << 32 | splits
   uint64_t local_error;      // 1 if this rank's arguments are invalid
+  uint64_t model_hash;       // cost-model inputs (auto must decide alike)
+  uint64_t want_gathered;    // AG: gathered_a requested (the model counts its copy)
 };
-static_assert(sizeof(ShapeMsg) == 64);
+static_assert(sizeof(ShapeMsg) == 80);
 
 [[noreturn]] void Fail(ErrorCode code, FusedOp op, int rank, const std::string& msg) {
   throw Error(code, msg, rank, FusedOpName(op));
@@ -122,7 +160,20 @@ struct Plan {
   std::vector<size_t> offs;  // per rank block first row
   GemmOptions gemm;
   CollectiveOptions coll;
+  std::chrono::nanoseconds timeout{};
 };
+
+// The cost model's view of this group: link settings and heap size.
+ops::Environment ModelEnvironment(const Group& g) {
+  ops::Environment env;
+  GroupImpl* gi = g.impl();
+  if (transport::LinkModel* port = gi->tx().link()) {
+    env.link_bytes_per_second = port->config().bytes_per_second;
+    env.link_latency_s = std::chrono::duration<double>(port->config().latency).count();
+  }
+  env.heap_bytes = gi->tx().HeapBytes();
+  return env;
+}
 
 // Validates locally, exchanges, validates globally. Throws on every rank.
 // `c_null`: AllGatherMatmul's C is null with n > 0, an error only if M > 0
@@ -134,8 +185,11 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, std::string l
   p.op = op;
   p.rank = g.rank();
   p.size = g.size();
+  const ops::Environment env = ModelEnvironment(g);
+  const ops::CostParams& params = ops::LoadedCostParams();
   ShapeMsg mine = mine_in;
   mine.local_error = (local_error.empty() ? 0 : 1) | (c_null ? 2 : 0);
+  mine.model_hash = params.Hash() ^ (env.Hash() * 0x9e3779b97f4a7c15ull);
   std::vector<ShapeMsg> all(p.size);
   CollectiveOptions co;
   co.timeout = o.timeout;
@@ -174,6 +228,12 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, std::string l
       if (x.m != z.m) mismatch(r, "M (rows of A)", z.m, x.m);
       if (x.n != z.n) mismatch(r, "n (columns of B)", z.n, x.n);
     }
+    if (x.model_hash != z.model_hash) {
+      Fail(ErrorCode::kMismatch, op, p.rank,
+           "the cost model's inputs differ across ranks (rank 0 and rank " + std::to_string(r) +
+               " loaded different operator tuning files (MC2_OPS_TUNING_FILE), link settings "
+               "(MC2_LINK) or heap sizes), so `auto` could choose differently");
+    }
   }
   p.dtype = static_cast<DType>(z.dtype);
   p.esize = DTypeSize(p.dtype);
@@ -182,6 +242,7 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, std::string l
   p.rows.resize(p.size);
   p.offs.resize(p.size);
   size_t total = 0, max_n = 0, max_k = 0;
+  bool want_gathered = false;
   for (int r = 0; r < p.size; ++r) {
     size_t rows = 0;
     if (op == FusedOp::kAllGatherMatmul) rows = all[r].m;
@@ -192,6 +253,7 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, std::string l
     total += rows;
     max_n = std::max<size_t>(max_n, all[r].n);
     max_k = std::max<size_t>(max_k, all[r].k);
+    want_gathered = want_gathered || all[r].want_gathered;
   }
   if (op == FusedOp::kMatmulReduceScatter && total != z.m) {
     std::string list;
@@ -213,21 +275,36 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, std::string l
   p.pipeline = static_cast<Pipeline>(z.pipeline_splits >> 32);
   p.splits = static_cast<int>(z.pipeline_splits & 0xffffffff);
   if (p.pipeline == Pipeline::kAuto) {
-    // Same inputs on every rank, so the same choice everywhere.
-    double flops = GemmFlops(op == FusedOp::kAllGatherMatmul ? p.M : p.M, max_n, max_k);
-    // Chunked with 4 chunks measured best of the three on this host (2
-    // ranks, 2048x1024x1024 MatmulAllReduce); a measured cost model is
-    // still to come (issue 3).
-    bool small = p.size == 1 || flops < double(1 << 25);
-    p.pipeline = small ? Pipeline::kSerial : Pipeline::kChunked;
-    p.splits = small ? 1 : 4;
+    // Every input below is the same on every rank (the exchanged shapes,
+    // and the model's parameters and environment, whose hash was checked),
+    // so every rank makes the same choice.
+    ops::Problem prob;
+    prob.op = op;
+    prob.ranks = p.size;
+    prob.dtype = p.dtype;
+    prob.M = p.M;
+    prob.k = max_k;
+    prob.n = max_n;
+    prob.rows = p.rows;
+    prob.gathered_a = want_gathered;
+    ops::Choice c = ops::ChoosePipeline(params, env, prob);
+    p.pipeline = c.pipeline;
+    p.splits = c.splits;
   }
-  if (p.pipeline != Pipeline::kChunked) p.splits = 1;
+  // (One rank runs the serial code whatever was asked: there is nothing to
+  // overlap. The report still names the pipeline asked for.)
+  if (p.pipeline == Pipeline::kSerial) p.splits = 1;
   p.gemm.threads = o.gemm_threads;
   if (g.deterministic() && p.dtype == DType::kF32) p.gemm.backend = GemmBackend::kOneDNN;
   p.coll = co;
   // The pipelines' collectives must run beside the GEMMs, however small.
   p.coll.may_run_inline = false;
+  // Under link emulation the direct algorithms declare no payload (they
+  // would move data for free, docs/link-emulation.md), so the serial and
+  // chunked pipelines use the ring, which charges each rank's port with
+  // what it actually sends: the baselines pay for their bytes as fused does.
+  if (env.link_bytes_per_second > 0) p.coll.algorithm = Algorithm::kRing;
+  p.timeout = o.timeout.count() > 0 ? o.timeout : g.timeout();
   return p;
 }
 
@@ -289,6 +366,11 @@ class Pending {
 
 void RunGemm(const Plan& p, size_t m, size_t k, const char* a, const char* b, float* c) {
   if (m == 0 || p.n == 0) return;
+  trace::ScopedSpan span(trace::Category::kCompute);
+  if (span.on()) {
+    span.span().name = "gemm";
+    span.span().flops = static_cast<uint64_t>(GemmFlops(m, p.n, k));
+  }
   Gemm(m, p.n, k, p.dtype, a, b, DType::kF32, c, p.gemm);
 }
 
@@ -299,9 +381,215 @@ void GemmOrZero(const Plan& p, size_t rows, const char* a_rows, const char* b, f
   else RunGemm(p, rows, p.k, a_rows, b, dst);
 }
 
+// ---------------------------------------------------------------- workspace
+// The per-group symmetric workspace of the fused pipeline (see the top of
+// the file).
+//
+// Invariants: `flags` holds kPhases x size signal lines per member and was
+// zeroed before any peer learnt its offset; landed[phase][src] is the
+// number of chunks this rank has consumed from src in that phase over all
+// calls, equal to the value src has added to our word once a call ends.
+// flag_off/data_off are every member's absolute heap offsets. Thread
+// safety: used only by the thread issuing the group's operations.
+struct Workspace {
+  static constexpr int kPhases = 2;
+  static constexpr size_t kLine = 64;
+  SymmetricBuffer flags, data;
+  std::vector<uint64_t> flag_off, data_off;
+  std::array<std::vector<uint64_t>, kPhases> landed;
+};
+
+// Every member's heap offset of `buf` (a small all-gather).
+std::vector<uint64_t> ExchangeOffsets(const Group& g, const SymmetricBuffer& buf,
+                                      const CollectiveOptions& co) {
+  uint64_t mine = g.impl()->HeapOffset(buf.data(), buf.size());
+  std::vector<uint64_t> all(g.size());
+  AllGather(g, &mine, all.data(), 1, DType::kI64, co).Wait();
+  return all;
+}
+
+// The group's workspace with at least `bytes` of data per rank. Collective
+// when it allocates, which every rank decides alike (from the plan and the
+// same history of calls).
+Workspace& GetWorkspace(const Group& g, const Plan& p, size_t bytes) {
+  GroupImpl* gi = g.impl();
+  auto ws = std::static_pointer_cast<Workspace>(gi->ops_state);
+  CollectiveOptions co = p.coll;
+  co.algorithm = Algorithm::kAuto;
+  if (!ws) {
+    ws = std::make_shared<Workspace>();
+    ws->flags = g.AllocSymmetric(Workspace::kPhases * p.size * Workspace::kLine);
+    std::memset(ws->flags.data(), 0, ws->flags.size());
+    // Our words are zero before anyone can learn where they are.
+    ws->flag_off = ExchangeOffsets(g, ws->flags, co);
+    for (auto& v : ws->landed) v.assign(p.size, 0);
+    gi->ops_state = ws;
+  }
+  // At least a page, so that every member's area has an address.
+  bytes = std::max<size_t>(bytes, 4096);
+  if (ws->data.size() < bytes) {
+    // Grow geometrically (fewer collective re-allocations), within the heap.
+    size_t want = std::max(bytes, std::min(ws->data.size() * 2, gi->tx().HeapBytes() / 4));
+    want = (want + 4095) & ~size_t{4095};
+    ws->data = SymmetricBuffer();  // every rank is past the last call: free
+    try {
+      ws->data = g.AllocSymmetric(want);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kShmExhausted || want == bytes) throw;
+      ws->data = g.AllocSymmetric(bytes);
+    }
+    ws->data_off = ExchangeOffsets(g, ws->data, co);
+  }
+  return *ws;
+}
+
+// Trace labels "fused s=4" etc.: span strings must outlive the process's
+// trace files, so they are made once.
+const char* PipelineLabel(Pipeline p, int splits) {
+  static const auto labels = [] {
+    std::vector<std::string> v;
+    for (int i = 0; i < kNumPipelines; ++i)
+      for (int s = 0; s <= 16; ++s)
+        v.push_back(fmt::format("{} s={}", PipelineName(static_cast<Pipeline>(i)), s));
+    return v;
+  }();
+  return labels[static_cast<int>(p) * 17 + std::clamp(splits, 0, 16)].c_str();
+}
+
+// One call of the fused pipeline: the workspace and the signalling.
+class FusedCall {
+ public:
+  FusedCall(const Group& g, const Plan& p, size_t bytes)
+      : g_(g), p_(p), gi_(g.impl()), tx_(gi_->tx()), ws_(GetWorkspace(g, p, bytes)) {}
+
+  // This rank's data area, and member r's as mapped here.
+  char* Mine() const { return ws_.data.as<char>(); }
+  const char* Of(int r) const { return gi_->HeapPtr(r, ws_.data_off[r]); }
+
+  // Tells `dst` that one more chunk of `phase` (of `bytes`, charged to this
+  // rank's egress port under link emulation) is readable in our area.
+  void Signal(int phase, int dst, size_t bytes) const {
+    const bool on = trace::On();
+    const int64_t start = on ? trace::NowNs() : 0;
+    tx_.RemoteAdd(gi_->world_rank(dst), FlagOff(dst, phase, p_.rank), 1, bytes);
+    if (on) [[unlikely]] {
+      // The span covers the transfer as modeled: from the post to the
+      // completion on our port (the port's state right after our post;
+      // without emulation the signal is the transfer).
+      trace::Span sp{};
+      sp.start_ns = start;
+      sp.end_ns = trace::NowNs();
+      if (transport::LinkModel* port = tx_.link(); port && bytes > 0) {
+        const auto done = port->busy_until() + port->config().latency;
+        sp.end_ns = std::max<int64_t>(
+            sp.end_ns, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           done.time_since_epoch()).count());
+      }
+      sp.name = "fused_transfer";
+      sp.pipeline = PipelineLabel(p_.pipeline, p_.splits);
+      sp.bytes = bytes;
+      sp.step = -1;
+      sp.rank = -1;
+      sp.kind = static_cast<uint8_t>(trace::Category::kComm);
+      trace::Record(sp);
+    }
+  }
+  // Whether chunk `j` (0-based, of this call) of `phase` from `src` landed.
+  bool Landed(int phase, int src, uint64_t j) const {
+    return tx_.Peek(gi_->world_rank(p_.rank), FlagOff(p_.rank, phase, src)) >=
+           ws_.landed[phase][src] + j + 1;
+  }
+  // Blocks (spin, then futex sleep) until chunk j of `phase` from `src`
+  // landed; kTimeout / kPeerDied / kAborted name the missing chunk.
+  void WaitLanded(int phase, int src, uint64_t j) const {
+    if (Landed(phase, src, j)) return;
+    trace::ScopedSpan span(trace::Category::kWait);
+    if (span.on()) span.span().name = "fused_wait";
+    const uint64_t target = ws_.landed[phase][src] + j + 1;
+    transport::Clock::time_point deadline{};
+    transport::WaitContext wc;
+    wc.op = FusedOpName(p_.op);
+    wc.deadline = &deadline;
+    wc.timeout = p_.timeout;
+    wc.describe_missing = [&] {
+      return fmt::format("chunk {} of {} from rank {} ({} pipeline, phase {})", j + 1,
+                         p_.splits, src, PipelineName(p_.pipeline), phase);
+    };
+    tx_.WaitGE(gi_->world_rank(p_.rank), FlagOff(p_.rank, phase, src), target, wc);
+  }
+  // The call consumed `chunks` chunks of `phase` from every peer.
+  void Consumed(int phase, uint64_t chunks) {
+    for (int r = 0; r < p_.size; ++r)
+      if (r != p_.rank) ws_.landed[phase][r] += chunks;
+  }
+  // Runs `body` on the progress thread (asynchronous puts into our area).
+  Work Async(std::function<void()> body) const {
+    return gi_->Submit(
+        "fused_put", false, [b = std::move(body)](internal::OpContext&) { b(); },
+        /*collective=*/false);
+  }
+
+ private:
+  uint64_t FlagOff(int owner, int phase, int src) const {
+    return ws_.flag_off[owner] + (static_cast<uint64_t>(phase) * p_.size + src) * Workspace::kLine;
+  }
+
+  const Group& g_;
+  const Plan& p_;
+  GroupImpl* gi_;
+  transport::Transport& tx_;
+  Workspace& ws_;
+};
+
 // ---------------------------------------------------------------- AG + GEMM
+void FusedAllGatherMatmul(const Group& g, const Plan& p, const char* a_shard, const char* b,
+                          float* c, char* ag, bool want_ag, Pending& pend) {
+  const int n = p.size, me = p.rank, s = p.splits;
+  const size_t row_bytes = p.k * p.esize;
+  size_t most = 0;
+  for (int r = 0; r < n; ++r) most = std::max(most, p.rows[r] * row_bytes);
+  FusedCall call(g, p, most);
+  // The progress thread copies our shard into the workspace chunk by chunk
+  // and hands chunk j to r+1, r+2, ... in turn (so every port carries chunk
+  // j to all peers before chunk j+1: consumers get every shard's first
+  // chunks early), while this thread multiplies the own shard.
+  const size_t my_rows = p.rows[me];
+  // The task holds a copy of `call` (references to the plan, the group and
+  // its workspace, which outlive it: a failing call drains it first).
+  pend.Add(call.Async([call, a_shard, row_bytes, my_rows, s, n, me] {
+    for (int j = 0; j < s; ++j) {
+      size_t lo = ChunkLo(my_rows, j, s), hi = ChunkLo(my_rows, j + 1, s);
+      const size_t bytes = (hi - lo) * row_bytes;
+      if (bytes) std::memcpy(call.Mine() + lo * row_bytes, a_shard + lo * row_bytes, bytes);
+      for (int i = 1; i < n; ++i) call.Signal(0, collectives::Mod(me + i, n), bytes);
+    }
+  }));
+  RunGemm(p, my_rows, p.k, a_shard, b, c + p.offs[me] * p.n);
+  if (want_ag && my_rows) std::memcpy(ag + p.offs[me] * row_bytes, a_shard, my_rows * row_bytes);
+  // Chunk j of shard r-1, r-2, ...: the order in which they land.
+  for (int j = 0; j < s; ++j) {
+    for (int i = 1; i < n; ++i) {
+      const int src = collectives::Mod(me - i, n);
+      size_t lo = ChunkLo(p.rows[src], j, s), hi = ChunkLo(p.rows[src], j + 1, s);
+      call.WaitLanded(0, src, j);
+      if (hi == lo) continue;
+      const char* rows = call.Of(src) + lo * row_bytes;
+      const size_t row = p.offs[src] + lo;
+      if (want_ag) {
+        trace::ScopedSpan span(trace::Category::kComm);
+        if (span.on()) span.span().name = "fused_copy";
+        std::memcpy(ag + row * row_bytes, rows, (hi - lo) * row_bytes);
+        rows = ag + row * row_bytes;
+      }
+      RunGemm(p, hi - lo, p.k, rows, b, c + row * p.n);
+    }
+  }
+  pend.WaitAll();
+  call.Consumed(0, s);
+}
+
 void RunAllGatherMatmul(const Group& g, const Plan& p, const char* a_shard, const char* b,
-                        float* c, char* ag, Pending& pend) {
+                        float* c, char* ag, bool want_ag, Pending& pend) {
   const int n = p.size, me = p.rank;
   const size_t row_bytes = p.k * p.esize;
   if (p.pipeline == Pipeline::kSerial || n == 1) {
@@ -344,79 +632,113 @@ void RunAllGatherMatmul(const Group& g, const Plan& p, const char* a_shard, cons
     }
     return;
   }
-  // Fused: receives are posted at once (each from a different peer); the
-  // send of step i is posted once the shard of step i-1 arrived.
-  std::vector<Work> recv(n);
-  for (int i = 1; i < n; ++i) {
-    int src = collectives::Mod(me - i, n);
-    if (p.rows[src] == 0) continue;
-    recv[i] = g.Recv(ag + p.offs[src] * row_bytes, p.rows[src] * row_bytes, src, kFusedTag);
-    pend.Add(recv[i]);
-  }
-  auto post_send = [&](int i) {
-    if (i >= n || p.rows[me] == 0) return;
-    pend.Add(g.Send(a_shard, p.rows[me] * row_bytes, collectives::Mod(me + i, n), kFusedTag));
-  };
-  post_send(1);
-  RunGemm(p, p.rows[me], p.k, a_shard, b, c + p.offs[me] * p.n);
-  if (p.rows[me]) std::memcpy(ag + p.offs[me] * row_bytes, a_shard, p.rows[me] * row_bytes);
-  for (int i = 1; i < n; ++i) {
-    int src = collectives::Mod(me - i, n);
-    recv[i].Wait();
-    post_send(i + 1);
-    RunGemm(p, p.rows[src], p.k, ag + p.offs[src] * row_bytes, b, c + p.offs[src] * p.n);
-  }
-  pend.WaitAll();
+  FusedAllGatherMatmul(g, p, a_shard, b, c, ag, want_ag, pend);
 }
 
 // ---------------------------------------------------------------- GEMM + RS
-// Fused reduce-scatter of the product over the blocks of p.rows/p.offs:
-// the reduced block of this rank goes to `out` (rows[me] x n).
+// Fused reduce-scatter of the product over the blocks of p.rows/p.offs.
+// The reduced block of this rank goes to `out` (rows[me] x n). With
+// `all_gather` (MatmulAllReduce), `out` is C [M x n] and every reduced chunk
+// is also handed to every peer, which copies it into its C.
+//
+// Workspace of rank r: the partials it makes for each other rank d, in rank
+// order ((M - rows[r]) n floats), then (all_gather) its reduced block
+// (rows[r] n floats).
 void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, const char* b,
-                              float* out, Pending& pend) {
-  const int n = p.size, me = p.rank;
+                              float* out, bool all_gather, Pending& pend) {
+  const int n = p.size, me = p.rank, s = p.splits;
   const size_t row_bytes = p.k * p.esize;
-  const size_t my_elems = p.rows[me] * p.n;
-  // partial[r]: rank r's partial of my block (mine computed here).
-  std::vector<std::vector<float>> partial(n);
-  std::vector<Work> recv(n);
-  if (my_elems > 0) {
+  const size_t ncol = p.n;
+  // part_off(r, d): where rank r keeps its partial for d (in floats).
+  auto part_off = [&](int r, int d) {
+    size_t off = 0;
+    for (int q = 0; q < d; ++q)
+      if (q != r) off += p.rows[q] * ncol;
+    return off;
+  };
+  auto reduced_off = [&](int r) { return (p.M - p.rows[r]) * ncol; };
+  size_t most = 0;
+  for (int r = 0; r < n; ++r)
+    most = std::max(most, (all_gather ? p.M : p.M - p.rows[r]) * ncol * sizeof(float));
+  FusedCall call(g, p, most);
+  float* mine = reinterpret_cast<float*>(call.Mine());
+  std::vector<float> own(p.rows[me] * ncol);
+  float* my_out = all_gather ? out + p.offs[me] * ncol : out;
+
+  // Progress that never blocks: reduce my chunks whose partials all landed
+  // (in order), and (all_gather) copy peers' reduced chunks that landed.
+  int reduced = 0;     // my chunks reduced so far
+  int computed = 0;    // own-partial chunks computed so far
+  std::vector<int> gathered(n, 0);  // chunks of each peer's block copied
+  std::vector<const void*> srcs(n);
+  auto reduce_chunk = [&](int j) {
+    size_t lo = ChunkLo(p.rows[me], j, s), hi = ChunkLo(p.rows[me], j + 1, s);
+    const size_t elems = (hi - lo) * ncol;
+    if (elems > 0) {
+      for (int r = 0; r < n; ++r) {
+        srcs[r] = r == me ? static_cast<const void*>(own.data() + lo * ncol)
+                          : reinterpret_cast<const float*>(call.Of(r)) + part_off(r, me) +
+                                lo * ncol;
+      }
+      float* dst = all_gather ? mine + reduced_off(me) + lo * ncol : my_out + lo * ncol;
+      core::ReduceTree(DType::kF32, ReduceOp::kSum, dst, srcs.data(), n, elems, n);
+    }
+    if (all_gather) {
+      for (int i = 1; i < n; ++i) call.Signal(1, collectives::Mod(me + i, n), elems * 4);
+      if (elems) std::memcpy(my_out + lo * ncol, mine + reduced_off(me) + lo * ncol, elems * 4);
+    }
+  };
+  auto copy_gathered = [&](int src, int j) {
+    size_t lo = ChunkLo(p.rows[src], j, s), hi = ChunkLo(p.rows[src], j + 1, s);
+    if (hi == lo) return;
+    trace::ScopedSpan span(trace::Category::kComm);
+    if (span.on()) span.span().name = "fused_copy";
+    std::memcpy(out + (p.offs[src] + lo) * ncol,
+                reinterpret_cast<const float*>(call.Of(src)) + reduced_off(src) + lo * ncol,
+                (hi - lo) * ncol * sizeof(float));
+  };
+  auto progress = [&](bool block) {
+    while (reduced < computed) {
+      bool ready = true;
+      for (int r = 0; r < n && ready; ++r) {
+        if (r == me) continue;
+        if (block) call.WaitLanded(0, r, reduced);
+        else ready = call.Landed(0, r, reduced);
+      }
+      if (!ready) break;
+      reduce_chunk(reduced++);
+    }
+    if (!all_gather) return;
     for (int i = 1; i < n; ++i) {
-      int src = collectives::Mod(me - i, n);
-      partial[src].resize(my_elems);
-      recv[src] = g.Recv(partial[src].data(), my_elems * sizeof(float), src, kFusedTag);
-      pend.Add(recv[src]);
+      const int src = collectives::Mod(me - i, n);
+      while (gathered[src] < s) {
+        if (block) call.WaitLanded(1, src, gathered[src]);
+        else if (!call.Landed(1, src, gathered[src])) break;
+        copy_gathered(src, gathered[src]++);
+      }
     }
+  };
+
+  for (int j = 0; j < s; ++j) {
+    // Chunk j of the partials for r+1, r+2, ..., each handed over as soon
+    // as it is made, then chunk j of my own.
+    for (int i = 1; i < n; ++i) {
+      const int d = collectives::Mod(me + i, n);
+      size_t lo = ChunkLo(p.rows[d], j, s), hi = ChunkLo(p.rows[d], j + 1, s);
+      GemmOrZero(p, hi - lo, a + (p.offs[d] + lo) * row_bytes, b,
+                 mine + part_off(me, d) + lo * ncol);
+      call.Signal(0, d, (hi - lo) * ncol * sizeof(float));
+      progress(false);
+    }
+    size_t lo = ChunkLo(p.rows[me], j, s), hi = ChunkLo(p.rows[me], j + 1, s);
+    GemmOrZero(p, hi - lo, a + (p.offs[me] + lo) * row_bytes, b, own.data() + lo * ncol);
+    computed = j + 1;
+    progress(false);
   }
-  // Partials for other ranks, each sent while the next is multiplied.
-  std::vector<std::vector<float>> outgoing(n);
-  for (int i = 1; i < n; ++i) {
-    int d = collectives::Mod(me + i, n);
-    size_t elems = p.rows[d] * p.n;
-    if (elems == 0) continue;
-    outgoing[d].resize(elems);
-    if (p.k == 0) {
-      std::fill(outgoing[d].begin(), outgoing[d].end(), 0.0f);
-    } else {
-      RunGemm(p, p.rows[d], p.k, a + p.offs[d] * row_bytes, b, outgoing[d].data());
-    }
-    pend.Add(g.Send(outgoing[d].data(), elems * sizeof(float), d, kFusedTag));
-  }
-  if (my_elems > 0) {
-    partial[me].resize(my_elems);
-    if (p.k == 0) {
-      std::fill(partial[me].begin(), partial[me].end(), 0.0f);
-    } else {
-      RunGemm(p, p.rows[me], p.k, a + p.offs[me] * row_bytes, b, partial[me].data());
-    }
-    std::vector<const void*> srcs(n);
-    for (int r = 0; r < n; ++r) {
-      if (r != me) recv[r].Wait();
-      srcs[r] = partial[r].data();
-    }
-    core::ReduceTree(DType::kF32, ReduceOp::kSum, out, srcs.data(), n, my_elems, n);
-  }
+  progress(true);
   pend.WaitAll();
+  call.Consumed(0, s);
+  if (all_gather) call.Consumed(1, s);
 }
 
 void RunMatmulReduceScatter(const Group& g, const Plan& p, const char* a, const char* b,
@@ -454,13 +776,13 @@ void RunMatmulReduceScatter(const Group& g, const Plan& p, const char* a, const 
     pend.WaitAll();
     return;
   }
-  FusedMatmulReduceScatter(g, p, a, b, c, pend);
+  FusedMatmulReduceScatter(g, p, a, b, c, /*all_gather=*/false, pend);
 }
 
 // ---------------------------------------------------------------- GEMM + AR
 void RunMatmulAllReduce(const Group& g, const Plan& p, const char* a, const char* b, float* c,
                         Pending& pend) {
-  const int n = p.size, me = p.rank;
+  const int n = p.size;
   const size_t row_bytes = p.k * p.esize;
   if (p.pipeline == Pipeline::kSerial || n == 1) {
     GemmOrZero(p, p.M, a, b, c);
@@ -482,34 +804,43 @@ void RunMatmulAllReduce(const Group& g, const Plan& p, const char* a, const char
     pend.WaitAll();
     return;
   }
-  FusedMatmulReduceScatter(g, p, a, b, c + p.offs[me] * p.n, pend);
-  if (p.M * p.n > 0) {
-    std::vector<size_t> counts(n), displs(n);
-    for (int r = 0; r < n; ++r) {
-      counts[r] = p.rows[r] * p.n;
-      displs[r] = p.offs[r] * p.n;
-    }
-    Work w = AllGatherV(g, c + displs[me], c, counts, displs, DType::kF32, p.coll);
-    pend.Add(w);
-    w.Wait();
-  }
+  FusedMatmulReduceScatter(g, p, a, b, c, /*all_gather=*/true, pend);
 }
 
 // Runs `body` and returns a completed Work carrying the pipeline name, or
-// the failure (after every outstanding communication has finished).
+// the failure (after every outstanding communication has finished). A
+// communication failure aborts the world, as a failed collective task does,
+// so that peers blocked in this call's exchanges fail at once instead of at
+// their timeout.
 template <typename Body>
-Work Complete(const Plan& p, FusedReport* report, Body&& body) {
+Work Complete(const Group& g, const Plan& p, FusedReport* report, Body&& body) {
   if (report) {
     report->pipeline = p.pipeline;
     report->splits = p.splits;
   }
   auto state = std::make_shared<internal::WorkState>(0, FusedOpName(p.op));
   state->SetAlgorithm(PipelineName(p.pipeline));
+  trace::ScopedSpan span(trace::Category::kHost);
+  if (span.on()) {
+    span.span().name = FusedOpName(p.op);
+    span.span().pipeline = PipelineLabel(p.pipeline, p.splits);
+    span.span().flops = static_cast<uint64_t>(GemmFlops(p.M, p.n, p.k));
+  }
   Pending pend;
   try {
     body(pend);
     state->Complete();
+  } catch (const Error& e) {
+    // Errors every rank raises alike before data moves leave the group
+    // usable (the workspace's counters are untouched): bad arguments, and
+    // a workspace that does not fit the heap (AllocSymmetric fails on all).
+    if (e.code() != ErrorCode::kInvalidArgument && e.code() != ErrorCode::kMismatch &&
+        e.code() != ErrorCode::kShmExhausted)
+      g.impl()->tx().Abort(e);
+    pend.Drain();
+    state->Fail(std::current_exception());
   } catch (...) {
+    g.impl()->tx().Abort(Error(ErrorCode::kInternal, "fused operator failed"));
     pend.Drain();
     state->Fail(std::current_exception());
   }
@@ -525,17 +856,20 @@ Work AllGatherMatmul(const Group& g, const void* a_shard, size_t m_local, size_t
   std::string err = LocalChecks(dtype, options,
                                 {a_shard == nullptr && m_local * k > 0,
                                  b == nullptr && k * n > 0});
-  Plan p = MakePlan(g, op, Msg(op, dtype, m_local, k, n, 0, options), err, options,
-                    c == nullptr && n > 0);
-  return Complete(p, report, [&](Pending& pend) {
+  ShapeMsg msg = Msg(op, dtype, m_local, k, n, 0, options);
+  msg.want_gathered = gathered_a != nullptr;
+  Plan p = MakePlan(g, op, msg, err, options, c == nullptr && n > 0);
+  return Complete(g, p, report, [&](Pending& pend) {
     std::vector<char> own;
     char* ag = static_cast<char*>(gathered_a);
-    if (ag == nullptr) {
+    // Serial and chunked gather into Ag whatever the caller wants; fused
+    // reads peers' shards in place and fills Ag only when asked.
+    if (ag == nullptr && (p.pipeline != Pipeline::kFused || p.size == 1)) {
       own.resize(p.M * p.k * p.esize);
       ag = own.data();
     }
     RunAllGatherMatmul(g, p, static_cast<const char*>(a_shard), static_cast<const char*>(b), c,
-                       ag, pend);
+                       ag, gathered_a != nullptr, pend);
   });
 }
 
@@ -548,7 +882,7 @@ Work MatmulReduceScatter(const Group& g, const void* a, size_t m, size_t k, cons
                                  c_shard == nullptr && m_local * n > 0});
   if (err.empty() && m_local > m) err = "m_local " + Str(m_local) + " exceeds M " + Str(m);
   Plan p = MakePlan(g, op, Msg(op, dtype, m, k, n, m_local, options), err, options);
-  return Complete(p, report, [&](Pending& pend) {
+  return Complete(g, p, report, [&](Pending& pend) {
     RunMatmulReduceScatter(g, p, static_cast<const char*>(a), static_cast<const char*>(b),
                            c_shard, pend);
   });
@@ -561,7 +895,7 @@ Work MatmulAllReduce(const Group& g, const void* a, size_t m, size_t k, const vo
                                 {a == nullptr && m * k > 0, b == nullptr && k * n > 0,
                                  c == nullptr && m * n > 0});
   Plan p = MakePlan(g, op, Msg(op, dtype, m, k, n, 0, options), err, options);
-  return Complete(p, report, [&](Pending& pend) {
+  return Complete(g, p, report, [&](Pending& pend) {
     RunMatmulAllReduce(g, p, static_cast<const char*>(a), static_cast<const char*>(b), c, pend);
   });
 }

@@ -5,13 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "engine/group_impl.h"
 #include "mc2/mc2.h"
+#include "transport/link_emulation.h"
 
 namespace mc2 {
 namespace {
@@ -67,13 +70,14 @@ struct Counters {
 std::vector<FusedOptions> AllPipelines() {
   std::vector<FusedOptions> v;
   FusedOptions o;
-  o.pipeline = Pipeline::kFused;
-  v.push_back(o);
   o.pipeline = Pipeline::kAuto;
   v.push_back(o);
   for (int s : kSplits) {
-    o.pipeline = Pipeline::kChunked;
     o.splits = s;
+    o.pipeline = Pipeline::kChunked;
+    v.push_back(o);
+    // Fused cuts every block into `splits` chunks, each its own transfer.
+    o.pipeline = Pipeline::kFused;
     v.push_back(o);
   }
   return v;
@@ -361,6 +365,145 @@ TEST(FusedOps, InconsistentShapesFailEverywhere) {
               MatmulAllReduceSync(g, a.data(), 6, 4, b.data(), 3, DType::kF64, c.data());
             }),
             std::vector<int>(3, inv));
+}
+
+// Under link emulation the fused pipeline's transfers go through the
+// rank's egress port: exactly the bytes the pipeline hands to its peers are
+// posted (the shape exchange and the workspace set-up declare none), no
+// call finishes before its port could have carried them, and the results
+// stay bitwise equal to serial.
+TEST(FusedOps, EmulatedLinkPacesFusedTransfers) {
+  WorldOptions wo;
+  wo.link = "bw=100MB/s,lat=20us";
+  Counters cnt;
+  std::atomic<int> wrong_bytes{0}, too_fast{0};
+  Group::RunInProcess(3, [&](Group& g) {
+    const int me = g.rank();
+    const size_t rows[3] = {40, 0, 57};
+    const size_t k = 512, n = 64, M = 97;
+    transport::LinkModel* port = g.impl()->tx().link();
+    ASSERT_NE(port, nullptr);
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const size_t es = DTypeSize(dtype);
+      Mat a = Random(rows[me] * k, dtype, 70 + me), b = Random(k * n, dtype, 80 + me);
+      FusedOptions so, fo;
+      so.pipeline = Pipeline::kSerial;
+      fo.pipeline = Pipeline::kFused;
+      fo.splits = 3;
+      std::vector<float> serial(M * n), c(M * n);
+      std::vector<char> ga(M * k * es);
+      AllGatherMatmulSync(g, a.bytes.data(), rows[me], k, b.bytes.data(), n, dtype,
+                          serial.data(), nullptr, so);
+      // AllGatherMatmul: our shard to each of the 2 peers.
+      uint64_t before = port->bytes_posted();
+      auto t0 = std::chrono::steady_clock::now();
+      AllGatherMatmulSync(g, a.bytes.data(), rows[me], k, b.bytes.data(), n, dtype, c.data(),
+                          ga.data(), fo);
+      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (port->bytes_posted() - before != 2 * rows[me] * k * es) wrong_bytes++;
+      // Every rank waits for the largest shard (57 rows) crossing one port.
+      if (secs < 0.95 * (2 * 57 * k * es) / 100e6) too_fast++;
+      if (!SameBits(c, serial)) cnt.not_bitwise++;
+      // MatmulReduceScatter: our partial of every other block, f32.
+      Mat ar = Random(M * k, dtype, 90 + me);
+      std::vector<float> rs_serial(rows[me] * n), rs(rows[me] * n);
+      MatmulReduceScatterSync(g, ar.bytes.data(), M, k, b.bytes.data(), n, dtype,
+                              rs_serial.data(), rows[me], so);
+      before = port->bytes_posted();
+      MatmulReduceScatterSync(g, ar.bytes.data(), M, k, b.bytes.data(), n, dtype, rs.data(),
+                              rows[me], fo);
+      if (port->bytes_posted() - before != (M - rows[me]) * n * 4) wrong_bytes++;
+      if (!SameBits(rs, rs_serial)) cnt.not_bitwise++;
+      // MatmulAllReduce: the partials, then our reduced block to 2 peers
+      // (blocks of M/3 rows: 32, 32, 33).
+      const size_t mine = M * (me + 1) / 3 - M * me / 3;
+      std::vector<float> d_serial(M * n), d(M * n);
+      MatmulAllReduceSync(g, ar.bytes.data(), M, k, b.bytes.data(), n, dtype, d_serial.data(),
+                          so);
+      before = port->bytes_posted();
+      MatmulAllReduceSync(g, ar.bytes.data(), M, k, b.bytes.data(), n, dtype, d.data(), fo);
+      if (port->bytes_posted() - before != ((M - mine) + 2 * mine) * n * 4) wrong_bytes++;
+      if (!SameBits(d, d_serial)) cnt.not_bitwise++;
+      cnt.runs++;
+    }
+  }, wo);
+  EXPECT_EQ(cnt.runs.load(), 6);
+  EXPECT_EQ(cnt.not_bitwise.load(), 0);
+  EXPECT_EQ(wrong_bytes.load(), 0);
+  EXPECT_EQ(too_fast.load(), 0);
+}
+
+// One group, many calls: the workspace grows (and is reused) across
+// operators, shapes and pipelines, and every result stays exact.
+TEST(FusedOps, WorkspaceGrowsAndIsReusedAcrossCalls) {
+  Counters cnt;
+  WorldOptions wo;
+  wo.heap_bytes = size_t{32} << 20;
+  Group::RunInProcess(4, [&](Group& g) {
+    const int me = g.rank();
+    for (size_t M : {5, 300, 17, 1200, 64, 2000, 3}) {
+      const size_t k = 33, n = 70;
+      Mat a = Random(M * k, DType::kF32, M + me), b = Random(k * n, DType::kF32, 7 * M + me);
+      const size_t rows = M * (me + 1) / 4 - M * me / 4;
+      FusedOptions so, fo, co;
+      so.pipeline = Pipeline::kSerial;
+      fo.pipeline = Pipeline::kFused;
+      fo.splits = 1 + M % 5;
+      co.pipeline = Pipeline::kChunked;
+      co.splits = 2;
+      std::vector<float> want(M * n), got(M * n);
+      MatmulAllReduceSync(g, a.bytes.data(), M, k, b.bytes.data(), n, DType::kF32, want.data(),
+                          so);
+      for (const FusedOptions& o : {fo, co, fo}) {
+        MatmulAllReduceSync(g, a.bytes.data(), M, k, b.bytes.data(), n, DType::kF32, got.data(),
+                            o);
+        if (!SameBits(got, want)) cnt.not_bitwise++;
+      }
+      std::vector<float> rs_want(rows * n), rs(rows * n);
+      MatmulReduceScatterSync(g, a.bytes.data(), M, k, b.bytes.data(), n, DType::kF32,
+                              rs_want.data(), rows, so);
+      MatmulReduceScatterSync(g, a.bytes.data(), M, k, b.bytes.data(), n, DType::kF32, rs.data(),
+                              rows, fo);
+      if (!SameBits(rs, rs_want)) cnt.not_bitwise++;
+      std::vector<float> ag_want(M * n), ag(M * n);
+      AllGatherMatmulSync(g, a.bytes.data(), rows, k, b.bytes.data(), n, DType::kF32,
+                          ag_want.data(), nullptr, so);
+      AllGatherMatmulSync(g, a.bytes.data(), rows, k, b.bytes.data(), n, DType::kF32, ag.data(),
+                          nullptr, fo);
+      if (!SameBits(ag, ag_want)) cnt.not_bitwise++;
+      cnt.runs++;
+    }
+  }, wo);
+  EXPECT_EQ(cnt.runs.load(), 4 * 7);
+  EXPECT_EQ(cnt.not_bitwise.load(), 0);
+}
+
+// A fused workspace larger than the heap fails on every rank with a clear
+// kShmExhausted, and the group goes on working.
+TEST(FusedOps, WorkspaceTooLargeForTheHeapFailsEverywhere) {
+  WorldOptions wo;
+  wo.heap_bytes = size_t{16} << 20;
+  std::vector<int> codes(2, -1);
+  std::vector<std::string> what(2);
+  Group::RunInProcess(2, [&](Group& g) {
+    const size_t M = 2048, k = 4, n = 2048;  // workspace: M n 4 = 16 MiB
+    std::vector<float> a(M * k, 1.0f), b(k * n, 1.0f), c(M * n);
+    FusedOptions fo;
+    fo.pipeline = Pipeline::kFused;
+    try {
+      MatmulAllReduceSync(g, a.data(), M, k, b.data(), n, DType::kF32, c.data(), fo);
+    } catch (const Error& e) {
+      codes[g.rank()] = static_cast<int>(e.code());
+      what[g.rank()] = e.what();
+    }
+    float x = 1, y = 0;
+    AllReduce(g, &x, &y, 1, DType::kF32, ReduceOp::kSum).Wait();
+    EXPECT_EQ(y, 2.0f);
+  }, wo);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(codes[r], static_cast<int>(ErrorCode::kShmExhausted)) << what[r];
+    EXPECT_NE(what[r].find("MC2_HEAP_BYTES"), std::string::npos) << what[r];
+  }
 }
 
 TEST(FusedOps, PipelineNames) {

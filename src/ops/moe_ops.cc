@@ -1,0 +1,717 @@
+// Mixture-of-experts operators (include/mc2/ops.h): MoeRoute, AllToAllMatmul
+// (dispatch + expert GEMM) and MatmulAllToAll (expert GEMM + combine).
+//
+// Works as follows (P ranks, rank r, E/P local experts, s chunks).
+//
+// MoeRoute all-gathers every rank's per-expert slot counts, so every rank
+// knows the whole P x E count matrix, hence how many rows go from any rank
+// to any other and to which expert, before any token moves (DeepEP's
+// "layout" / "notify" step). It also sorts the rank's routed slots by
+// expert (a stable counting sort): the dispatch order.
+//
+// Three row orders appear below:
+//   send order     the sender's routed slots sorted by expert: the rows for
+//                  rank q form block q, within it sorted by local expert.
+//   source-major   on an expert rank, block p holds the rows from rank p,
+//                  in rank p's send order (what an all-to-all delivers).
+//   expert-grouped the user-visible order: by local expert, then source
+//                  rank, then the source's slot order.
+// The sub-block (p, le) of rows from rank p for expert le is contiguous in
+// both of the last two, so a GEMM can read it in one and write it in the
+// other: the pipelines multiply sub-blocks (or parts of them) in place and
+// never sort rows, except serial, which is the classic sequence (all-to-all,
+// sort by expert, one GEMM per expert, and the reverse for the combine).
+//
+// Every pipeline moves rows over the point-to-point channels (Group::Send /
+// Recv), one message per (peer, chunk), so that they all pay for the same
+// transport, and so that link emulation, which charges point-to-point
+// chunks but not the direct all-to-all collective (docs/link-emulation.md),
+// times them alike.
+//
+// AllToAllMatmul (x [T x d] -> y [R x h] expert-grouped):
+//   pack      x rows in send order into Xs (S rows: one copy of the routed
+//             tokens, as every all-to-all dispatch makes).
+//   serial    the all-to-all-v (every block posted, all waited for) into Xr
+//             (source-major), sort Xr by expert, one GEMM per expert.
+//   chunked   block (r -> q) cut into s chunks for every pair, every chunk
+//             posted at once (messages to one peer move in posting order,
+//             so chunk j of every block before chunk j+1); the own block is
+//             multiplied first (it needs no transfer), then chunk j of every
+//             other block as it arrives, while chunks > j move.
+//   fused     every block cut into s chunks, every receive posted up
+//             front; own block first, then at step i the block of rank r-i,
+//             each chunk multiplied as soon as it arrived; rank r sends
+//             block r+i once the block of step i-1 arrived, so each egress
+//             port carries one block at a time in step order (posting all
+//             sends at once would interleave them and make every block
+//             arrive late).
+// MatmulAllToAll (hidden [R x h] expert-grouped -> out [T x d]):
+//   serial    one GEMM per expert, sort to source-major, the all-to-all-v
+//             back to send order (Yr), combine.
+//   chunked   for j: chunk j of every block for another rank is multiplied,
+//             then sent (it moves while chunk j+1 is multiplied); the own
+//             block last, straight into Yr.
+//   fused     every block cut into s chunks, every receive posted up
+//             front; chunk j of the block for rank r+1, r+2, ... multiplied
+//             and sent (it moves while the next is multiplied); the own
+//             block last, straight into Yr.
+//   combine   out[t] = sum over j of probs[t, j] * Yr[row of slot (t, j)],
+//             j ascending, in f32.
+// Bytes per rank: the routed rows, once each way (d elements of dtype in the
+// dispatch, d f32 in the combine), in every pipeline.
+//
+// Determinism: every pipeline computes each output row with the same GEMM
+// shape (k, n, the same expert's weights); with one thread a oneDNN row
+// does not depend on the other rows computed with it, and the combine sums
+// in a fixed order, so all pipelines and split counts agree bit for bit.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "collectives/algorithm.h"
+#include "mc2/collectives.h"
+#include "mc2/error.h"
+#include "mc2/ops.h"
+#include "ops/fused_common.h"
+
+namespace mc2 {
+
+size_t MoeRouting::expert_rows(int local_expert) const {
+  size_t rows = 0;
+  const size_t E = static_cast<size_t>(num_experts);
+  if (local_expert < 0 || local_expert >= experts_per_rank || counts.size() != ranks * E) return 0;
+  for (int p = 0; p < ranks; ++p) {
+    rows += counts[p * E + static_cast<size_t>(rank) * experts_per_rank + local_expert];
+  }
+  return rows;
+}
+
+size_t MoeRouting::num_received() const {
+  size_t rows = 0;
+  for (int le = 0; le < experts_per_rank; ++le) rows += expert_rows(le);
+  return rows;
+}
+
+namespace {
+
+using fused::ChunkLo;
+using fused::OpSpan;
+using fused::Pending;
+using fused::Str;
+
+constexpr const char* kRouteName = "moe_route";
+constexpr const char* kDispatchName = "all_to_all_matmul";
+constexpr const char* kCombineName = "matmul_all_to_all";
+// Point-to-point tags of the dispatch and combine messages (every pipeline).
+constexpr int kDispatchTag = 0x4d43324d;  // "MC2M"
+constexpr int kCombineTag = 0x4d43324e;   // "MC2N"
+
+uint64_t Fnv1a(uint64_t h, uint64_t v) {
+  for (int i = 0; i < 8; ++i) {
+    h ^= (v >> (8 * i)) & 0xff;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// A hash of what every rank's routing must agree on.
+uint64_t RoutingFingerprint(int ranks, int num_experts, int topk,
+                            const std::vector<size_t>& counts) {
+  uint64_t h = 14695981039346656037ull;
+  h = Fnv1a(h, uint64_t(ranks));
+  h = Fnv1a(h, uint64_t(num_experts));
+  h = Fnv1a(h, uint64_t(topk));
+  for (size_t c : counts) h = Fnv1a(h, c);
+  return h;
+}
+
+struct RouteMsg {
+  uint64_t num_experts;
+  uint64_t topk;
+  uint64_t num_tokens;
+  uint64_t error;
+};
+
+}  // namespace
+
+MoeRouting MoeRoute(const Group& g, const int32_t* expert_ids, size_t num_tokens, int topk,
+                    int num_experts, std::chrono::nanoseconds timeout) {
+  std::string err;
+  const int P = g.valid() ? g.size() : 1;
+  if (num_experts < 1 || num_experts % P != 0) {
+    err = "num_experts (" + std::to_string(num_experts) +
+          ") must be a positive multiple of the group size (" + std::to_string(P) + ")";
+  } else if (topk < 1) {
+    err = "topk must be >= 1, not " + std::to_string(topk);
+  } else if (expert_ids == nullptr && num_tokens > 0) {
+    err = "expert_ids is null but num_tokens is " + Str(num_tokens);
+  }
+  const size_t slots = err.empty() ? num_tokens * static_cast<size_t>(topk) : 0;
+  std::vector<uint64_t> mine(err.empty() ? num_experts : 0, 0);
+  for (size_t s = 0; s < slots; ++s) {
+    int32_t e = expert_ids[s];
+    if (e < -1 || e >= num_experts) {
+      err = "expert_ids[" + Str(s) + "] = " + std::to_string(e) + " is outside [-1, " +
+            std::to_string(num_experts) + ")";
+      break;
+    }
+    if (e >= 0) mine[e]++;
+  }
+  RouteMsg msg{uint64_t(std::max(num_experts, 0)), uint64_t(std::max(topk, 0)), num_tokens, 0};
+  std::vector<RouteMsg> all =
+      fused::ExchangeArgs(g, kRouteName, msg, err, &RouteMsg::error, timeout);
+  fused::RequireSame(all, kRouteName, g.rank(), "num_experts",
+                     [](const RouteMsg& m) { return m.num_experts; });
+  fused::RequireSame(all, kRouteName, g.rank(), "topk", [](const RouteMsg& m) { return m.topk; });
+
+  MoeRouting r;
+  r.rank = g.rank();
+  r.ranks = P;
+  r.num_experts = num_experts;
+  r.experts_per_rank = num_experts / P;
+  r.topk = topk;
+  r.num_tokens = num_tokens;
+  std::vector<uint64_t> matrix(size_t(P) * num_experts);
+  CollectiveOptions co;
+  co.timeout = timeout;
+  AllGather(g, mine.data(), matrix.data(), mine.size(), DType::kI64, co).Wait();
+  r.counts.assign(matrix.begin(), matrix.end());
+  // Stable counting sort of the routed slots by expert.
+  std::vector<size_t> next(num_experts + 1, 0);
+  for (int e = 0; e < num_experts; ++e) next[e + 1] = next[e] + mine[e];
+  r.send_slots.resize(next[num_experts]);
+  for (size_t s = 0; s < slots; ++s) {
+    if (expert_ids[s] >= 0) r.send_slots[next[expert_ids[s]]++] = s;
+  }
+  r.fingerprint = RoutingFingerprint(P, num_experts, topk, r.counts);
+  return r;
+}
+
+namespace {
+
+// What every rank publishes at the start of a dispatch or combine.
+struct MoeMsg {
+  uint64_t op;  // 1 dispatch, 2 combine
+  uint64_t dtype;
+  uint64_t d;
+  uint64_t h;
+  uint64_t num_experts;
+  uint64_t topk;
+  uint64_t fingerprint;
+  uint64_t pipeline_splits;
+  uint64_t link_bw;  // emulated link bytes/s (0: none): auto depends on it
+  uint64_t error;
+};
+
+// Checks a routing against the group and itself; "" if usable.
+std::string CheckRouting(const Group& g, const MoeRouting& r) {
+  if (!g.valid()) return {};
+  if (r.ranks != g.size() || r.rank != g.rank()) {
+    return "the routing was made for rank " + std::to_string(r.rank) + " of " +
+           std::to_string(r.ranks) + ", not rank " + std::to_string(g.rank()) + " of " +
+           std::to_string(g.size()) + " (use MoeRoute on this group)";
+  }
+  const size_t E = static_cast<size_t>(std::max(r.num_experts, 0));
+  if (r.num_experts < 1 || r.topk < 1 || r.experts_per_rank * r.ranks != r.num_experts ||
+      r.counts.size() != r.ranks * E) {
+    return "the routing is malformed (use MoeRoute)";
+  }
+  size_t sent = 0;
+  for (size_t e = 0; e < E; ++e) sent += r.counts[r.rank * E + e];
+  if (sent != r.send_slots.size()) {
+    return "the routing is malformed: send_slots has " + Str(r.send_slots.size()) +
+           " entries, its counts say " + Str(sent);
+  }
+  const size_t slots = r.num_tokens * r.topk;
+  for (size_t s : r.send_slots) {
+    if (s >= slots) return "the routing is malformed: slot " + Str(s) + " >= T x topk";
+  }
+  return {};
+}
+
+// One call's plan and the row layout of this rank (see the top comment).
+struct MoePlan {
+  const char* op;
+  int rank = 0, size = 1;
+  int El = 0;  // local experts
+  size_t E = 0;
+  DType dtype = DType::kF32;
+  size_t esize = 4;
+  size_t d = 0, h = 0;
+  Pipeline pipeline = Pipeline::kSerial;
+  int splits = 1;
+  GemmOptions gemm;
+  // Expert side: sub-block (p, le) has in_cnt[p El + le] rows, at row
+  // in_src[p El + le] in source-major order and in_exp[p El + le] in
+  // expert-grouped order; block p has in_blk[p] rows from row in_blk_off[p].
+  std::vector<size_t> in_cnt, in_src, in_exp, in_blk, in_blk_off;
+  size_t R = 0;
+  // Token side: block q (for rank q) has out_blk[q] rows from out_blk_off[q]
+  // in send order.
+  std::vector<size_t> out_blk, out_blk_off;
+  size_t S = 0;
+};
+
+MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType dtype, size_t d,
+                    size_t h, const std::string& local_error, const FusedOptions& o) {
+  MoeMsg mine{};
+  mine.op = op == kDispatchName ? 1 : 2;
+  mine.dtype = static_cast<uint64_t>(dtype);
+  mine.d = d;
+  mine.h = h;
+  mine.num_experts = static_cast<uint64_t>(std::max(r.num_experts, 0));
+  mine.topk = static_cast<uint64_t>(std::max(r.topk, 0));
+  // Recomputed, not taken from the routing: a routing whose counts were
+  // changed on one rank must fail everywhere, not leave messages of the
+  // wrong size in flight.
+  mine.fingerprint =
+      local_error.empty() ? RoutingFingerprint(r.ranks, r.num_experts, r.topk, r.counts) : 0;
+  mine.pipeline_splits = fused::PackPipelineSplits(o);
+  mine.link_bw = g.valid() ? fused::LinkBytesPerSecond(g) : 0;
+  std::vector<MoeMsg> all =
+      fused::ExchangeArgs(g, op, mine, local_error, &MoeMsg::error, o.timeout);
+  MoePlan p;
+  p.op = op;
+  p.rank = g.rank();
+  p.size = g.size();
+  for (size_t q = 1; q < all.size(); ++q) {
+    if (all[q].op != all[0].op) {
+      fused::Fail(ErrorCode::kMismatch, op, p.rank,
+                  "ranks called different operators: rank 0 " +
+                      std::string(all[0].op == 1 ? kDispatchName : kCombineName) + ", rank " +
+                      std::to_string(q) + " " + (all[q].op == 1 ? kDispatchName : kCombineName));
+    }
+  }
+  auto same = [&](const char* what, auto get) { fused::RequireSame(all, op, p.rank, what, get); };
+  same("dtype", [](const MoeMsg& m) { return m.dtype; });
+  same("d (model dimension)", [](const MoeMsg& m) { return m.d; });
+  same("h (expert hidden dimension)", [](const MoeMsg& m) { return m.h; });
+  same("num_experts", [](const MoeMsg& m) { return m.num_experts; });
+  same("topk", [](const MoeMsg& m) { return m.topk; });
+  same("routing fingerprint (routings of different batches?)",
+       [](const MoeMsg& m) { return m.fingerprint; });
+  same("pipeline", [](const MoeMsg& m) { return m.pipeline_splits >> 32; });
+  same("splits", [](const MoeMsg& m) { return m.pipeline_splits & 0xffffffff; });
+  same("emulated link bandwidth (bytes/s)", [](const MoeMsg& m) { return m.link_bw; });
+
+  const int P = p.size, me = p.rank;
+  p.dtype = dtype;
+  p.esize = DTypeSize(dtype);
+  p.d = d;
+  p.h = h;
+  p.E = static_cast<size_t>(r.num_experts);
+  p.El = r.experts_per_rank;
+  const size_t El = static_cast<size_t>(p.El);
+  p.in_cnt.resize(P * El);
+  p.in_src.resize(P * El);
+  p.in_exp.resize(P * El);
+  p.in_blk.assign(P, 0);
+  p.in_blk_off.resize(P);
+  p.out_blk.assign(P, 0);
+  p.out_blk_off.resize(P);
+  for (int q = 0; q < P; ++q) {
+    p.in_blk_off[q] = p.R;
+    for (size_t le = 0; le < El; ++le) {
+      size_t c = r.counts[q * p.E + me * El + le];
+      p.in_cnt[q * El + le] = c;
+      p.in_src[q * El + le] = p.R;
+      p.R += c;
+      p.in_blk[q] += c;
+    }
+    p.out_blk_off[q] = p.S;
+    for (size_t le = 0; le < El; ++le) p.out_blk[q] += r.counts[me * p.E + q * El + le];
+    p.S += p.out_blk[q];
+  }
+  size_t at = 0;
+  for (size_t le = 0; le < El; ++le) {
+    for (int q = 0; q < P; ++q) {
+      p.in_exp[q * El + le] = at;
+      at += p.in_cnt[q * El + le];
+    }
+  }
+  p.pipeline = static_cast<Pipeline>(all[0].pipeline_splits >> 32);
+  p.splits = static_cast<int>(all[0].pipeline_splits & 0xffffffff);
+  if (p.pipeline == Pipeline::kAuto) {
+    // From the count matrix, d, h and the link: the same on every rank. The
+    // busiest rank's GEMM rows and port bytes (the dispatch sends tokens in
+    // dtype, the combine returns results in f32).
+    const bool dispatch = op == kDispatchName;
+    double rows = 0, port = 0;
+    for (int a = 0; a < P; ++a) {
+      double in = 0, out = 0;
+      for (int b = 0; b < P; ++b) {
+        for (size_t le = 0; le < El; ++le) {
+          in += r.counts[b * p.E + a * El + le];
+          if (b != a) {
+            out += dispatch ? r.counts[a * p.E + b * El + le] : r.counts[b * p.E + a * El + le];
+          }
+        }
+      }
+      rows = std::max(rows, in);
+      port = std::max(port, out * d * (dispatch ? p.esize : sizeof(float)));
+    }
+    bool overlap =
+        fused::OverlapPays(GemmFlops(size_t(rows), d, h), dtype, port, all[0].link_bw, P);
+    p.pipeline = overlap ? Pipeline::kChunked : Pipeline::kSerial;
+    p.splits = overlap ? 4 : 1;
+  }
+  if (p.pipeline == Pipeline::kSerial) p.splits = 1;
+  p.gemm = fused::OperatorGemmOptions(g, dtype, o);
+  return p;
+}
+
+// One direction of an all-to-all-v over the point-to-point channels: the
+// rows of `rows[q]` starting at row `first[q]` of `base` go to (or come from)
+// every other rank q. Chunk j of s posts rows [ChunkLo(rows, j, s),
+// ChunkLo(rows, j + 1, s)) of each block, in ring order (to r+1, r+2, ...;
+// from r-1, r-2, ...). Both ends compute the same sizes from the routing,
+// so empty messages are skipped alike. Returns the posted works per rank.
+std::vector<Work> PostBlocks(const Group& g, const MoePlan& p, bool send, int tag, char* base,
+                             const std::vector<size_t>& rows, const std::vector<size_t>& first,
+                             size_t row_bytes, int j, int s, Pending& pend) {
+  std::vector<Work> works(p.size);
+  for (int i = 1; i < p.size; ++i) {
+    int q = collectives::Mod(send ? p.rank + i : p.rank - i, p.size);
+    size_t lo = ChunkLo(rows[q], j, s), hi = ChunkLo(rows[q], j + 1, s);
+    if ((hi - lo) * row_bytes == 0) continue;
+    char* at = base + (first[q] + lo) * row_bytes;
+    works[q] = send ? g.Send(at, (hi - lo) * row_bytes, q, tag)
+                    : g.Recv(at, (hi - lo) * row_bytes, q, tag);
+    pend.Add(works[q]);
+  }
+  return works;
+}
+
+// rows x n (f32) = A (rows x k, dtype) * W (k x n); zeros when k == 0.
+void ExpertGemm(const MoePlan& p, const char* name, size_t rows, size_t n, size_t k, const char* a,
+                const char* w, float* c) {
+  if (rows == 0 || n == 0) return;
+  OpSpan span(name, trace::Category::kCompute, p.pipeline,
+              static_cast<uint64_t>(GemmFlops(rows, n, k)));
+  if (k == 0) {
+    std::fill(c, c + rows * n, 0.0f);
+    return;
+  }
+  Gemm(rows, n, k, p.dtype, a, w, DType::kF32, c, p.gemm);
+}
+
+// Calls fn(le, a, b, at) for each expert sub-block of block p that rows
+// [lo, hi) of the block overlap: rows [a, b) of the block, `at` the first
+// row of that sub-block's part in expert-grouped order.
+template <typename Fn>
+void ForSubBlocks(const MoePlan& p, int q, size_t lo, size_t hi, Fn&& fn) {
+  const size_t El = static_cast<size_t>(p.El);
+  for (size_t le = 0; le < El && lo < hi; ++le) {
+    size_t s0 = p.in_src[q * El + le] - p.in_blk_off[q];
+    size_t s1 = s0 + p.in_cnt[q * El + le];
+    size_t a = std::max(lo, s0), b = std::min(hi, s1);
+    if (a < b) fn(static_cast<int>(le), a, b, p.in_exp[q * El + le] + (a - s0));
+  }
+}
+
+// ------------------------------------------------------------- dispatch
+struct DispatchArgs {
+  const char* w;
+  float* y;
+  char* dx;        // dispatched tokens (expert-grouped), or null
+  const char* xs;  // tokens in send order
+  char* xr;        // received tokens, source-major
+};
+
+// Rows [lo, hi) of the block from rank q (at `block`): times their experts'
+// weights into y, and copied to dispatched_x.
+void DispatchRows(const MoePlan& p, const DispatchArgs& x, int q, const char* block, size_t lo,
+                  size_t hi) {
+  const size_t rb = p.d * p.esize;
+  ForSubBlocks(p, q, lo, hi, [&](int le, size_t a, size_t b, size_t at) {
+    const char* rows = block + a * rb;
+    ExpertGemm(p, "all_to_all_matmul.expert_gemm", b - a, p.h, p.d, rows,
+               x.w + le * p.d * p.h * p.esize, x.y + at * p.h);
+    if (x.dx && (b - a) * rb > 0) std::memcpy(x.dx + at * rb, rows, (b - a) * rb);
+  });
+}
+
+void DispatchSerial(const Group& g, const MoePlan& p, const DispatchArgs& x, Pending& pend) {
+  const int P = p.size, me = p.rank;
+  const size_t rb = p.d * p.esize;
+  // The all-to-all-v: every block at once, then wait for all of it.
+  PostBlocks(g, p, false, kDispatchTag, x.xr, p.in_blk, p.in_blk_off, rb, 0, 1, pend);
+  PostBlocks(g, p, true, kDispatchTag, const_cast<char*>(x.xs), p.out_blk, p.out_blk_off, rb, 0, 1,
+             pend);
+  if (p.in_blk[me] * rb > 0) {
+    std::memcpy(x.xr + p.in_blk_off[me] * rb, x.xs + p.out_blk_off[me] * rb, p.in_blk[me] * rb);
+  }
+  {
+    OpSpan wait("all_to_all_matmul.wait", trace::Category::kWait, p.pipeline);
+    pend.WaitAll();
+  }
+  {
+    OpSpan sort("all_to_all_matmul.sort", trace::Category::kHost, p.pipeline);
+    for (int q = 0; q < P && rb > 0; ++q) {
+      ForSubBlocks(p, q, 0, p.in_blk[q], [&](int, size_t a, size_t b, size_t at) {
+        std::memcpy(x.dx + at * rb, x.xr + (p.in_blk_off[q] + a) * rb, (b - a) * rb);
+      });
+    }
+  }
+  // One GEMM per expert over its contiguous rows.
+  for (int le = 0; le < p.El; ++le) {
+    size_t first = p.in_exp[le], rows = 0;
+    for (int q = 0; q < P; ++q) rows += p.in_cnt[q * p.El + le];
+    ExpertGemm(p, "all_to_all_matmul.expert_gemm", rows, p.h, p.d, x.dx + first * rb,
+               x.w + le * p.d * p.h * p.esize, x.y + first * p.h);
+  }
+}
+
+void DispatchChunked(const Group& g, const MoePlan& p, const DispatchArgs& x, Pending& pend) {
+  const int P = p.size, me = p.rank, s = p.splits;
+  const size_t rb = p.d * p.esize;
+  // Every chunk posted at once: messages to one peer go in posting order,
+  // so chunk j of every block moves before chunk j+1.
+  std::vector<std::vector<Work>> recv(s);
+  for (int j = 0; j < s; ++j) {
+    recv[j] = PostBlocks(g, p, false, kDispatchTag, x.xr, p.in_blk, p.in_blk_off, rb, j, s, pend);
+    PostBlocks(g, p, true, kDispatchTag, const_cast<char*>(x.xs), p.out_blk, p.out_blk_off, rb, j,
+               s, pend);
+  }
+  DispatchRows(p, x, me, x.xs + p.out_blk_off[me] * rb, 0, p.in_blk[me]);
+  for (int j = 0; j < s; ++j) {
+    for (int i = 1; i < P; ++i) {
+      int q = collectives::Mod(me - i, P);
+      {
+        OpSpan wait("all_to_all_matmul.wait", trace::Category::kWait, p.pipeline);
+        recv[j][q].Wait();
+      }
+      DispatchRows(p, x, q, x.xr + p.in_blk_off[q] * rb, ChunkLo(p.in_blk[q], j, s),
+                   ChunkLo(p.in_blk[q], j + 1, s));
+    }
+  }
+  pend.WaitAll();
+}
+
+void DispatchFused(const Group& g, const MoePlan& p, const DispatchArgs& x, Pending& pend) {
+  const int P = p.size, me = p.rank, s = p.splits;
+  const size_t rb = p.d * p.esize;
+  // recv[i][j]: chunk j of the block of step i (from rank r-i).
+  std::vector<std::vector<Work>> recv(P, std::vector<Work>(s));
+  for (int i = 1; i < P; ++i) {
+    int src = collectives::Mod(me - i, P);
+    for (int j = 0; j < s; ++j) {
+      size_t lo = ChunkLo(p.in_blk[src], j, s), hi = ChunkLo(p.in_blk[src], j + 1, s);
+      if ((hi - lo) * rb == 0) continue;
+      recv[i][j] = g.Recv(x.xr + (p.in_blk_off[src] + lo) * rb, (hi - lo) * rb, src, kDispatchTag);
+      pend.Add(recv[i][j]);
+    }
+  }
+  auto post_send = [&](int i) {
+    if (i >= P) return;
+    int dst = collectives::Mod(me + i, P);
+    for (int j = 0; j < s; ++j) {
+      size_t lo = ChunkLo(p.out_blk[dst], j, s), hi = ChunkLo(p.out_blk[dst], j + 1, s);
+      if ((hi - lo) * rb == 0) continue;
+      pend.Add(g.Send(x.xs + (p.out_blk_off[dst] + lo) * rb, (hi - lo) * rb, dst, kDispatchTag));
+    }
+  };
+  post_send(1);
+  DispatchRows(p, x, me, x.xs + p.out_blk_off[me] * rb, 0, p.in_blk[me]);
+  for (int i = 1; i < P; ++i) {
+    int src = collectives::Mod(me - i, P);
+    for (int j = 0; j < s; ++j) {
+      {
+        OpSpan wait("all_to_all_matmul.wait", trace::Category::kWait, p.pipeline);
+        recv[i][j].Wait();
+      }
+      if (j == s - 1) post_send(i + 1);
+      DispatchRows(p, x, src, x.xr + p.in_blk_off[src] * rb, ChunkLo(p.in_blk[src], j, s),
+                   ChunkLo(p.in_blk[src], j + 1, s));
+    }
+  }
+  pend.WaitAll();
+}
+
+// -------------------------------------------------------------- combine
+struct CombineArgs {
+  const char* hidden;  // expert-grouped
+  const char* w;
+  float* ys;  // results for other ranks, source-major
+  float* yr;  // results back home, in send order
+};
+
+// Rows [lo, hi) of the block for rank q: their experts' products into
+// `block` (the block's first row; rows in source-major order).
+void CombineRows(const MoePlan& p, const CombineArgs& x, int q, float* block, size_t lo,
+                 size_t hi) {
+  ForSubBlocks(p, q, lo, hi, [&](int le, size_t a, size_t b, size_t at) {
+    ExpertGemm(p, "matmul_all_to_all.expert_gemm", b - a, p.d, p.h, x.hidden + at * p.h * p.esize,
+               x.w + le * p.h * p.d * p.esize, block + a * p.d);
+  });
+}
+
+void CombineSerial(const Group& g, const MoePlan& p, const CombineArgs& x, Pending& pend) {
+  const int P = p.size;
+  fused::Scratch<float> ye(p.R * p.d);
+  for (int le = 0; le < p.El; ++le) {
+    size_t first = p.in_exp[le], rows = 0;
+    for (int q = 0; q < P; ++q) rows += p.in_cnt[q * p.El + le];
+    ExpertGemm(p, "matmul_all_to_all.expert_gemm", rows, p.d, p.h, x.hidden + first * p.h * p.esize,
+               x.w + le * p.h * p.d * p.esize, ye.data() + first * p.d);
+  }
+  {
+    OpSpan sort("matmul_all_to_all.sort", trace::Category::kHost, p.pipeline);
+    for (int q = 0; q < P; ++q) {
+      ForSubBlocks(p, q, 0, p.in_blk[q], [&](int, size_t a, size_t b, size_t at) {
+        std::copy(ye.data() + at * p.d, ye.data() + (at + b - a) * p.d,
+                  x.ys + (p.in_blk_off[q] + a) * p.d);
+      });
+    }
+  }
+  const size_t rb = p.d * sizeof(float);
+  char* ys = reinterpret_cast<char*>(x.ys);
+  char* yr = reinterpret_cast<char*>(x.yr);
+  PostBlocks(g, p, false, kCombineTag, yr, p.out_blk, p.out_blk_off, rb, 0, 1, pend);
+  PostBlocks(g, p, true, kCombineTag, ys, p.in_blk, p.in_blk_off, rb, 0, 1, pend);
+  const int me = p.rank;
+  std::copy(x.ys + p.in_blk_off[me] * p.d, x.ys + (p.in_blk_off[me] + p.in_blk[me]) * p.d,
+            x.yr + p.out_blk_off[me] * p.d);
+  OpSpan wait("matmul_all_to_all.wait", trace::Category::kWait, p.pipeline);
+  pend.WaitAll();
+}
+
+void CombineChunked(const Group& g, const MoePlan& p, const CombineArgs& x, Pending& pend) {
+  const int P = p.size, me = p.rank, s = p.splits;
+  const size_t rb = p.d * sizeof(float);
+  char* ys = reinterpret_cast<char*>(x.ys);
+  char* yr = reinterpret_cast<char*>(x.yr);
+  for (int j = 0; j < s; ++j) {
+    PostBlocks(g, p, false, kCombineTag, yr, p.out_blk, p.out_blk_off, rb, j, s, pend);
+  }
+  for (int j = 0; j < s; ++j) {
+    for (int i = 1; i < P; ++i) {
+      int q = collectives::Mod(me + i, P);
+      CombineRows(p, x, q, x.ys + p.in_blk_off[q] * p.d, ChunkLo(p.in_blk[q], j, s),
+                  ChunkLo(p.in_blk[q], j + 1, s));
+    }
+    PostBlocks(g, p, true, kCombineTag, ys, p.in_blk, p.in_blk_off, rb, j, s, pend);
+  }
+  CombineRows(p, x, me, x.yr + p.out_blk_off[me] * p.d, 0, p.in_blk[me]);
+  OpSpan wait("matmul_all_to_all.wait", trace::Category::kWait, p.pipeline);
+  pend.WaitAll();
+}
+
+void CombineFused(const Group& g, const MoePlan& p, const CombineArgs& x, Pending& pend) {
+  const int P = p.size, me = p.rank, s = p.splits;
+  const size_t rb = p.d * sizeof(float);
+  for (int i = 1; i < P; ++i) {
+    int src = collectives::Mod(me - i, P);
+    for (int j = 0; j < s; ++j) {
+      size_t lo = ChunkLo(p.out_blk[src], j, s), hi = ChunkLo(p.out_blk[src], j + 1, s);
+      if ((hi - lo) * rb == 0) continue;
+      pend.Add(g.Recv(x.yr + (p.out_blk_off[src] + lo) * p.d, (hi - lo) * rb, src, kCombineTag));
+    }
+  }
+  for (int i = 1; i < P; ++i) {
+    int dst = collectives::Mod(me + i, P);
+    float* block = x.ys + p.in_blk_off[dst] * p.d;
+    for (int j = 0; j < s; ++j) {
+      size_t lo = ChunkLo(p.in_blk[dst], j, s), hi = ChunkLo(p.in_blk[dst], j + 1, s);
+      if ((hi - lo) * rb == 0) continue;
+      CombineRows(p, x, dst, block, lo, hi);
+      pend.Add(g.Send(block + lo * p.d, (hi - lo) * rb, dst, kCombineTag));
+    }
+  }
+  CombineRows(p, x, me, x.yr + p.out_blk_off[me] * p.d, 0, p.in_blk[me]);
+  OpSpan wait("matmul_all_to_all.wait", trace::Category::kWait, p.pipeline);
+  pend.WaitAll();
+}
+
+// out[t] = sum over j ascending of probs[t, j] * Yr[row of slot (t, j)].
+void Combine(const MoePlan& p, const MoeRouting& r, const float* yr, const float* probs,
+             float* out) {
+  if (p.d == 0) return;
+  OpSpan span("matmul_all_to_all.combine", trace::Category::kHost, p.pipeline);
+  const size_t topk = static_cast<size_t>(r.topk);
+  std::vector<int64_t> row_of(r.num_tokens * topk, -1);
+  for (size_t pos = 0; pos < r.send_slots.size(); ++pos) row_of[r.send_slots[pos]] = pos;
+  for (size_t t = 0; t < r.num_tokens; ++t) {
+    float* o = out + t * p.d;
+    std::fill(o, o + p.d, 0.0f);
+    for (size_t j = 0; j < topk; ++j) {
+      int64_t row = row_of[t * topk + j];
+      if (row < 0) continue;
+      const float* y = yr + row * p.d;
+      const float wgt = probs ? probs[t * topk + j] : 1.0f;
+      for (size_t c = 0; c < p.d; ++c) o[c] += wgt * y[c];
+    }
+  }
+}
+
+}  // namespace
+
+Work AllToAllMatmul(const Group& g, const MoeRouting& routing, const void* x, size_t d,
+                    const void* w, size_t h, DType dtype, float* y, void* dispatched_x,
+                    const FusedOptions& options, FusedReport* report) {
+  std::string err = CheckRouting(g, routing);
+  if (err.empty()) {
+    size_t R = routing.num_received();
+    err = fused::LocalChecks(
+        dtype, options,
+        {x == nullptr && routing.num_tokens * d > 0,
+         w == nullptr && size_t(routing.experts_per_rank) * d * h > 0, y == nullptr && R * h > 0});
+  }
+  MoePlan p = MakeMoePlan(g, kDispatchName, routing, dtype, d, h, err, options);
+  return fused::CompleteOp(kDispatchName, p.pipeline, p.splits, report, [&](Pending& pend) {
+    const size_t rb = p.d * p.esize;
+    fused::Scratch<char> xs(p.S * rb), xr(p.R * rb), own_dx;
+    {
+      OpSpan pack("all_to_all_matmul.pack", trace::Category::kHost, p.pipeline);
+      const char* src = static_cast<const char*>(x);
+      for (size_t pos = 0; pos < p.S && rb > 0; ++pos) {
+        std::memcpy(xs.data() + pos * rb, src + (routing.send_slots[pos] / routing.topk) * rb, rb);
+      }
+    }
+    DispatchArgs a{static_cast<const char*>(w), y, static_cast<char*>(dispatched_x), xs.data(),
+                   xr.data()};
+    if (p.pipeline == Pipeline::kSerial) {
+      // Serial sorts the received rows by expert, into dispatched_x if
+      // asked for, else into a buffer of its own.
+      if (a.dx == nullptr) {
+        own_dx.Resize(p.R * rb);
+        a.dx = own_dx.data();
+      }
+      DispatchSerial(g, p, a, pend);
+    } else if (p.pipeline == Pipeline::kChunked) {
+      DispatchChunked(g, p, a, pend);
+    } else {
+      DispatchFused(g, p, a, pend);
+    }
+  });
+}
+
+Work MatmulAllToAll(const Group& g, const MoeRouting& routing, const void* hidden, size_t h,
+                    const void* w, size_t d, DType dtype, float* out, const float* probs,
+                    const FusedOptions& options, FusedReport* report) {
+  std::string err = CheckRouting(g, routing);
+  if (err.empty()) {
+    size_t R = routing.num_received();
+    err = fused::LocalChecks(dtype, options,
+                             {hidden == nullptr && R * h > 0,
+                              w == nullptr && size_t(routing.experts_per_rank) * d * h > 0,
+                              out == nullptr && routing.num_tokens * d > 0});
+  }
+  MoePlan p = MakeMoePlan(g, kCombineName, routing, dtype, d, h, err, options);
+  return fused::CompleteOp(kCombineName, p.pipeline, p.splits, report, [&](Pending& pend) {
+    fused::Scratch<float> ys(p.R * p.d), yr(p.S * p.d);
+    CombineArgs a{static_cast<const char*>(hidden), static_cast<const char*>(w), ys.data(),
+                  yr.data()};
+    if (p.pipeline == Pipeline::kSerial) {
+      CombineSerial(g, p, a, pend);
+    } else if (p.pipeline == Pipeline::kChunked) {
+      CombineChunked(g, p, a, pend);
+    } else {
+      CombineFused(g, p, a, pend);
+    }
+    Combine(p, routing, yr.data(), probs, out);
+  });
+}
+
+}  // namespace mc2

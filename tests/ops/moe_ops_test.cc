@@ -1,0 +1,475 @@
+// MoE operators (include/mc2/ops.h): MoeRoute's counts and dispatch order
+// match an independent computation; AllToAllMatmul's and MatmulAllToAll's
+// serial results are close to double-precision references computed in
+// plain loops from every rank's inputs (routing recomputed independently);
+// every pipeline and split count gives the serial result bit for bit in
+// deterministic mode (f32 and bf16, skewed and uneven routing with empty
+// experts, empty ranks and dropped slots, 1-5 ranks); inconsistent
+// arguments fail on every rank.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mc2/mc2.h"
+#include "trace/recorder.h"
+
+namespace mc2 {
+namespace {
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+struct Mat {
+  std::vector<char> bytes;
+  std::vector<double> value;
+};
+
+Mat Random(size_t count, DType dtype, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> f(count);
+  for (auto& x : f) x = dist(rng);
+  Mat m;
+  m.value.resize(count);
+  if (dtype == DType::kF32) {
+    m.bytes.resize(count * 4);
+    if (count) std::memcpy(m.bytes.data(), f.data(), count * 4);
+    for (size_t i = 0; i < count; ++i) m.value[i] = f[i];
+  } else {
+    std::vector<bf16> h(count);
+    ConvertF32ToBF16(f.data(), h.data(), count);
+    std::vector<float> back(count);
+    ConvertBF16ToF32(h.data(), back.data(), count);
+    m.bytes.resize(count * 2);
+    if (count) std::memcpy(m.bytes.data(), h.data(), count * 2);
+    for (size_t i = 0; i < count; ++i) m.value[i] = back[i];
+  }
+  return m;
+}
+
+bool Close(float c, double ref, double abs_sum) {
+  return std::fabs(double(c) - ref) <= 1e-5 * abs_sum + 1e-6;
+}
+
+std::vector<FusedOptions> AllPipelines() {
+  std::vector<FusedOptions> v;
+  FusedOptions o;
+  o.pipeline = Pipeline::kSerial;
+  v.push_back(o);
+  o.pipeline = Pipeline::kAuto;
+  v.push_back(o);
+  for (int s : {1, 2, 3, 4, 7, 16}) {
+    o.pipeline = Pipeline::kChunked;
+    o.splits = s;
+    v.push_back(o);
+    o.pipeline = Pipeline::kFused;
+    v.push_back(o);
+  }
+  return v;
+}
+
+// One MoE problem: every rank's inputs, generated identically on every rank.
+struct Problem {
+  int P, El, topk;
+  size_t d, h;
+  DType dtype;
+  std::vector<size_t> T;                  // tokens per rank
+  std::vector<std::vector<int32_t>> ids;  // [T x topk] per rank
+  std::vector<std::vector<float>> probs;  // [T x topk] per rank
+  std::vector<Mat> x;                     // [T x d] per rank
+  std::vector<Mat> w1, w2;                // per global expert: [d x h], [h x d]
+  int E() const { return P * El; }
+};
+
+// `skew`: 0 uniform; 1 most slots to expert 0; 2 every slot to the last
+// expert (all but one expert, and all but one rank, receive nothing).
+Problem MakeProblem(int P, int El, int topk, size_t d, size_t h, DType dtype, uint64_t seed,
+                    int skew, bool empty_rank) {
+  Problem pr{P, El, topk, d, h, dtype, {}, {}, {}, {}, {}, {}};
+  std::mt19937_64 rng(seed);
+  const int E = P * El;
+  for (int p = 0; p < P; ++p) {
+    size_t T = (empty_rank && p == P - 1) ? 0 : rng() % 25;
+    pr.T.push_back(T);
+    std::vector<int32_t> ids(T * topk);
+    std::vector<float> probs(T * topk);
+    for (size_t s = 0; s < T * topk; ++s) {
+      int e;
+      if (skew == 2)
+        e = E - 1;
+      else if (skew == 1 && rng() % 10 < 7)
+        e = 0;
+      else
+        e = static_cast<int>(rng() % E);
+      if (rng() % 10 == 0) e = -1;  // a dropped slot
+      ids[s] = e;
+      probs[s] = static_cast<float>(rng() % 1000) / 997.0f;
+    }
+    pr.ids.push_back(ids);
+    pr.probs.push_back(probs);
+    pr.x.push_back(Random(T * d, dtype, seed * 31 + p));
+  }
+  for (int e = 0; e < E; ++e) {
+    pr.w1.push_back(Random(d * h, dtype, seed * 37 + 1000 + e));
+    pr.w2.push_back(Random(h * d, dtype, seed * 41 + 2000 + e));
+  }
+  return pr;
+}
+
+// The expert-grouped rows of rank `me`, computed independently: (source
+// rank, slot) per row.
+std::vector<std::pair<int, size_t>> ExpertRows(const Problem& pr, int me) {
+  std::vector<std::pair<int, size_t>> rows;
+  for (int le = 0; le < pr.El; ++le) {
+    for (int p = 0; p < pr.P; ++p) {
+      for (size_t s = 0; s < pr.ids[p].size(); ++s) {
+        if (pr.ids[p][s] == me * pr.El + le) rows.push_back({p, s});
+      }
+    }
+  }
+  return rows;
+}
+
+// The combine's input row of (source rank, slot): an arbitrary function of
+// them, so that the reference knows every rank's rows.
+Mat HiddenRow(const Problem& pr, int p, size_t slot) {
+  return Random(pr.h, pr.dtype, 77777 + 1000003ull * p + slot);
+}
+
+struct Counters {
+  std::atomic<int> runs{0}, not_bitwise{0}, not_close{0}, bad_dx{0}, bad_route{0}, wrong_report{0};
+};
+
+void RunProblem(const Problem& pr, Counters& cnt, const WorldOptions& wo = {}) {
+  Group::RunInProcess(
+      pr.P,
+      [&](Group& g) {
+        const int me = g.rank(), El = pr.El, topk = pr.topk;
+        const size_t d = pr.d, h = pr.h, es = DTypeSize(pr.dtype), T = pr.T[me];
+        MoeRouting r = MoeRoute(g, pr.ids[me].data(), T, topk, pr.E());
+
+        // The routing against an independent count.
+        for (int p = 0; p < pr.P; ++p) {
+          for (int e = 0; e < pr.E(); ++e) {
+            size_t c = 0;
+            for (int32_t id : pr.ids[p]) c += id == e;
+            if (r.counts[p * pr.E() + e] != c) cnt.bad_route++;
+          }
+        }
+        std::vector<size_t> order;
+        for (int e = 0; e < pr.E(); ++e) {
+          for (size_t s = 0; s < pr.ids[me].size(); ++s) {
+            if (pr.ids[me][s] == e) order.push_back(s);
+          }
+        }
+        if (r.send_slots != order) cnt.bad_route++;
+        auto rows = ExpertRows(pr, me);
+        const size_t R = rows.size();
+        if (r.num_received() != R) cnt.bad_route++;
+        size_t sum = 0;
+        for (int le = 0; le < El; ++le) sum += r.expert_rows(le);
+        if (sum != R) cnt.bad_route++;
+
+        // This rank's experts' weights, contiguous.
+        std::vector<char> w1, w2;
+        for (int le = 0; le < El; ++le) {
+          const Mat& a = pr.w1[me * El + le];
+          const Mat& b = pr.w2[me * El + le];
+          w1.insert(w1.end(), a.bytes.begin(), a.bytes.end());
+          w2.insert(w2.end(), b.bytes.begin(), b.bytes.end());
+        }
+
+        // ---- dispatch
+        std::vector<float> y_serial(R * h, -3.0f);
+        FusedOptions so;
+        so.pipeline = Pipeline::kSerial;
+        AllToAllMatmulSync(g, r, pr.x[me].bytes.data(), d, w1.data(), h, pr.dtype, y_serial.data(),
+                           nullptr, so);
+        std::vector<char> dx_ref(R * d * es);
+        for (size_t i = 0; i < R; ++i) {
+          auto [p, s] = rows[i];
+          int e = pr.ids[p][s];
+          size_t t = s / topk;
+          if (d) std::memcpy(dx_ref.data() + i * d * es, pr.x[p].bytes.data() + t * d * es, d * es);
+          for (size_t j = 0; j < h; ++j) {
+            double ref = 0, as = 0;
+            for (size_t q = 0; q < d; ++q) {
+              double v = pr.x[p].value[t * d + q] * pr.w1[e].value[q * h + j];
+              ref += v;
+              as += std::fabs(v);
+            }
+            if (!Close(y_serial[i * h + j], ref, as)) cnt.not_close++;
+          }
+        }
+        for (const FusedOptions& o : AllPipelines()) {
+          std::vector<float> y(R * h, -7.0f);
+          std::vector<char> dx(R * d * es, 0x5a);
+          FusedReport rep;
+          Work w = AllToAllMatmul(g, r, pr.x[me].bytes.data(), d, w1.data(), h, pr.dtype, y.data(),
+                                  dx.data(), o, &rep);
+          w.Wait();
+          cnt.runs++;
+          if (o.pipeline != Pipeline::kAuto && rep.pipeline != o.pipeline) cnt.wrong_report++;
+          if (w.algorithm() != PipelineName(rep.pipeline)) cnt.wrong_report++;
+          if (!SameBits(y, y_serial)) cnt.not_bitwise++;
+          if (dx != dx_ref) cnt.bad_dx++;
+        }
+
+        // ---- combine
+        std::vector<char> hidden;
+        for (auto [p, s] : rows) {
+          Mat m = HiddenRow(pr, p, s);
+          hidden.insert(hidden.end(), m.bytes.begin(), m.bytes.end());
+        }
+        for (bool weighted : {true, false}) {
+          const float* probs = weighted ? pr.probs[me].data() : nullptr;
+          std::vector<float> out_serial(T * d, -3.0f);
+          MatmulAllToAllSync(g, r, hidden.data(), h, w2.data(), d, pr.dtype, out_serial.data(),
+                             probs, so);
+          for (size_t t = 0; t < T; ++t) {
+            for (size_t c = 0; c < d; ++c) {
+              double ref = 0, as = 0;
+              for (int j = 0; j < topk; ++j) {
+                size_t s = t * topk + j;
+                int e = pr.ids[me][s];
+                if (e < 0) continue;
+                Mat hid = HiddenRow(pr, me, s);
+                double wgt = weighted ? pr.probs[me][s] : 1.0;
+                double v = 0, va = 0;
+                for (size_t q = 0; q < h; ++q) {
+                  v += hid.value[q] * pr.w2[e].value[q * d + c];
+                  va += std::fabs(hid.value[q] * pr.w2[e].value[q * d + c]);
+                }
+                ref += wgt * v;
+                as += std::fabs(wgt) * va;
+              }
+              if (!Close(out_serial[t * d + c], ref, as)) cnt.not_close++;
+            }
+          }
+          for (const FusedOptions& o : AllPipelines()) {
+            std::vector<float> out(T * d, -7.0f);
+            FusedReport rep;
+            Work w = MatmulAllToAll(g, r, hidden.data(), h, w2.data(), d, pr.dtype, out.data(),
+                                    probs, o, &rep);
+            w.Wait();
+            cnt.runs++;
+            if (o.pipeline != Pipeline::kAuto && rep.pipeline != o.pipeline) cnt.wrong_report++;
+            if (w.algorithm() != PipelineName(rep.pipeline)) cnt.wrong_report++;
+            if (!SameBits(out, out_serial)) cnt.not_bitwise++;
+          }
+        }
+      },
+      wo);
+}
+
+void ExpectClean(const Counters& cnt, const std::string& what) {
+  EXPECT_GT(cnt.runs.load(), 0) << what;
+  EXPECT_EQ(cnt.not_bitwise.load(), 0) << what;
+  EXPECT_EQ(cnt.not_close.load(), 0) << what;
+  EXPECT_EQ(cnt.bad_dx.load(), 0) << what;
+  EXPECT_EQ(cnt.bad_route.load(), 0) << what;
+  EXPECT_EQ(cnt.wrong_report.load(), 0) << what;
+}
+
+class MoeSweep : public ::testing::TestWithParam<std::tuple<int, DType>> {};
+
+TEST_P(MoeSweep, EveryPipelineIsSerialBitwise) {
+  auto [size, dtype] = GetParam();
+  for (int trial = 0; trial < 4; ++trial) {
+    std::mt19937_64 rng(5000 * size + trial + (dtype == DType::kBF16 ? 11 : 0));
+    int El = 1 + rng() % 3, topk = 1 + rng() % 3;
+    size_t d = 1 + rng() % 40, h = 1 + rng() % 30;
+    // Trial 0 uniform, 1 skewed, 2 everything to one expert, 3 skewed with
+    // an empty rank.
+    int skew = trial == 0 ? 0 : trial == 2 ? 2 : 1;
+    Problem pr = MakeProblem(size, El, topk, d, h, dtype, rng(), skew, trial == 3);
+    Counters cnt;
+    RunProblem(pr, cnt);
+    ExpectClean(cnt, "trial " + std::to_string(trial));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksDtypes, MoeSweep,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5),
+                                            ::testing::Values(DType::kF32, DType::kBF16)),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                  DTypeName(std::get<1>(info.param));
+                         });
+
+// Larger shapes (GEMM kernels block rows and K; chunks cut expert
+// sub-blocks in the middle): still bitwise.
+TEST(MoeOps, LargerShapesBitwise) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    Problem pr = MakeProblem(3, 2, 2, 129, 67, dtype, 4242, 1, false);
+    // More tokens than MakeProblem draws: 150 per rank.
+    std::mt19937_64 rng(7);
+    for (int p = 0; p < pr.P; ++p) {
+      pr.T[p] = 150;
+      pr.ids[p].resize(150 * pr.topk);
+      pr.probs[p].assign(150 * pr.topk, 0.5f);
+      for (auto& id : pr.ids[p]) id = rng() % 3 == 0 ? 1 : static_cast<int>(rng() % pr.E());
+      pr.x[p] = Random(150 * pr.d, dtype, 900 + p);
+    }
+    Counters cnt;
+    RunProblem(pr, cnt);
+    ExpectClean(cnt, DTypeName(dtype));
+  }
+}
+
+// Under link emulation (every transfer paced by the modeled port), the
+// messages arrive late and in a different interleaving: still bitwise.
+TEST(MoeOps, UnderEmulatedLinkBitwise) {
+  WorldOptions wo;
+  wo.link = "bw=200MB/s,lat=20us";
+  for (int size : {2, 4}) {
+    Problem pr = MakeProblem(size, 2, 2, 33, 17, DType::kBF16, 99 + size, 1, false);
+    Counters cnt;
+    RunProblem(pr, cnt, wo);
+    ExpectClean(cnt, std::to_string(size) + " ranks");
+  }
+}
+
+// The operators record their GEMMs (compute, with flops) and waits as
+// spans tagged with the pipeline that ran.
+TEST(MoeOps, RecordsSpans) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("mc2_moe_spans_" + std::to_string(::getpid()));
+  trace::Enable(dir.string());
+  Problem pr = MakeProblem(2, 1, 1, 8, 8, DType::kF32, 5, 0, false);
+  Group::RunInProcess(2, [&](Group& g) {
+    MoeRouting r = MoeRoute(g, pr.ids[g.rank()].data(), pr.T[g.rank()], 1, 2);
+    std::vector<char> w(8 * 8 * 4, 0);
+    std::vector<float> y(r.num_received() * 8);
+    FusedOptions o;
+    o.pipeline = Pipeline::kChunked;
+    o.splits = 2;
+    AllToAllMatmulSync(g, r, pr.x[g.rank()].bytes.data(), 8, w.data(), 8, DType::kF32, y.data(),
+                       nullptr, o);
+  });
+  trace::Disable();
+  int gemms = 0;
+  for (const auto& s : trace::Snapshot()) {
+    if (std::string(s.span.name) == "all_to_all_matmul.expert_gemm") {
+      gemms++;
+      EXPECT_EQ(s.span.kind, static_cast<uint8_t>(trace::Category::kCompute));
+      ASSERT_NE(s.span.pipeline, nullptr);
+      EXPECT_STREQ(s.span.pipeline, "chunked");
+      EXPECT_GT(s.span.flops, 0u);
+    }
+  }
+  EXPECT_GT(gemms, 0);
+  std::filesystem::remove_all(dir);
+}
+
+// A world of `size` ranks; returns each rank's error code (-1: none) and
+// checks the group still works.
+std::vector<int> ErrorCodes(int size, const std::function<void(Group&)>& call) {
+  std::vector<int> codes(size, -1);
+  Group::RunInProcess(size, [&](Group& g) {
+    try {
+      call(g);
+    } catch (const Error& e) {
+      codes[g.rank()] = static_cast<int>(e.code());
+    }
+    float x = 1, y = 0;
+    AllReduce(g, &x, &y, 1, DType::kF32, ReduceOp::kSum).Wait();
+    EXPECT_EQ(y, float(g.size()));
+  });
+  return codes;
+}
+
+TEST(MoeOps, InconsistentArgumentsFailEverywhere) {
+  const std::vector<int> mis(3, static_cast<int>(ErrorCode::kMismatch));
+  const std::vector<int> inv(3, static_cast<int>(ErrorCode::kInvalidArgument));
+  std::vector<int32_t> ids = {0, 1, 2, 5, 4, 3, -1, 0};
+  std::vector<float> x(64 * 64, 1.0f), w(64 * 64, 1.0f), y(64 * 64);
+  // Routing: experts not a multiple of the ranks; a bad id on one rank;
+  // num_experts or topk differing.
+  EXPECT_EQ(ErrorCodes(3, [&](Group& g) { MoeRoute(g, ids.data(), 8, 1, 4); }), inv);
+  EXPECT_EQ(ErrorCodes(3,
+                       [&](Group& g) {
+                         std::vector<int32_t> bad = ids;
+                         if (g.rank() == 2) bad[3] = 6;
+                         MoeRoute(g, bad.data(), 8, 1, 6);
+                       }),
+            inv);
+  EXPECT_EQ(ErrorCodes(3, [&](Group& g) { MoeRoute(g, ids.data(), 8, 1, g.rank() == 1 ? 9 : 6); }),
+            mis);
+  EXPECT_EQ(ErrorCodes(3, [&](Group& g) { MoeRoute(g, ids.data(), 4, g.rank() == 0 ? 2 : 1, 6); }),
+            mis);
+  // d differs in the dispatch.
+  EXPECT_EQ(ErrorCodes(3,
+                       [&](Group& g) {
+                         MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
+                         AllToAllMatmulSync(g, r, x.data(), g.rank() == 1 ? 5 : 4, w.data(), 3,
+                                            DType::kF32, y.data());
+                       }),
+            mis);
+  // Routings of different batches.
+  EXPECT_EQ(ErrorCodes(3,
+                       [&](Group& g) {
+                         MoeRouting a = MoeRoute(g, ids.data(), 8, 1, 6);
+                         MoeRouting b = MoeRoute(g, ids.data(), 7, 1, 6);
+                         AllToAllMatmulSync(g, g.rank() == 0 ? a : b, x.data(), 4, w.data(), 3,
+                                            DType::kF32, y.data());
+                       }),
+            mis);
+  // A routing whose count matrix was changed on one rank.
+  EXPECT_EQ(ErrorCodes(3,
+                       [&](Group& g) {
+                         MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
+                         if (g.rank() == 1) r.counts[0] += 1;
+                         MatmulAllToAllSync(g, r, x.data(), 4, w.data(), 3, DType::kF32, y.data());
+                       }),
+            mis);
+  // Dispatch on some ranks, combine on others.
+  EXPECT_EQ(
+      ErrorCodes(3,
+                 [&](Group& g) {
+                   MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
+                   if (g.rank() == 0) {
+                     MatmulAllToAllSync(g, r, x.data(), 4, w.data(), 3, DType::kF32, y.data());
+                   } else {
+                     AllToAllMatmulSync(g, r, x.data(), 3, w.data(), 4, DType::kF32, y.data());
+                   }
+                 }),
+      mis);
+  // A routing of another group; an unsupported dtype on one rank; bad splits.
+  EXPECT_EQ(ErrorCodes(3,
+                       [&](Group& g) {
+                         MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
+                         if (g.rank() == 1) r.ranks = 2;
+                         AllToAllMatmulSync(g, r, x.data(), 4, w.data(), 3, DType::kF32, y.data());
+                       }),
+            inv);
+  EXPECT_EQ(ErrorCodes(3,
+                       [&](Group& g) {
+                         MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
+                         MatmulAllToAllSync(g, r, x.data(), 4, w.data(), 3,
+                                            g.rank() == 2 ? DType::kI32 : DType::kF32, y.data());
+                       }),
+            inv);
+  EXPECT_EQ(ErrorCodes(3,
+                       [&](Group& g) {
+                         MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
+                         FusedOptions o;
+                         o.splits = g.rank() == 0 ? 17 : 2;
+                         AllToAllMatmulSync(g, r, x.data(), 4, w.data(), 3, DType::kF32, y.data(),
+                                            nullptr, o);
+                       }),
+            inv);
+}
+
+}  // namespace
+}  // namespace mc2
