@@ -5,6 +5,7 @@
 #include "mc2/collectives.h"
 #include "mc2/error.h"
 #include "mc2/group.h"
+#include "mc2/models.h"
 #include "mc2/ops.h"
 #include "mc2/tensor.h"
 #include "mc2/trace.h"

@@ -1,0 +1,196 @@
+// mc2/models.h: reference workloads built on the fused operators: a
+// decoder-only transformer trained with Megatron-style tensor + sequence
+// parallelism inside a TP group and data parallelism across TP groups
+// (docs/models.md has the architecture, the sharding and which fused
+// operator every layer uses forward and backward).
+//
+//   mc2::Group world = mc2::Group::FromEnv();
+//   mc2::models::TransformerConfig cfg;       // a small default model
+//   cfg.fused.pipeline = mc2::Pipeline::kChunked;
+//   auto stats = mc2::models::TrainSteps(world, cfg, /*tp=*/2, /*steps=*/20);
+//
+// Every rank of the world makes the same calls with the same arguments
+// (like a collective). Invalid configurations throw
+// mc2::Error(kInvalidArgument) naming the field, on every rank, before any
+// communication.
+#ifndef MC2_MODELS_H_
+#define MC2_MODELS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mc2/group.h"
+#include "mc2/ops.h"
+#include "mc2/tensor.h"
+
+namespace mc2::models {
+
+// ---------------------------------------------------------------------------
+// Process grid.
+//
+// World rank w = dp_index * tp + tp_index: the ranks of one TP group are
+// adjacent (on a real cluster, inside one node on the fast links). Made with
+// Group::Split, so the call is collective over `world`.
+//
+// EP hook: `ep` (default 1) carves expert-parallel groups out of the DP
+// dimension, as MoE training does: the ranks with the same tp_index and the
+// same dp_index / ep form one EP group of `ep` ranks (ep must divide dp).
+// The dense transformer does not use it; the MoE block will.
+struct ProcessGrid {
+  Group world;
+  Group tp;  // tensor + sequence parallel group (size tp_size)
+  Group dp;  // data parallel group: same tp_index, every dp_index
+  Group ep;  // expert parallel group (size ep_size; one rank when ep == 1)
+  int tp_size = 1, dp_size = 1, ep_size = 1;
+  int tp_rank = 0, dp_rank = 0, ep_rank = 0;
+};
+
+// Collective over `world`. Throws kInvalidArgument unless tp >= 1 divides
+// world.size() and ep >= 1 divides world.size() / tp.
+ProcessGrid MakeGrid(const Group& world, int tp, int ep = 1);
+
+// ---------------------------------------------------------------------------
+// The model and its training.
+
+// The synthetic, seeded and learnable tasks the batches come from. Every
+// sequence has seq_len + 1 tokens x_0..x_T; the model reads x_0..x_{T-1}
+// and predicts x_1..x_T at every position.
+enum class Task : uint8_t {
+  // Modular addition sequences: x_0 uniform in [0, vocab), a step d uniform
+  // in [1, task_param], x_{t+1} = (x_t + d) mod vocab. Only the first
+  // target is uncertain (ln task_param nats); the rest needs the previous
+  // token (attention) and the current one.
+  kModAdd = 0,
+  // Copy: a prefix of task_param random tokens, then the prefix repeated
+  // to the end: targets past the first period are copies of the token
+  // task_param positions back (needs attention with RoPE).
+  kCopy,
+};
+// "modadd", "copy".
+const char* TaskName(Task t);
+std::optional<Task> ParseTask(std::string_view name);
+
+struct TransformerConfig {
+  // Model. heads must divide hidden (head_dim = hidden / heads, even for
+  // RoPE); tp must divide heads and ffn.
+  int vocab = 32;
+  int hidden = 64;
+  int heads = 4;
+  int ffn = 128;  // SwiGLU inner width (gate and up each ffn wide)
+  int layers = 2;
+  float rope_base = 10000.0f;
+  float norm_eps = 1e-5f;
+
+  // Batch: `batch` sequences of `seq_len` tokens per step over the whole
+  // world (the global batch; dp must divide it; tp must divide seq_len).
+  // The loss is the mean over all batch x seq_len predictions, so it does
+  // not depend on the grid.
+  int seq_len = 16;
+  int batch = 8;
+  Task task = Task::kModAdd;
+  int task_param = 4;  // kModAdd: max step; kCopy: period (< seq_len)
+  uint64_t seed = 1;   // weights and data
+
+  // Numerics: kF32, or kBF16 = bf16 GEMM inputs for the projections (the
+  // fused operators and the weight gradients) with f32 accumulation, f32
+  // master weights and f32 everywhere else.
+  DType gemm_dtype = DType::kF32;
+
+  // The fused operators' pipeline and splits for every tensor-parallel GEMM,
+  // forward and backward (FusedOptions::timeout / gemm_threads too).
+  FusedOptions fused;
+
+  // AdamW.
+  float lr = 3e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float adam_eps = 1e-8f;
+  float weight_decay = 0.0f;  // decoupled; applied to matrices, not to norms
+};
+
+// Throws mc2::Error(kInvalidArgument) naming the first invalid field (or
+// relation to tp / dp), without communicating.
+void ValidateConfig(const TransformerConfig& config, int tp, int dp);
+
+// What one training step did, on this rank. Times are this rank's wall
+// clock; `loss` is the global mean loss (identical on every rank).
+struct StepStats {
+  int step = 0;
+  double loss = 0.0;
+  double seconds = 0.0;           // the whole step
+  double forward_seconds = 0.0;
+  double backward_seconds = 0.0;  // including issuing the gradient all-reduces
+  double sync_wait_seconds = 0.0;  // waiting for the gradient all-reduces
+  double optimizer_seconds = 0.0;
+  int64_t tokens = 0;             // tokens of the global batch
+  // Per block (index = layer): its forward and its backward (the latter
+  // including the gradient all-reduces it issues, not their completion).
+  std::vector<double> block_forward_seconds;
+  std::vector<double> block_backward_seconds;
+};
+
+// A view of one parameter tensor on this rank.
+struct ParamView {
+  std::string name;          // e.g. "block0.attn.qkv"
+  size_t rows = 0, cols = 0; // the local shard's shape (row-major)
+  float* value = nullptr;
+  float* grad = nullptr;     // valid after ForwardBackward
+  // true: replicated on the TP ranks (embedding, norms, LM head): every TP
+  // rank holds the same values and, after ForwardBackward, the same full
+  // gradient. false: this rank's shard of a tensor split over the TP group.
+  bool tp_replicated = false;
+};
+
+// One rank's part of the model, its optimizer state and its buffers.
+//
+// Thread safety: one thread per rank calls it; calls are collective over the
+// grid (every rank makes the same calls in the same order). Not copyable.
+class Transformer {
+ public:
+  // Initialises the weights from config.seed: every rank computes its shard
+  // of the same global tensors, so the model is the same for every grid.
+  Transformer(const ProcessGrid& grid, const TransformerConfig& config);
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+
+  // Forward only on the batch of `step`: the global mean loss.
+  double Loss(int step);
+  // Forward and backward on the batch of `step`: gradients of the global
+  // mean loss in every ParamView::grad, summed over DP (and over TP for the
+  // replicated tensors). Returns the loss.
+  double ForwardBackward(int step, StepStats* stats = nullptr);
+  // AdamW update with the current gradients.
+  void OptimizerStep(StepStats* stats = nullptr);
+  // ForwardBackward + OptimizerStep with trace step markers and spans.
+  StepStats TrainStep(int step);
+
+  // Views of every parameter tensor, in a fixed order (the same names on
+  // every rank). Valid as long as the model.
+  std::vector<ParamView> Parameters();
+  // Call after changing values through a ParamView (the model keeps GEMM
+  // copies of the projection weights: bf16 and transposed).
+  void WeightsChanged();
+  const TransformerConfig& config() const;
+  const ProcessGrid& grid() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Builds the grid and the model and trains `steps` steps (batches 0..steps-1),
+// calling `on_step` after each (on every rank). Returns this rank's stats.
+std::vector<StepStats> TrainSteps(const Group& world, const TransformerConfig& config, int tp,
+                                  int steps,
+                                  const std::function<void(const StepStats&)>& on_step = {});
+
+}  // namespace mc2::models
+
+#endif  // MC2_MODELS_H_

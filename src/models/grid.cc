@@ -1,0 +1,42 @@
+// MakeGrid: the DP x TP (x EP) process grid of include/mc2/models.h.
+#include <string>
+
+#include "mc2/error.h"
+#include "mc2/models.h"
+
+namespace mc2::models {
+
+ProcessGrid MakeGrid(const Group& world, int tp, int ep) {
+  if (!world.valid()) throw Error(ErrorCode::kInvalidArgument, "MakeGrid: invalid world group");
+  const int n = world.size();
+  if (tp < 1 || n % tp != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "MakeGrid: tp = " + std::to_string(tp) + " must be >= 1 and divide the " +
+                    std::to_string(n) + " ranks of the world",
+                world.rank());
+  }
+  const int dp = n / tp;
+  if (ep < 1 || dp % ep != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "MakeGrid: ep = " + std::to_string(ep) + " must be >= 1 and divide dp = " +
+                    std::to_string(dp) + " (the world's " + std::to_string(n) + " ranks / tp " +
+                    std::to_string(tp) + ")",
+                world.rank());
+  }
+  ProcessGrid g;
+  g.world = world;
+  g.tp_size = tp;
+  g.dp_size = dp;
+  g.ep_size = ep;
+  // TP ranks adjacent: w = dp_index * tp + tp_index.
+  g.tp_rank = world.rank() % tp;
+  g.dp_rank = world.rank() / tp;
+  g.ep_rank = g.dp_rank % ep;
+  // Every rank takes part in every Split, in the same order.
+  g.tp = world.Split(/*color=*/g.dp_rank, /*key=*/g.tp_rank);
+  g.dp = world.Split(/*color=*/g.tp_rank, /*key=*/g.dp_rank);
+  g.ep = world.Split(/*color=*/g.tp_rank + tp * (g.dp_rank / ep), /*key=*/g.ep_rank);
+  return g;
+}
+
+}  // namespace mc2::models

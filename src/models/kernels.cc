@@ -1,0 +1,222 @@
+#include "models/kernels.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "mc2/ops.h"
+
+namespace mc2::models {
+namespace {
+
+uint64_t Mix(uint64_t x) {  // splitmix64 finaliser
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+uint64_t Hash(uint64_t seed, uint64_t stream, uint64_t index) {
+  return Mix(Mix(Mix(seed) ^ stream) ^ index);
+}
+
+}  // namespace
+
+float HashUniform(uint64_t seed, uint64_t stream, uint64_t index) {
+  // 24 random bits: exact in a float.
+  return static_cast<float>(Hash(seed, stream, index) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+uint32_t HashInt(uint64_t seed, uint64_t stream, uint64_t index, uint32_t n) {
+  return static_cast<uint32_t>((Hash(seed, stream, index) >> 32) % n);
+}
+
+void RmsNormForward(const float* x, const float* gamma, size_t rows, size_t cols, float eps,
+                    float* y, float* rstd) {
+  for (size_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float ss = 0.0f;
+    for (size_t c = 0; c < cols; ++c) ss += xr[c] * xr[c];
+    float s = 1.0f / std::sqrt(ss / static_cast<float>(cols) + eps);
+    rstd[r] = s;
+    float* yr = y + r * cols;
+    for (size_t c = 0; c < cols; ++c) yr[c] = xr[c] * s * gamma[c];
+  }
+}
+
+void RmsNormBackward(const float* x, const float* gamma, const float* rstd, const float* dy,
+                     size_t rows, size_t cols, float* dx, float* dgamma) {
+  // With xhat = x * s and s = (mean(x^2) + eps)^-1/2:
+  //   dx = s * (g - xhat * mean(g * xhat)),  g = dy * gamma.
+  for (size_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    const float* dyr = dy + r * cols;
+    const float s = rstd[r];
+    float dot = 0.0f;
+    for (size_t c = 0; c < cols; ++c) {
+      float xhat = xr[c] * s;
+      dgamma[c] += dyr[c] * xhat;
+      dot += dyr[c] * gamma[c] * xhat;
+    }
+    dot /= static_cast<float>(cols);
+    float* dxr = dx + r * cols;
+    for (size_t c = 0; c < cols; ++c) dxr[c] = s * (dyr[c] * gamma[c] - xr[c] * s * dot);
+  }
+}
+
+Rope::Rope(size_t seq_len_in, size_t head_dim, float base)
+    : seq_len(seq_len_in), half(head_dim / 2), cos(seq_len_in * (head_dim / 2)),
+      sin(seq_len_in * (head_dim / 2)) {
+  for (size_t t = 0; t < seq_len; ++t) {
+    for (size_t i = 0; i < half; ++i) {
+      double theta = std::pow(static_cast<double>(base),
+                              -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+      double a = static_cast<double>(t) * theta;
+      cos[t * half + i] = static_cast<float>(std::cos(a));
+      sin[t * half + i] = static_cast<float>(std::sin(a));
+    }
+  }
+}
+
+void RopeApply(const Rope& rope, size_t pos, float* x, bool inverse) {
+  const float* c = rope.cos.data() + pos * rope.half;
+  const float* s = rope.sin.data() + pos * rope.half;
+  for (size_t i = 0; i < rope.half; ++i) {
+    float x0 = x[2 * i], x1 = x[2 * i + 1];
+    float si = inverse ? -s[i] : s[i];
+    x[2 * i] = x0 * c[i] - x1 * si;
+    x[2 * i + 1] = x0 * si + x1 * c[i];
+  }
+}
+
+void AttentionForward(const float* q, const float* k, const float* v, size_t T, size_t d,
+                      size_t ldq, size_t ldk, size_t ldv, float* p, float* out, size_t ldo) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  // S = scale * Q K^T (the whole square; the masked half is overwritten).
+  GemmOptions o;
+  o.trans_b = true;
+  o.alpha = scale;
+  o.lda = ldq;
+  o.ldb = ldk;
+  Gemm(T, T, d, q, k, p, o);
+  for (size_t i = 0; i < T; ++i) {
+    float* row = p + i * T;
+    float mx = row[0];
+    for (size_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
+    float sum = 0.0f;
+    for (size_t j = 0; j <= i; ++j) {
+      row[j] = std::exp(row[j] - mx);
+      sum += row[j];
+    }
+    float inv = 1.0f / sum;
+    for (size_t j = 0; j <= i; ++j) row[j] *= inv;
+    for (size_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+  }
+  GemmOptions ov;
+  ov.ldb = ldv;
+  ov.ldc = ldo;
+  Gemm(T, d, T, p, v, out, ov);
+}
+
+void AttentionBackward(const float* q, const float* k, const float* v, const float* p,
+                       const float* dout, size_t T, size_t d, size_t ldq, size_t ldk,
+                       size_t ldv, size_t ldo, float* dq, float* dk, float* dv, float* scratch) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  // dV = P^T dOut.
+  GemmOptions o1;
+  o1.trans_a = true;
+  o1.ldb = ldo;
+  o1.ldc = ldv;
+  Gemm(T, d, T, p, dout, dv, o1);
+  // dP = dOut V^T, then dS = P * (dP - rowsum(dP * P)) * scale (softmax
+  // backward; masked entries have P = 0 and get dS = 0).
+  GemmOptions o2;
+  o2.trans_b = true;
+  o2.lda = ldo;
+  o2.ldb = ldv;
+  float* ds = scratch;
+  Gemm(T, T, d, dout, v, ds, o2);
+  for (size_t i = 0; i < T; ++i) {
+    float* row = ds + i * T;
+    const float* pr = p + i * T;
+    float dot = 0.0f;
+    for (size_t j = 0; j <= i; ++j) dot += row[j] * pr[j];
+    for (size_t j = 0; j <= i; ++j) row[j] = pr[j] * (row[j] - dot) * scale;
+    for (size_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+  }
+  // dQ = dS K, dK = dS^T Q.
+  GemmOptions o3;
+  o3.ldb = ldk;
+  o3.ldc = ldq;
+  Gemm(T, d, T, ds, k, dq, o3);
+  GemmOptions o4;
+  o4.trans_a = true;
+  o4.ldb = ldq;
+  o4.ldc = ldk;
+  Gemm(T, d, T, ds, q, dk, o4);
+}
+
+namespace {
+inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+}  // namespace
+
+void SwiGluForward(const float* gu, size_t rows, size_t w, float* a) {
+  for (size_t r = 0; r < rows; ++r) {
+    const float* g = gu + r * 2 * w;
+    const float* u = g + w;
+    float* ar = a + r * w;
+    for (size_t c = 0; c < w; ++c) ar[c] = g[c] * Sigmoid(g[c]) * u[c];
+  }
+}
+
+void SwiGluBackward(const float* gu, const float* da, size_t rows, size_t w, float* dgu) {
+  for (size_t r = 0; r < rows; ++r) {
+    const float* g = gu + r * 2 * w;
+    const float* u = g + w;
+    const float* dar = da + r * w;
+    float* dg = dgu + r * 2 * w;
+    float* du = dg + w;
+    for (size_t c = 0; c < w; ++c) {
+      float s = Sigmoid(g[c]);
+      float silu = g[c] * s;
+      du[c] = dar[c] * silu;
+      dg[c] = dar[c] * u[c] * s * (1.0f + g[c] * (1.0f - s));
+    }
+  }
+}
+
+double CrossEntropy(const float* logits, const int32_t* targets, size_t rows, size_t vocab,
+                    float grad_scale, float* dlogits) {
+  double total = 0.0;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* l = logits + r * vocab;
+    float mx = l[0];
+    for (size_t c = 1; c < vocab; ++c) mx = std::max(mx, l[c]);
+    double sum = 0.0;
+    for (size_t c = 0; c < vocab; ++c) sum += std::exp(static_cast<double>(l[c] - mx));
+    const double lse = static_cast<double>(mx) + std::log(sum);
+    total += lse - static_cast<double>(l[targets[r]]);
+    if (dlogits != nullptr) {
+      float* dl = dlogits + r * vocab;
+      for (size_t c = 0; c < vocab; ++c) {
+        dl[c] = static_cast<float>(std::exp(static_cast<double>(l[c]) - lse)) * grad_scale;
+      }
+      dl[targets[r]] -= grad_scale;
+    }
+  }
+  return total;
+}
+
+void AdamW(float* w, const float* g, float* m, float* v, size_t n, int step, float lr,
+           float beta1, float beta2, float eps, float weight_decay) {
+  const float c1 = 1.0f - std::pow(beta1, static_cast<float>(step));
+  const float c2 = 1.0f - std::pow(beta2, static_cast<float>(step));
+  for (size_t i = 0; i < n; ++i) {
+    m[i] = beta1 * m[i] + (1.0f - beta1) * g[i];
+    v[i] = beta2 * v[i] + (1.0f - beta2) * g[i] * g[i];
+    float mhat = m[i] / c1;
+    float vhat = v[i] / c2;
+    w[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * w[i]);
+  }
+}
+
+}  // namespace mc2::models

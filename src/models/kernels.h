@@ -1,0 +1,75 @@
+// The transformer's local (communication-free) kernels, forward and
+// backward, in plain f32 on the calling thread: RMSNorm, RoPE, causal
+// attention over one (sequence, head), SwiGLU, cross-entropy, AdamW, and the
+// seeded initialiser. The projections are GEMMs through mc2::Gemm or the
+// fused operators (transformer.cc).
+//
+// Every kernel is deterministic: the same inputs give the same bits (fixed
+// loop orders, fixed GEMM calls), which the bitwise pipeline-equality
+// guarantee of the model relies on.
+#ifndef MC2_MODELS_KERNELS_H_
+#define MC2_MODELS_KERNELS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace mc2::models {
+
+// A uniform value in [-1, 1) from a counter-based hash of (seed, stream,
+// index): the same value for the same global element on every rank, so a
+// shard initialises itself without the rest of the tensor.
+float HashUniform(uint64_t seed, uint64_t stream, uint64_t index);
+// A uniform integer in [0, n) from the same hash.
+uint32_t HashInt(uint64_t seed, uint64_t stream, uint64_t index, uint32_t n);
+
+// y[r] = x[r] * rstd[r] * gamma, rstd[r] = 1 / sqrt(mean(x[r]^2) + eps).
+void RmsNormForward(const float* x, const float* gamma, size_t rows, size_t cols, float eps,
+                    float* y, float* rstd);
+// dx = d/dx of the above given dy (written, not accumulated); dgamma += the
+// gamma gradient of these rows.
+void RmsNormBackward(const float* x, const float* gamma, const float* rstd, const float* dy,
+                     size_t rows, size_t cols, float* dx, float* dgamma);
+
+// Rotary tables for positions [0, seq_len) and head_dim: cos/sin of
+// pos * base^(-2i/head_dim), [seq_len x head_dim/2] each.
+struct Rope {
+  size_t seq_len = 0, half = 0;
+  std::vector<float> cos, sin;
+  Rope() = default;
+  Rope(size_t seq_len, size_t head_dim, float base);
+};
+// Rotates the pairs (2i, 2i+1) of `x` (head_dim values at position `pos`)
+// by +angle (forward) or -angle (backward: the transpose of the rotation).
+void RopeApply(const Rope& rope, size_t pos, float* x, bool inverse);
+
+// Causal attention of one (sequence, head). Q, K, V and the output are T x d
+// with row strides (in floats) ldq, ldk, ldv, ldo, e.g. columns of the
+// gathered QKV matrix. P (T x T, tight) receives the attention
+// probabilities (0 above the diagonal), kept for backward.
+void AttentionForward(const float* q, const float* k, const float* v, size_t T, size_t d,
+                      size_t ldq, size_t ldk, size_t ldv, float* p, float* out, size_t ldo);
+// Given dout, writes dq, dk, dv (same layout and strides as q, k, v).
+// `scratch` holds T x T floats.
+void AttentionBackward(const float* q, const float* k, const float* v, const float* p,
+                       const float* dout, size_t T, size_t d, size_t ldq, size_t ldk,
+                       size_t ldv, size_t ldo, float* dq, float* dk, float* dv, float* scratch);
+
+// gu = [gate | up], rows x 2w: a = silu(gate) * up (rows x w).
+void SwiGluForward(const float* gu, size_t rows, size_t w, float* a);
+// dgu = [dgate | dup] given da.
+void SwiGluBackward(const float* gu, const float* da, size_t rows, size_t w, float* dgu);
+
+// Cross-entropy of `rows` logit rows (vocab wide) against targets: returns
+// the sum over rows of -log softmax[target] (in double); dlogits (optional)
+// = (softmax - onehot) * grad_scale.
+double CrossEntropy(const float* logits, const int32_t* targets, size_t rows, size_t vocab,
+                    float grad_scale, float* dlogits);
+
+// One AdamW step (step >= 1, bias-corrected) over n elements.
+void AdamW(float* w, const float* g, float* m, float* v, size_t n, int step, float lr,
+           float beta1, float beta2, float eps, float weight_decay);
+
+}  // namespace mc2::models
+
+#endif  // MC2_MODELS_KERNELS_H_

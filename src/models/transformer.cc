@@ -1,0 +1,872 @@
+// The tensor + sequence parallel transformer of include/mc2/models.h.
+//
+// Works as follows (docs/models.md has the full picture). Notation: a TP
+// group of p ranks, rank r; the local batch has Bl sequences of T tokens,
+// S = T * Bl rows in sequence-major order (row = t * Bl + b), and every TP
+// rank holds the s = S / p contiguous rows [r s, (r+1) s) of the residual
+// stream (sequence parallelism). h = hidden, hl = heads / p local heads of
+// width d, fl = ffn / p.
+//
+// Forward of block l, x the [s x h] shard:
+//   xn  = RMSNorm(x)                                           local
+//   qkv = AllGatherMatmul(xn, Wqkv_r [h x 3 hl d])  -> [S x 3 hl d], keeps
+//         the gathered xn for the weight gradient
+//   RoPE(q, k); causal attention per (sequence, local head)    local
+//   x1  = x + MatmulReduceScatter(ctx [S x hl d], Wo_r [hl d x h])
+//   gu  = AllGatherMatmul(RMSNorm(x1), Wgu_r [h x 2 fl])       gate | up
+//   x'  = x1 + MatmulReduceScatter(silu(gate) * up, Wdown_r [fl x h])
+// then the final RMSNorm, the LM head and the cross-entropy on the shard.
+//
+// Backward of a row-parallel projection (dy: [s x h] shard):
+//   da  = AllGatherMatmul(dy, W^T)   (dgrad; keeps the gathered dy)
+//   dW  = a^T gather(dy)             (wgrad)
+// of a column-parallel one (dy: [S x n_local]):
+//   dx  = MatmulReduceScatter(dy, W^T)  (dgrad, summed over TP, scattered)
+//   dW  = gather(x)^T dy               (wgrad, from the forward's gathered x)
+//
+// Overlap in backward: each sublayer (MLP, then attention, block by block)
+// first runs its dgrad chain (the fused operators, on the critical path),
+// then issues the data-parallel all-reduce of the PREVIOUS sublayer's weight
+// gradients (async, on the progress thread), then computes its own weight
+// gradients, which that all-reduce does not depend on. The progress thread
+// runs tasks in order, so the all-reduce must be issued after this
+// sublayer's fused operators (else their collectives would queue behind
+// it) and gets the wgrad GEMMs to hide behind: the seed's FFN-to-attention
+// overlap. The TP-replicated tensors (embedding, norms, LM head; their
+// gradients are partial sums over the sequence shards) are all-reduced over
+// the whole world at the end.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "mc2/collectives.h"
+#include "mc2/error.h"
+#include "mc2/models.h"
+#include "mc2/ops.h"
+#include "mc2/trace.h"
+#include "models/data.h"
+#include "models/kernels.h"
+
+namespace mc2::models {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+[[noreturn]] void Invalid(const std::string& msg) {
+  throw Error(ErrorCode::kInvalidArgument, "TransformerConfig: " + msg);
+}
+
+std::string Str(long long v) { return std::to_string(v); }
+
+// Where a tensor's gradient is summed and over which group.
+enum class Sync { kWorld, kDp };
+
+struct Param {
+  std::string name;
+  size_t rows = 0, cols = 0;
+  bool replicated = false;
+  bool decay = false;
+  int bucket = 0;
+  size_t offset = 0;
+  float* w = nullptr;
+  float* g = nullptr;
+  // Trace span names of the projection's fused calls, made once (building
+  // them per call would cost an allocation even with tracing off).
+  std::string span_fwd, span_dgrad;
+};
+
+// Parameters whose gradients are all-reduced together (one call).
+struct Bucket {
+  Sync sync = Sync::kDp;
+  std::vector<float> w, g, m, v;
+};
+
+// A matrix in the GEMM input type: the f32 data itself, or a bf16 copy.
+class Operand {
+ public:
+  const void* Set(const float* x, size_t n, DType dt) {
+    if (dt == DType::kF32) return x;
+    if (buf_.size() < n) buf_.resize(n);
+    ConvertF32ToBF16(x, buf_.data(), n);
+    return buf_.data();
+  }
+
+ private:
+  std::vector<bf16> buf_;
+};
+
+// Per-block activations kept for backward.
+struct BlockActs {
+  std::vector<float> x;      // [s x h] block input
+  std::vector<float> rstd1;  // [s]
+  std::vector<char> xn1_g;   // [S x h] gathered RMSNorm(x), GEMM dtype
+  std::vector<float> qkv;    // [S x 3 hl d], q and k after RoPE
+  std::vector<float> probs;  // [Bl * hl x T x T]
+  std::vector<float> ctx;    // [S x hl d]
+  std::vector<float> x1;     // [s x h] after the attention residual
+  std::vector<float> rstd2;  // [s]
+  std::vector<char> xn2_g;   // [S x h] gathered RMSNorm(x1), GEMM dtype
+  std::vector<float> gu;     // [S x 2 fl]
+  std::vector<float> act;    // [S x fl]
+};
+
+}  // namespace
+
+void ValidateConfig(const TransformerConfig& c, int tp, int dp) {
+  auto positive = [](const char* name, long long v) {
+    if (v < 1) Invalid(std::string(name) + " must be >= 1, not " + Str(v));
+  };
+  positive("vocab", c.vocab);
+  positive("hidden", c.hidden);
+  positive("heads", c.heads);
+  positive("ffn", c.ffn);
+  positive("layers", c.layers);
+  positive("seq_len", c.seq_len);
+  positive("batch", c.batch);
+  positive("task_param", c.task_param);
+  if (tp < 1) Invalid("tp must be >= 1, not " + Str(tp));
+  if (dp < 1) Invalid("dp must be >= 1, not " + Str(dp));
+  if (c.vocab < 2) Invalid("vocab must be >= 2, not " + Str(c.vocab));
+  if (c.hidden % c.heads != 0) {
+    Invalid("heads (" + Str(c.heads) + ") must divide hidden (" + Str(c.hidden) + ")");
+  }
+  if ((c.hidden / c.heads) % 2 != 0) {
+    Invalid("head_dim = hidden / heads = " + Str(c.hidden / c.heads) + " must be even (RoPE)");
+  }
+  if (c.heads % tp != 0) {
+    Invalid("heads (" + Str(c.heads) + ") must be divisible by tp (" + Str(tp) +
+            "): heads are split across the TP ranks");
+  }
+  if (c.ffn % tp != 0) {
+    Invalid("ffn (" + Str(c.ffn) + ") must be divisible by tp (" + Str(tp) + ")");
+  }
+  if (c.seq_len % tp != 0) {
+    Invalid("seq_len (" + Str(c.seq_len) + ") must be divisible by tp (" + Str(tp) +
+            "): the sequence is sharded across the TP ranks");
+  }
+  if (c.batch % dp != 0) {
+    Invalid("batch (" + Str(c.batch) + ") must be divisible by dp (" + Str(dp) +
+            "): it is the global batch, split across the DP ranks");
+  }
+  if (c.task == Task::kCopy && c.task_param >= c.seq_len) {
+    Invalid("task_param (the copy period, " + Str(c.task_param) + ") must be < seq_len (" +
+            Str(c.seq_len) + ")");
+  }
+  if (c.task != Task::kModAdd && c.task != Task::kCopy) Invalid("unknown task");
+  if (c.gemm_dtype != DType::kF32 && c.gemm_dtype != DType::kBF16) {
+    Invalid(std::string("gemm_dtype must be f32 or bf16, not ") + DTypeName(c.gemm_dtype));
+  }
+  if (c.fused.splits < 1 || c.fused.splits > 16) {
+    Invalid("fused.splits must be in 1..16, not " + Str(c.fused.splits));
+  }
+  if (static_cast<int>(c.fused.pipeline) >= kNumPipelines) Invalid("fused.pipeline is invalid");
+  if (!(c.norm_eps > 0.0f)) Invalid("norm_eps must be > 0");
+  if (!(c.rope_base > 1.0f)) Invalid("rope_base must be > 1");
+  if (!(c.lr >= 0.0f)) Invalid("lr must be >= 0");
+  if (!(c.beta1 >= 0.0f && c.beta1 < 1.0f)) Invalid("beta1 must be in [0, 1)");
+  if (!(c.beta2 >= 0.0f && c.beta2 < 1.0f)) Invalid("beta2 must be in [0, 1)");
+  if (!(c.adam_eps > 0.0f)) Invalid("adam_eps must be > 0");
+  if (!(c.weight_decay >= 0.0f)) Invalid("weight_decay must be >= 0");
+}
+
+// Invariants: buckets' vectors are sized once in the constructor (Param::w
+// and Param::g point into them); cache[p] matches params[p] when
+// cache[p].version == version (bumped by every optimizer step and by
+// WeightsChanged); between ForwardBackward calls sync_works is empty (every
+// all-reduce is waited for before the gradients are used). Activations of
+// the last Forward stay in acts until the next one.
+// Thread safety: one thread per rank (the Transformer's contract).
+struct Transformer::Impl {
+  ProcessGrid grid;
+  TransformerConfig cfg;
+  DType dt;
+  size_t esz;
+  int tp, dp;
+  // Shapes.
+  size_t V, h, heads, hl, d, f, fl, L, T, Bl, S, s;
+  float grad_scale;  // 1 / (global batch tokens)
+  Rope rope;
+
+  std::vector<Param> params;
+  std::vector<Bucket> buckets;  // 0: replicated (world); 1 + 2l: attn l; 2 + 2l: mlp l
+  // Parameter indices.
+  int p_embed = -1, p_final_norm = -1, p_lm_head = -1;
+  struct BlockParams {
+    int norm1, qkv, o, norm2, gu, down;
+  };
+  std::vector<BlockParams> bp;
+
+  // GEMM copies of the projection weights (W in the GEMM dtype, W^T),
+  // rebuilt when the weights changed.
+  struct Cached {
+    std::vector<char> w, wt;
+    uint64_t version = ~0ull;
+  };
+  std::vector<Cached> cache;  // by param index
+  uint64_t version = 0;
+
+  // Activations and scratch.
+  std::vector<BlockActs> acts;
+  std::vector<int32_t> inputs, targets;
+  std::vector<float> x_final, rstd_f, xf, logits, dlogits;
+  std::vector<float> tmp_s, dx, dx1, dtmp;      // [s x h]
+  std::vector<float> dS3, dS2, dS1;            // [S x 3hld], [S x 2fl], [S x max(fl,hld)]
+  std::vector<char> dy_g;                      // [S x h] gathered dy, GEMM dtype
+  std::vector<float> att_scratch;              // [T x T]
+  Operand op_a, op_b;
+  int opt_step = 0;
+  int pending_bucket = -1;  // a sublayer's gradients not yet all-reduced
+  std::vector<Work> sync_works;
+  double loss_local = 0, loss_total = 0;  // the loss all-reduce's buffers
+  Work loss_work;
+  bool has_grads = false;
+  std::vector<double> block_fwd_s, block_bwd_s;  // of the last step, per block
+  std::vector<std::string> block_span_fwd, block_span_bwd;  // "block<l>.forward", ...
+
+  Impl(const ProcessGrid& g, const TransformerConfig& c);
+  void AddParam(const std::string& name, size_t rows, size_t cols, bool replicated, bool decay,
+                int bucket, int* index);
+  void InitParams();
+  void RefreshWeights();
+  const void* W(int p) {
+    if (dt == DType::kF32) return params[p].w;
+    return cache[p].w.data();
+  }
+  const void* WT(int p) { return cache[p].wt.data(); }
+
+  // Forward on the batch of `step`; the global loss is all-reduced in the
+  // background: WaitLoss() returns it.
+  void Forward(int step);
+  double WaitLoss();
+  void Backward();
+  void ColumnParallel(const float* x, int p, float* out, std::vector<char>& gathered);
+  void RowParallel(const float* a, int p, float* y);
+  void RowParallelDgrad(const float* dy, int p, float* da);
+  void ColumnParallelDgrad(const float* dy, int p, float* dx_shard);
+  void Wgrad(const void* a, const void* b, int p);
+  // A block is two sublayers, each with its own forward and backward, its
+  // own gradient bucket and the same overlap scheme (see the top of the
+  // file). The MLP sublayer is where a MoE sublayer plugs in: same
+  // interface (acts[l].x1 in, block output out; backward: dout in, dx1
+  // out), its parameters in a bucket all-reduced over the group their
+  // replicas span (grid.ep / grid.dp), issued through pending_bucket.
+  void AttentionSublayerForward(size_t l, const float* x);
+  void MlpForward(size_t l, float* out);
+  void MlpBackward(size_t l, const float* dout);
+  void AttentionSublayerBackward(size_t l, float* dxio);
+  void IssueSync(int bucket);
+  double WaitSync();
+  FusedOptions Fused() const { return cfg.fused; }
+};
+
+Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c) : grid(g), cfg(c) {
+  tp = g.tp_size;
+  dp = g.dp_size;
+  ValidateConfig(c, tp, dp);
+  dt = c.gemm_dtype;
+  esz = DTypeSize(dt);
+  V = c.vocab;
+  h = c.hidden;
+  heads = c.heads;
+  hl = heads / tp;
+  d = h / heads;
+  f = c.ffn;
+  fl = f / tp;
+  L = c.layers;
+  T = c.seq_len;
+  Bl = c.batch / dp;
+  S = T * Bl;
+  s = S / tp;
+  grad_scale = 1.0f / static_cast<float>(static_cast<double>(c.batch) * T);
+  rope = Rope(T, d, c.rope_base);
+
+  buckets.resize(1 + 2 * L);
+  buckets[0].sync = Sync::kWorld;
+  AddParam("embed", V, h, true, false, 0, &p_embed);
+  bp.resize(L);
+  for (size_t l = 0; l < L; ++l) {
+    std::string b = "block" + std::to_string(l);
+    AddParam(b + ".norm1", 1, h, true, false, 0, &bp[l].norm1);
+    AddParam(b + ".attn.qkv", h, 3 * hl * d, false, true, 1 + 2 * l, &bp[l].qkv);
+    AddParam(b + ".attn.o", hl * d, h, false, true, 1 + 2 * l, &bp[l].o);
+    AddParam(b + ".norm2", 1, h, true, false, 0, &bp[l].norm2);
+    AddParam(b + ".mlp.gate_up", h, 2 * fl, false, true, 2 + 2 * l, &bp[l].gu);
+    AddParam(b + ".mlp.down", fl, h, false, true, 2 + 2 * l, &bp[l].down);
+  }
+  for (size_t l = 0; l < L; ++l) {
+    for (int pi : {bp[l].qkv, bp[l].gu}) {  // column parallel
+      params[pi].span_fwd = params[pi].name + ".all_gather_matmul";
+      params[pi].span_dgrad = params[pi].name + ".dgrad.matmul_reduce_scatter";
+    }
+    for (int pi : {bp[l].o, bp[l].down}) {  // row parallel
+      params[pi].span_fwd = params[pi].name + ".matmul_reduce_scatter";
+      params[pi].span_dgrad = params[pi].name + ".dgrad.all_gather_matmul";
+    }
+  }
+  AddParam("final_norm", 1, h, true, false, 0, &p_final_norm);
+  AddParam("lm_head", h, V, true, true, 0, &p_lm_head);
+  for (auto& b : buckets) {
+    b.w.assign(b.w.size(), 0.0f);
+    b.g.assign(b.w.size(), 0.0f);
+    b.m.assign(b.w.size(), 0.0f);
+    b.v.assign(b.w.size(), 0.0f);
+  }
+  for (auto& p : params) {
+    p.w = buckets[p.bucket].w.data() + p.offset;
+    p.g = buckets[p.bucket].g.data() + p.offset;
+  }
+  cache.resize(params.size());
+  InitParams();
+
+  acts.resize(L);
+  block_fwd_s.assign(L, 0.0);
+  for (size_t l = 0; l < L; ++l) {
+    block_span_fwd.push_back("block" + std::to_string(l) + ".forward");
+    block_span_bwd.push_back("block" + std::to_string(l) + ".backward");
+  }
+  block_bwd_s.assign(L, 0.0);
+  for (auto& a : acts) {
+    a.x.resize(s * h);
+    a.rstd1.resize(s);
+    a.xn1_g.resize(S * h * esz);
+    a.qkv.resize(S * 3 * hl * d);
+    a.probs.resize(Bl * hl * T * T);
+    a.ctx.resize(S * hl * d);
+    a.x1.resize(s * h);
+    a.rstd2.resize(s);
+    a.xn2_g.resize(S * h * esz);
+    a.gu.resize(S * 2 * fl);
+    a.act.resize(S * fl);
+  }
+  inputs.resize(s);
+  targets.resize(s);
+  x_final.resize(s * h);
+  rstd_f.resize(s);
+  xf.resize(s * h);
+  logits.resize(s * V);
+  dlogits.resize(s * V);
+  tmp_s.resize(s * h);
+  dx.resize(s * h);
+  dx1.resize(s * h);
+  dtmp.resize(s * h);
+  dS3.resize(S * 3 * hl * d);
+  dS2.resize(S * 2 * fl);
+  dS1.resize(S * std::max(fl, hl * d));
+  dy_g.resize(S * h * esz);
+  att_scratch.resize(T * T);
+}
+
+void Transformer::Impl::AddParam(const std::string& name, size_t rows, size_t cols,
+                                 bool replicated, bool decay, int bucket, int* index) {
+  Param p;
+  p.name = name;
+  p.rows = rows;
+  p.cols = cols;
+  p.replicated = replicated;
+  p.decay = decay;
+  p.bucket = bucket;
+  p.offset = buckets[bucket].w.size();
+  buckets[bucket].w.resize(p.offset + rows * cols);
+  *index = static_cast<int>(params.size());
+  params.push_back(p);
+}
+
+void Transformer::Impl::InitParams() {
+  // Every element is a function of (seed, tensor, GLOBAL index), so a shard
+  // holds exactly its part of the model any grid would build. Linear layers
+  // are uniform with std 1/sqrt(fan_in) (the output projections also
+  // / sqrt(2 L), GPT-2 style, to keep the residual stream's scale); norms 1;
+  // the embedding has std 1.
+  const float k3 = 1.7320508f;  // uniform [-a, a) has std a / sqrt(3)
+  auto fill = [&](int pi, uint64_t stream, float stdev, auto global_index) {
+    Param& p = params[pi];
+    for (size_t r = 0; r < p.rows; ++r) {
+      for (size_t c = 0; c < p.cols; ++c) {
+        p.w[r * p.cols + c] = k3 * stdev * HashUniform(cfg.seed, stream, global_index(r, c));
+      }
+    }
+  };
+  const size_t rank = grid.tp_rank;
+  const float out_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(L));
+  fill(p_embed, 1, 1.0f, [&](size_t r, size_t c) { return r * h + c; });
+  for (size_t l = 0; l < L; ++l) {
+    const uint64_t base = 16 + 8 * l;
+    std::fill(params[bp[l].norm1].w, params[bp[l].norm1].w + h, 1.0f);
+    std::fill(params[bp[l].norm2].w, params[bp[l].norm2].w + h, 1.0f);
+    // Wqkv [h x 3h] globally: q | k | v, each heads x d columns; this rank
+    // has heads [rank hl, (rank+1) hl) of each part.
+    fill(bp[l].qkv, base + 0, 1.0f / std::sqrt(float(h)), [&](size_t r, size_t c) {
+      size_t part = c / (hl * d), within = c % (hl * d);
+      return r * 3 * h + part * h + rank * hl * d + within;
+    });
+    // Wo [h x h] globally: rows by input head; this rank has its heads' rows.
+    fill(bp[l].o, base + 1, out_scale / std::sqrt(float(h)),
+         [&](size_t r, size_t c) { return (rank * hl * d + r) * h + c; });
+    // Wgu [h x 2f] globally: gate | up.
+    fill(bp[l].gu, base + 2, 1.0f / std::sqrt(float(h)), [&](size_t r, size_t c) {
+      size_t part = c / fl, within = c % fl;
+      return r * 2 * f + part * f + rank * fl + within;
+    });
+    // Wdown [f x h] globally: this rank has rows [rank fl, (rank+1) fl).
+    fill(bp[l].down, base + 3, out_scale / std::sqrt(float(f)),
+         [&](size_t r, size_t c) { return (rank * fl + r) * h + c; });
+  }
+  std::fill(params[p_final_norm].w, params[p_final_norm].w + h, 1.0f);
+  fill(p_lm_head, 2, 1.0f / std::sqrt(float(h)), [&](size_t r, size_t c) { return r * V + c; });
+  ++version;
+}
+
+void Transformer::Impl::RefreshWeights() {
+  trace::Scope span("convert_weights", trace::Category::kCompute);
+  for (size_t l = 0; l < L; ++l) {
+    for (int pi : {bp[l].qkv, bp[l].o, bp[l].gu, bp[l].down}) {
+      Cached& c = cache[pi];
+      if (c.version == version) continue;
+      const Param& p = params[pi];
+      const size_t n = p.rows * p.cols;
+      std::vector<float> t(n);
+      for (size_t r = 0; r < p.rows; ++r) {
+        for (size_t k = 0; k < p.cols; ++k) t[k * p.rows + r] = p.w[r * p.cols + k];
+      }
+      c.wt.resize(n * esz);
+      if (dt == DType::kF32) {
+        std::memcpy(c.wt.data(), t.data(), n * sizeof(float));
+      } else {
+        c.w.resize(n * esz);
+        ConvertF32ToBF16(p.w, reinterpret_cast<bf16*>(c.w.data()), n);
+        ConvertF32ToBF16(t.data(), reinterpret_cast<bf16*>(c.wt.data()), n);
+      }
+      c.version = version;
+    }
+  }
+}
+
+// ------------------------------------------------------------- projections
+// With one TP rank there is nothing to gather or scatter: the projections
+// are plain GEMMs (the fused operators would only add a shape handshake,
+// which queues behind an in-flight gradient all-reduce).
+
+void Transformer::Impl::ColumnParallel(const float* x, int p, float* out,
+                                       std::vector<char>& gathered) {
+  const size_t n = params[p].cols;
+  const void* a = op_a.Set(x, s * h, dt);
+  if (tp == 1) {
+    std::memcpy(gathered.data(), a, S * h * esz);
+    trace::Scope span("gemm", trace::Category::kCompute, GemmFlops(S, n, h));
+    Gemm(S, n, h, dt, gathered.data(), W(p), DType::kF32, out);
+    return;
+  }
+  trace::Scope span(params[p].span_fwd, trace::Category::kHost);
+  AllGatherMatmulSync(grid.tp, a, s, h, W(p), n, dt, out, gathered.data(), Fused());
+}
+
+void Transformer::Impl::RowParallel(const float* a_full, int p, float* y) {
+  const size_t k = params[p].rows;
+  const void* a = op_a.Set(a_full, S * k, dt);
+  if (tp == 1) {
+    trace::Scope span("gemm", trace::Category::kCompute, GemmFlops(S, h, k));
+    Gemm(S, h, k, dt, a, W(p), DType::kF32, y);
+    return;
+  }
+  trace::Scope span(params[p].span_fwd, trace::Category::kHost);
+  MatmulReduceScatterSync(grid.tp, a, S, k, W(p), h, dt, y, s, Fused());
+}
+
+// da [S x k] = gather(dy) W^T; the gathered dy stays in dy_g for the wgrad.
+void Transformer::Impl::RowParallelDgrad(const float* dy, int p, float* da) {
+  const size_t k = params[p].rows;
+  const void* a = op_a.Set(dy, s * h, dt);
+  if (tp == 1) {
+    std::memcpy(dy_g.data(), a, S * h * esz);
+    trace::Scope span("gemm", trace::Category::kCompute, GemmFlops(S, k, h));
+    Gemm(S, k, h, dt, dy_g.data(), WT(p), DType::kF32, da);
+    return;
+  }
+  trace::Scope span(params[p].span_dgrad, trace::Category::kHost);
+  AllGatherMatmulSync(grid.tp, a, s, h, WT(p), k, dt, da, dy_g.data(), Fused());
+}
+
+// dx shard [s x h] = rows of sum over TP of dy [S x n] W^T.
+void Transformer::Impl::ColumnParallelDgrad(const float* dy, int p, float* dx_shard) {
+  const size_t n = params[p].cols;
+  const void* a = op_a.Set(dy, S * n, dt);
+  if (tp == 1) {
+    trace::Scope span("gemm", trace::Category::kCompute, GemmFlops(S, h, n));
+    Gemm(S, h, n, dt, a, WT(p), DType::kF32, dx_shard);
+    return;
+  }
+  trace::Scope span(params[p].span_dgrad, trace::Category::kHost);
+  MatmulReduceScatterSync(grid.tp, a, S, n, WT(p), h, dt, dx_shard, s, Fused());
+}
+
+// grad(W) [rows x cols] = a^T b, a [S x rows] and b [S x cols] in the GEMM
+// dtype (b: the output gradient, gathered for a row-parallel projection).
+void Transformer::Impl::Wgrad(const void* a, const void* b, int p) {
+  Param& P = params[p];
+  trace::Scope span("wgrad", trace::Category::kCompute, GemmFlops(P.rows, P.cols, S));
+  GemmOptions o;
+  o.trans_a = true;
+  Gemm(P.rows, P.cols, S, dt, a, b, DType::kF32, P.g, o);
+}
+
+// ------------------------------------------------------------------ forward
+
+// x1 = x + attention(RMSNorm(x)), kept in acts[l].x1.
+void Transformer::Impl::AttentionSublayerForward(size_t l, const float* x) {
+  BlockActs& A = acts[l];
+  const BlockParams& P = bp[l];
+  const size_t hd = hl * d, ld_qkv = 3 * hd;
+  std::memcpy(A.x.data(), x, s * h * sizeof(float));
+  {
+    trace::Scope span("rmsnorm", trace::Category::kCompute);
+    RmsNormForward(x, params[P.norm1].w, s, h, cfg.norm_eps, tmp_s.data(), A.rstd1.data());
+  }
+  ColumnParallel(tmp_s.data(), P.qkv, A.qkv.data(), A.xn1_g);
+  {
+    trace::Scope span("attention", trace::Category::kCompute,
+                      4 * static_cast<uint64_t>(Bl * hl) * T * T * d);
+    for (size_t row = 0; row < S; ++row) {
+      const size_t t = row / Bl;
+      float* q = A.qkv.data() + row * ld_qkv;
+      for (size_t j = 0; j < hl; ++j) {
+        RopeApply(rope, t, q + j * d, false);       // q
+        RopeApply(rope, t, q + hd + j * d, false);  // k
+      }
+    }
+    const size_t ld = Bl * ld_qkv;  // rows of one sequence are Bl apart
+    for (size_t b = 0; b < Bl; ++b) {
+      for (size_t j = 0; j < hl; ++j) {
+        const float* q = A.qkv.data() + b * ld_qkv + j * d;
+        AttentionForward(q, q + hd, q + 2 * hd, T, d, ld, ld, ld,
+                         A.probs.data() + (b * hl + j) * T * T,
+                         A.ctx.data() + b * hd + j * d, Bl * hd);
+      }
+    }
+  }
+  RowParallel(A.ctx.data(), P.o, tmp_s.data());
+  for (size_t i = 0; i < s * h; ++i) A.x1[i] = x[i] + tmp_s[i];
+}
+
+void Transformer::Impl::MlpForward(size_t l, float* out) {
+  BlockActs& A = acts[l];
+  const BlockParams& P = bp[l];
+  {
+    trace::Scope span("rmsnorm", trace::Category::kCompute);
+    RmsNormForward(A.x1.data(), params[P.norm2].w, s, h, cfg.norm_eps, tmp_s.data(),
+                   A.rstd2.data());
+  }
+  ColumnParallel(tmp_s.data(), P.gu, A.gu.data(), A.xn2_g);
+  {
+    trace::Scope span("swiglu", trace::Category::kCompute);
+    SwiGluForward(A.gu.data(), S, fl, A.act.data());
+  }
+  RowParallel(A.act.data(), P.down, tmp_s.data());
+  for (size_t i = 0; i < s * h; ++i) out[i] = A.x1[i] + tmp_s[i];
+}
+
+void Transformer::Impl::Forward(int step) {
+  RefreshWeights();
+  // This rank's rows of its DP slice of the global batch.
+  MakeBatch(cfg, step, static_cast<int64_t>(grid.dp_rank) * Bl, static_cast<int>(Bl),
+            static_cast<int64_t>(grid.tp_rank * s), static_cast<int64_t>((grid.tp_rank + 1) * s),
+            inputs.data(), targets.data());
+  std::vector<float> x(s * h), y(s * h);
+  {
+    trace::Scope span("embedding", trace::Category::kCompute);
+    for (size_t i = 0; i < s; ++i) {
+      std::memcpy(&x[i * h], params[p_embed].w + static_cast<size_t>(inputs[i]) * h,
+                  h * sizeof(float));
+    }
+  }
+  for (size_t l = 0; l < L; ++l) {
+    trace::Scope span(block_span_fwd[l], trace::Category::kHost);
+    auto t0 = Clock::now();
+    AttentionSublayerForward(l, x.data());
+    MlpForward(l, y.data());
+    block_fwd_s[l] = Since(t0);
+    std::swap(x, y);
+  }
+  double local;
+  {
+    trace::Scope span("lm_head", trace::Category::kCompute, GemmFlops(s, V, h));
+    x_final = x;
+    RmsNormForward(x.data(), params[p_final_norm].w, s, h, cfg.norm_eps, xf.data(),
+                   rstd_f.data());
+    Gemm(s, V, h, xf.data(), params[p_lm_head].w, logits.data());
+    local = CrossEntropy(logits.data(), targets.data(), s, V, grad_scale, dlogits.data());
+  }
+  // The global mean: a sum over every rank's rows (f64, deterministic
+  // order), in the background: backward does not need it, and a blocking
+  // call here would make every rank wait for the slowest one's forward.
+  loss_local = local;
+  loss_total = local;
+  if (grid.world.size() > 1) {
+    CollectiveOptions o;
+    o.may_run_inline = false;
+    loss_work = AllReduce(grid.world, &loss_local, &loss_total, 1, DType::kF64, ReduceOp::kSum, o);
+  }
+}
+
+double Transformer::Impl::WaitLoss() {
+  loss_work.Wait();
+  loss_work = Work();
+  return loss_total / (static_cast<double>(cfg.batch) * static_cast<double>(T));
+}
+
+// ----------------------------------------------------------------- backward
+
+void Transformer::Impl::IssueSync(int bucket) {
+  Bucket& b = buckets[bucket];
+  const Group& g = b.sync == Sync::kWorld ? grid.world : grid.dp;
+  if (g.size() == 1 || b.g.empty()) return;
+  // In the background even if small: it is meant to run under the wgrads.
+  CollectiveOptions o;
+  o.may_run_inline = false;
+  sync_works.push_back(AllReduce(g, b.g.data(), b.g.data(), b.g.size(), DType::kF32,
+                                 ReduceOp::kSum, o));
+}
+
+double Transformer::Impl::WaitSync() {
+  auto t0 = Clock::now();
+  trace::Scope span("grad_sync.wait", trace::Category::kWait);
+  for (auto& w : sync_works) w.Wait();
+  sync_works.clear();
+  return Since(t0);
+}
+
+// dout: the gradient of the block's output -> member dx1, the gradient at
+// the attention residual x1.
+void Transformer::Impl::MlpBackward(size_t l, const float* dxio) {
+  BlockActs& A = acts[l];
+  const BlockParams& P = bp[l];
+  // ---- MLP: dgrad chain.
+  float* dact = dS1.data();
+  RowParallelDgrad(dxio, P.down, dact);  // dy_g = gathered dxio
+  {
+    trace::Scope span("swiglu", trace::Category::kCompute);
+    SwiGluBackward(A.gu.data(), dact, S, fl, dS2.data());
+  }
+  ColumnParallelDgrad(dS2.data(), P.gu, dtmp.data());
+  {
+    trace::Scope span("rmsnorm", trace::Category::kCompute);
+    RmsNormBackward(A.x1.data(), params[P.norm2].w, A.rstd2.data(), dtmp.data(), s, h,
+                    dx1.data(), params[P.norm2].g);
+    for (size_t i = 0; i < s * h; ++i) dx1[i] += dxio[i];
+  }
+  // The previous sublayer's gradients travel while this one's wgrads run.
+  if (pending_bucket >= 0) IssueSync(pending_bucket);
+  Wgrad(op_a.Set(A.act.data(), S * fl, dt), dy_g.data(), P.down);
+  Wgrad(A.xn2_g.data(), op_b.Set(dS2.data(), S * 2 * fl, dt), P.gu);
+  pending_bucket = 2 + 2 * static_cast<int>(l);
+}
+
+// dx1 (the gradient at the attention residual, in member dx1) -> dxio.
+void Transformer::Impl::AttentionSublayerBackward(size_t l, float* dxio) {
+  BlockActs& A = acts[l];
+  const BlockParams& P = bp[l];
+  const size_t hd = hl * d, ld_qkv = 3 * hd;
+  // ---- Attention: dgrad chain.
+  float* dctx = dS1.data();
+  RowParallelDgrad(dx1.data(), P.o, dctx);
+  {
+    trace::Scope span("attention", trace::Category::kCompute,
+                      8 * static_cast<uint64_t>(Bl * hl) * T * T * d);
+    const size_t ld = Bl * ld_qkv;
+    for (size_t b = 0; b < Bl; ++b) {
+      for (size_t j = 0; j < hl; ++j) {
+        const float* q = A.qkv.data() + b * ld_qkv + j * d;
+        float* dq = dS3.data() + b * ld_qkv + j * d;
+        AttentionBackward(q, q + hd, q + 2 * hd, A.probs.data() + (b * hl + j) * T * T,
+                          dctx + b * hd + j * d, T, d, ld, ld, ld, Bl * hd, dq, dq + hd,
+                          dq + 2 * hd, att_scratch.data());
+      }
+    }
+    for (size_t row = 0; row < S; ++row) {
+      const size_t t = row / Bl;
+      float* dq = dS3.data() + row * ld_qkv;
+      for (size_t j = 0; j < hl; ++j) {
+        RopeApply(rope, t, dq + j * d, true);
+        RopeApply(rope, t, dq + hd + j * d, true);
+      }
+    }
+  }
+  ColumnParallelDgrad(dS3.data(), P.qkv, dtmp.data());
+  {
+    trace::Scope span("rmsnorm", trace::Category::kCompute);
+    RmsNormBackward(A.x.data(), params[P.norm1].w, A.rstd1.data(), dtmp.data(), s, h, dxio,
+                    params[P.norm1].g);
+    for (size_t i = 0; i < s * h; ++i) dxio[i] += dx1[i];
+  }
+  IssueSync(pending_bucket);
+  Wgrad(op_a.Set(A.ctx.data(), S * hd, dt), dy_g.data(), P.o);
+  Wgrad(A.xn1_g.data(), op_b.Set(dS3.data(), S * ld_qkv, dt), P.qkv);
+  pending_bucket = 1 + 2 * static_cast<int>(l);
+}
+
+void Transformer::Impl::Backward() {
+  // Replicated gradients accumulate (norms, embedding); the projections'
+  // are written by their wgrad GEMM.
+  std::fill(buckets[0].g.begin(), buckets[0].g.end(), 0.0f);
+  pending_bucket = -1;
+  {
+    trace::Scope span("lm_head.backward", trace::Category::kCompute, 2 * GemmFlops(s, V, h));
+    GemmOptions ow;
+    ow.trans_a = true;  // dW = xf^T dlogits
+    Gemm(h, V, s, xf.data(), dlogits.data(), params[p_lm_head].g, ow);
+    GemmOptions od;
+    od.trans_b = true;  // dxf = dlogits W^T
+    Gemm(s, h, V, dlogits.data(), params[p_lm_head].w, tmp_s.data(), od);
+    RmsNormBackward(x_final.data(), params[p_final_norm].w, rstd_f.data(), tmp_s.data(), s, h,
+                    dx.data(), params[p_final_norm].g);
+  }
+  for (size_t l = L; l-- > 0;) {
+    trace::Scope span(block_span_bwd[l], trace::Category::kHost);
+    auto t0 = Clock::now();
+    MlpBackward(l, dx.data());
+    AttentionSublayerBackward(l, dx.data());
+    block_bwd_s[l] = Since(t0);
+  }
+  {
+    trace::Scope span("embedding.backward", trace::Category::kCompute);
+    float* ge = params[p_embed].g;
+    for (size_t i = 0; i < s; ++i) {
+      float* row = ge + static_cast<size_t>(inputs[i]) * h;
+      for (size_t c = 0; c < h; ++c) row[c] += dx[i * h + c];
+    }
+  }
+  if (pending_bucket >= 0) IssueSync(pending_bucket);
+  IssueSync(0);
+  pending_bucket = -1;
+}
+
+// ------------------------------------------------------------------ public
+
+Transformer::Transformer(const ProcessGrid& grid, const TransformerConfig& config)
+    : impl_(std::make_unique<Impl>(grid, config)) {}
+
+Transformer::~Transformer() {
+  // Never leave an all-reduce running on buffers that are about to go.
+  impl_->sync_works.push_back(impl_->loss_work);
+  for (auto& w : impl_->sync_works) {
+    try {
+      w.Wait();
+    } catch (...) {
+    }
+  }
+}
+
+double Transformer::Loss(int step) {
+  trace::Scope span("forward", trace::Category::kHost);
+  impl_->Forward(step);
+  return impl_->WaitLoss();
+}
+
+double Transformer::ForwardBackward(int step, StepStats* stats) {
+  Impl& m = *impl_;
+  auto t0 = Clock::now();
+  double loss;
+  {
+    trace::Scope span("forward", trace::Category::kHost);
+    m.Forward(step);
+  }
+  auto t1 = Clock::now();
+  {
+    trace::Scope span("backward", trace::Category::kHost);
+    m.Backward();
+  }
+  auto t2 = Clock::now();
+  double wait = m.WaitSync();
+  loss = m.WaitLoss();
+  m.has_grads = true;
+  if (stats != nullptr) {
+    stats->step = step;
+    stats->loss = loss;
+    stats->forward_seconds = std::chrono::duration<double>(t1 - t0).count();
+    stats->backward_seconds = std::chrono::duration<double>(t2 - t1).count();
+    stats->sync_wait_seconds = wait;
+    stats->tokens = static_cast<int64_t>(m.cfg.batch) * m.cfg.seq_len;
+    stats->block_forward_seconds = m.block_fwd_s;
+    stats->block_backward_seconds = m.block_bwd_s;
+  }
+  return loss;
+}
+
+void Transformer::OptimizerStep(StepStats* stats) {
+  Impl& m = *impl_;
+  if (!m.has_grads) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "Transformer::OptimizerStep: no gradients (call ForwardBackward first)");
+  }
+  auto t0 = Clock::now();
+  trace::Scope span("optimizer", trace::Category::kHost);
+  ++m.opt_step;
+  {
+    trace::Scope adam("adamw", trace::Category::kCompute);
+    for (const Param& p : m.params) {
+      Bucket& b = m.buckets[p.bucket];
+      const size_t n = p.rows * p.cols;
+      AdamW(p.w, p.g, b.m.data() + p.offset, b.v.data() + p.offset, n, m.opt_step, m.cfg.lr, m.cfg.beta1,
+            m.cfg.beta2, m.cfg.adam_eps, p.decay ? m.cfg.weight_decay : 0.0f);
+    }
+  }
+  ++m.version;
+  m.has_grads = false;
+  if (stats != nullptr) stats->optimizer_seconds = Since(t0);
+}
+
+StepStats Transformer::TrainStep(int step) {
+  trace::MarkStep(step);
+  StepStats st;
+  auto t0 = Clock::now();
+  ForwardBackward(step, &st);
+  OptimizerStep(&st);
+  st.seconds = Since(t0);
+  return st;
+}
+
+std::vector<ParamView> Transformer::Parameters() {
+  std::vector<ParamView> out;
+  for (const Param& p : impl_->params) {
+    ParamView v;
+    v.name = p.name;
+    v.rows = p.rows;
+    v.cols = p.cols;
+    v.value = p.w;
+    v.grad = p.g;
+    v.tp_replicated = p.replicated;
+    out.push_back(v);
+  }
+  return out;
+}
+
+void Transformer::WeightsChanged() { ++impl_->version; }
+
+const TransformerConfig& Transformer::config() const { return impl_->cfg; }
+const ProcessGrid& Transformer::grid() const { return impl_->grid; }
+
+std::vector<StepStats> TrainSteps(const Group& world, const TransformerConfig& config, int tp,
+                                  int steps, const std::function<void(const StepStats&)>& on_step) {
+  if (steps < 0) throw Error(ErrorCode::kInvalidArgument, "TrainSteps: steps must be >= 0");
+  // A tp that does not fit the world: MakeGrid throws, naming it, before
+  // splitting anything.
+  if (tp < 1 || !world.valid() || world.size() % tp != 0) MakeGrid(world, tp);
+  ValidateConfig(config, tp, world.size() / tp);
+  ProcessGrid grid = MakeGrid(world, tp);
+  Transformer model(grid, config);
+  std::vector<StepStats> out;
+  for (int step = 0; step < steps; ++step) {
+    out.push_back(model.TrainStep(step));
+    if (on_step) on_step(out.back());
+  }
+  trace::EndStep();
+  return out;
+}
+
+}  // namespace mc2::models

@@ -1,0 +1,509 @@
+// The tensor + sequence parallel transformer (include/mc2/models.h):
+// - its forward loss against an independent double-precision reference;
+// - every parameter tensor's gradient against central finite differences,
+//   at TP=1, TP=2, TP=4 and DP=2 x TP=2;
+// - losses bitwise identical for every pipeline and split count at a grid;
+// - losses across grids (1, 2, 4 ranks; DP x TP) within a tolerance;
+// - the loss falls on the learnable synthetic task;
+// - invalid configurations fail with kInvalidArgument naming the cause.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mc2/mc2.h"
+#include "mc2/models.h"
+#include "models/data.h"
+
+namespace mc2::models {
+namespace {
+
+// A tiny model: 2 layers, 4 heads of width 4, every TP size 1, 2, 4 valid.
+TransformerConfig Tiny() {
+  TransformerConfig c;
+  c.vocab = 16;
+  c.hidden = 16;
+  c.heads = 4;
+  c.ffn = 32;
+  c.layers = 2;
+  c.seq_len = 8;
+  c.batch = 4;
+  c.task = Task::kModAdd;
+  c.task_param = 3;
+  c.seed = 7;
+  c.fused.pipeline = Pipeline::kSerial;
+  return c;
+}
+
+// Runs `steps` training steps on `ranks` in-process ranks with the given
+// TP size and returns rank 0's losses (every rank checks it saw the same).
+std::vector<double> TrainLosses(int ranks, int tp, const TransformerConfig& c, int steps) {
+  std::vector<double> out;
+  std::mutex mu;
+  Group::RunInProcess(ranks, [&](Group& world) {
+    auto stats = TrainSteps(world, c, tp, steps);
+    std::vector<double> losses;
+    for (auto& s : stats) {
+      losses.push_back(s.loss);
+      // The timings add up (the parts are disjoint intervals of the step).
+      EXPECT_EQ(s.block_forward_seconds.size(), size_t(c.layers));
+      double blocks = 0;
+      for (double b : s.block_forward_seconds) blocks += b;
+      EXPECT_LE(blocks, s.forward_seconds);
+      EXPECT_LE(s.forward_seconds + s.backward_seconds + s.sync_wait_seconds +
+                    s.optimizer_seconds, s.seconds);
+      EXPECT_EQ(s.tokens, int64_t(c.batch) * c.seq_len);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (world.rank() == 0) out = losses;
+  });
+  return out;
+}
+
+bool SameBits(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+// ------------------------------------------------------------ reference
+
+// A straightforward double-precision forward of the whole model on ONE
+// rank's parameters (tp = 1), written independently of src/models: per
+// sequence, per position, textbook formulas.
+double ReferenceLoss(Transformer& model, int step) {
+  const TransformerConfig& c = model.config();
+  std::vector<ParamView> ps = model.Parameters();
+  auto P = [&](const std::string& name) -> const ParamView& {
+    for (auto& p : ps)
+      if (p.name == name) return p;
+    ADD_FAILURE() << "no parameter " << name;
+    return ps[0];
+  };
+  const int h = c.hidden, nh = c.heads, d = h / nh, f = c.ffn, T = c.seq_len, V = c.vocab;
+  auto rmsnorm = [&](const std::vector<double>& x, const ParamView& g) {
+    double ss = 0;
+    for (double v : x) ss += v * v;
+    double r = 1.0 / std::sqrt(ss / h + c.norm_eps);
+    std::vector<double> y(h);
+    for (int i = 0; i < h; ++i) y[i] = x[i] * r * g.value[i];
+    return y;
+  };
+  auto matvec = [](const std::vector<double>& x, const ParamView& w) {  // x [rows] * W
+    std::vector<double> y(w.cols, 0.0);
+    for (size_t r = 0; r < w.rows; ++r)
+      for (size_t k = 0; k < w.cols; ++k) y[k] += x[r] * w.value[r * w.cols + k];
+    return y;
+  };
+  auto rope = [&](double* v, int pos) {
+    for (int i = 0; i < d / 2; ++i) {
+      double th = pos * std::pow(static_cast<double>(c.rope_base), -2.0 * i / d);
+      double a = v[2 * i], b = v[2 * i + 1];
+      v[2 * i] = a * std::cos(th) - b * std::sin(th);
+      v[2 * i + 1] = a * std::sin(th) + b * std::cos(th);
+    }
+  };
+  double total = 0;
+  for (int seq = 0; seq < c.batch; ++seq) {
+    std::vector<std::vector<double>> x(T, std::vector<double>(h));
+    for (int t = 0; t < T; ++t) {
+      int tok = SequenceToken(c, step, seq, t);
+      for (int i = 0; i < h; ++i) x[t][i] = P("embed").value[tok * h + i];
+    }
+    for (int l = 0; l < c.layers; ++l) {
+      std::string b = "block" + std::to_string(l);
+      std::vector<std::vector<double>> qkv(T);
+      for (int t = 0; t < T; ++t) {
+        qkv[t] = matvec(rmsnorm(x[t], P(b + ".norm1")), P(b + ".attn.qkv"));
+        for (int j = 0; j < nh; ++j) {
+          rope(&qkv[t][j * d], t);
+          rope(&qkv[t][h + j * d], t);
+        }
+      }
+      for (int t = 0; t < T; ++t) {
+        std::vector<double> ctx(h, 0.0);
+        for (int j = 0; j < nh; ++j) {
+          std::vector<double> sc(t + 1);
+          double mx = -1e300;
+          for (int u = 0; u <= t; ++u) {
+            double dot = 0;
+            for (int e = 0; e < d; ++e) dot += qkv[t][j * d + e] * qkv[u][h + j * d + e];
+            sc[u] = dot / std::sqrt(static_cast<double>(d));
+            mx = std::max(mx, sc[u]);
+          }
+          double z = 0;
+          for (auto& v : sc) z += (v = std::exp(v - mx));
+          for (int u = 0; u <= t; ++u)
+            for (int e = 0; e < d; ++e) ctx[j * d + e] += sc[u] / z * qkv[u][2 * h + j * d + e];
+        }
+        std::vector<double> o = matvec(ctx, P(b + ".attn.o"));
+        for (int i = 0; i < h; ++i) x[t][i] += o[i];
+        std::vector<double> gu = matvec(rmsnorm(x[t], P(b + ".norm2")), P(b + ".mlp.gate_up"));
+        std::vector<double> a(f);
+        for (int i = 0; i < f; ++i) a[i] = gu[i] / (1 + std::exp(-gu[i])) * gu[f + i];
+        std::vector<double> dn = matvec(a, P(b + ".mlp.down"));
+        for (int i = 0; i < h; ++i) x[t][i] += dn[i];
+      }
+      // (The attention of position t reads only qkv, computed for every
+      // position before the residual updates, as in the model.)
+    }
+    for (int t = 0; t < T; ++t) {
+      std::vector<double> logits = matvec(rmsnorm(x[t], P("final_norm")), P("lm_head"));
+      double mx = *std::max_element(logits.begin(), logits.end()), z = 0;
+      for (double v : logits) z += std::exp(v - mx);
+      total += mx + std::log(z) - logits[SequenceToken(c, step, seq, t + 1)];
+    }
+  }
+  return total / (static_cast<double>(c.batch) * T);
+  (void)V;
+}
+
+TEST(Transformer, ForwardMatchesDoubleReference) {
+  for (Task task : {Task::kModAdd, Task::kCopy}) {
+    TransformerConfig c = Tiny();
+    c.task = task;
+    Group::RunInProcess(1, [&](Group& world) {
+      Transformer model(MakeGrid(world, 1), c);
+      for (int step : {0, 3}) {
+        double got = model.Loss(step);
+        double want = ReferenceLoss(model, step);
+        EXPECT_NEAR(got, want, 1e-5 * std::fabs(want)) << TaskName(task) << " step " << step;
+      }
+    });
+  }
+}
+
+TEST(Transformer, SyntheticTasksHaveTheirStructure) {
+  TransformerConfig c = Tiny();
+  c.vocab = 23;
+  c.task_param = 5;
+  for (int seq = 0; seq < 50; ++seq) {
+    int d = (SequenceToken(c, 2, seq, 1) - SequenceToken(c, 2, seq, 0) + c.vocab) % c.vocab;
+    EXPECT_GE(d, 1);
+    EXPECT_LE(d, c.task_param);
+    for (int t = 0; t < c.seq_len; ++t) {
+      EXPECT_EQ(SequenceToken(c, 2, seq, t + 1), (SequenceToken(c, 2, seq, t) + d) % c.vocab);
+    }
+  }
+  c.task = Task::kCopy;
+  for (int seq = 0; seq < 50; ++seq) {
+    for (int t = c.task_param; t <= c.seq_len; ++t) {
+      EXPECT_EQ(SequenceToken(c, 1, seq, t), SequenceToken(c, 1, seq, t - c.task_param));
+    }
+  }
+  // Different steps and sequences give different data.
+  int differ = 0;
+  for (int seq = 0; seq < 20; ++seq) differ += SequenceToken(c, 0, seq, 0) != SequenceToken(c, 1, seq, 0);
+  EXPECT_GT(differ, 10);
+}
+
+// ------------------------------------------------------ gradient check
+
+// Central finite differences of the global loss, for every parameter
+// tensor: (a) along a random direction of the whole tensor (every element
+// takes part), (b) for the element of largest gradient. A TP-sharded tensor
+// is perturbed on every TP rank (each its own shard, the direction's
+// components), a replicated one identically everywhere; DP replicas always
+// identically. Analytic values are summed over the TP shards.
+void GradientCheck(int ranks, int tp) {
+  TransformerConfig c = Tiny();
+  std::mutex mu;
+  std::vector<std::string> report;
+  Group::RunInProcess(ranks, [&](Group& world) {
+    ProcessGrid grid = MakeGrid(world, tp);
+    Transformer model(grid, c);
+    const int step = 1;
+    model.ForwardBackward(step);
+    std::vector<ParamView> ps = model.Parameters();
+    // Gradients are overwritten by later calls: keep them.
+    std::vector<std::vector<float>> grads;
+    for (auto& p : ps) grads.emplace_back(p.grad, p.grad + p.rows * p.cols);
+    auto loss_at = [&](ParamView& p, const std::vector<float>& dir, double eps) {
+      std::vector<float> saved(p.value, p.value + p.rows * p.cols);
+      for (size_t i = 0; i < saved.size(); ++i) p.value[i] = saved[i] + static_cast<float>(eps) * dir[i];
+      model.WeightsChanged();
+      double l = model.Loss(step);
+      std::copy(saved.begin(), saved.end(), p.value);
+      model.WeightsChanged();
+      return l;
+    };
+    auto tp_sum = [&](double v) {
+      double out = v;
+      if (grid.tp.size() > 1) AllReduce(grid.tp, &v, &out, 1, DType::kF64, ReduceOp::kSum).Wait();
+      return out;
+    };
+    for (size_t pi = 0; pi < ps.size(); ++pi) {
+      ParamView& p = ps[pi];
+      const size_t n = p.rows * p.cols;
+      // The tensor's scale sets the perturbation (gammas ~1, weights ~0.1).
+      // (over the whole tensor, so that every TP rank uses the same eps).
+      double ss = 0;
+      for (size_t i = 0; i < n; ++i) ss += double(p.value[i]) * p.value[i];
+      const double scale =
+          p.tp_replicated ? std::sqrt(ss / n) : std::sqrt(tp_sum(ss) / tp_sum(double(n)));
+      // 1% of the tensor's scale: small enough for the O(eps^2) truncation
+      // error, large enough that f32 rounding in the loss (~1e-7 relative)
+      // stays far below the difference.
+      const double eps = 1e-2 * scale;
+      // (a) random direction.
+      std::mt19937 rng(1000 + pi * 16 + (p.tp_replicated ? 0 : grid.tp_rank));
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      std::vector<float> dir(n);
+      for (auto& x : dir) x = u(rng);
+      double dot = 0, mag = 0;
+      for (size_t i = 0; i < n; ++i) {
+        dot += double(grads[pi][i]) * dir[i];
+        mag += std::fabs(double(grads[pi][i]) * dir[i]);
+      }
+      const double analytic = p.tp_replicated ? dot : tp_sum(dot);
+      // The terms of the dot product may cancel: the error is judged against
+      // the sum of their magnitudes too (as for any computed sum).
+      const double terms = p.tp_replicated ? mag : tp_sum(mag);
+      const double fd = (loss_at(p, dir, eps) - loss_at(p, dir, -eps)) / (2 * eps);
+      const double err = std::fabs(fd - analytic);
+      const bool ok_a = err <= 1e-2 * std::fabs(analytic) + 1e-3 * terms;
+      // (b) the largest-gradient element of TP rank 0's copy/shard.
+      size_t imax = 0;
+      for (size_t i = 1; i < n; ++i)
+        if (std::fabs(grads[pi][i]) > std::fabs(grads[pi][imax])) imax = i;
+      double gi = grid.tp_rank == 0 ? grads[pi][imax] : 0.0;
+      size_t idx = imax;
+      if (grid.tp.size() > 1) {
+        double g_all = 0;
+        AllReduce(grid.tp, &gi, &g_all, 1, DType::kF64, ReduceOp::kSum).Wait();
+        gi = g_all;
+        uint64_t i64 = grid.tp_rank == 0 ? imax : 0, i_all = 0;
+        AllReduce(grid.tp, &i64, &i_all, 1, DType::kI64, ReduceOp::kSum).Wait();
+        idx = i_all;
+      }
+      std::vector<float> one(n, 0.0f);
+      if (p.tp_replicated || grid.tp_rank == 0) one[idx] = 1.0f;
+      const double eps1 = 1e-2 * scale;
+      const double fd1 = (loss_at(p, one, eps1) - loss_at(p, one, -eps1)) / (2 * eps1);
+      const double err1 = std::fabs(fd1 - gi);
+      const bool ok_b = err1 <= 1e-2 * std::fabs(gi) + 2e-6;
+      if (world.rank() == 0) {
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "%-22s direction: analytic %+.6e fd %+.6e rel %.1e %s | element %zu: "
+                      "analytic %+.6e fd %+.6e rel %.1e %s",
+                      p.name.c_str(), analytic, fd, err / std::max(1e-30, std::fabs(analytic)),
+                      ok_a ? "ok" : "BAD", idx, gi, fd1, err1 / std::max(1e-30, std::fabs(gi)),
+                      ok_b ? "ok" : "BAD");
+        std::lock_guard<std::mutex> lock(mu);
+        report.push_back(line);
+        EXPECT_TRUE(ok_a) << line;
+        EXPECT_TRUE(ok_b) << line;
+        // A check that cannot fail is no check: the gradients are not zero.
+        EXPECT_GT(std::fabs(analytic), 1e-7) << line;
+      }
+    }
+  });
+  std::printf("[ gradcheck ] ranks=%d tp=%d\n", ranks, tp);
+  for (auto& l : report) std::printf("[ gradcheck ] %s\n", l.c_str());
+  EXPECT_EQ(report.size(), 3u + 6u * Tiny().layers);  // every parameter tensor
+}
+
+TEST(Transformer, GradientCheckTp1) { GradientCheck(1, 1); }
+TEST(Transformer, GradientCheckTp2) { GradientCheck(2, 2); }
+TEST(Transformer, GradientCheckDp2Tp2) { GradientCheck(4, 2); }
+TEST(Transformer, GradientCheckTp4) { GradientCheck(4, 4); }  // one head per rank
+
+// ------------------------------------------------------ pipelines, grids
+
+// In deterministic mode every pipeline and split count gives the serial
+// losses bit for bit, at TP=2 and at DP=2 x TP=2.
+TEST(Transformer, LossesBitwiseIdenticalAcrossPipelines) {
+  for (auto [ranks, tp] : {std::pair{2, 2}, std::pair{4, 2}}) {
+    TransformerConfig c = Tiny();
+    c.seq_len = 16;  // 16 rows per TP rank: every chunk of s = 4 non-empty
+    const int steps = 4;
+    std::vector<double> serial = TrainLosses(ranks, tp, c, steps);
+    ASSERT_EQ(serial.size(), size_t(steps));
+    struct Variant {
+      Pipeline p;
+      int splits;
+    };
+    std::vector<Variant> variants = {{Pipeline::kChunked, 1}, {Pipeline::kChunked, 2},
+                                     {Pipeline::kChunked, 3}, {Pipeline::kChunked, 4},
+                                     {Pipeline::kFused, 1},   {Pipeline::kAuto, 4}};
+    for (auto v : variants) {
+      c.fused.pipeline = v.p;
+      c.fused.splits = v.splits;
+      std::vector<double> got = TrainLosses(ranks, tp, c, steps);
+      EXPECT_TRUE(SameBits(got, serial))
+          << "ranks " << ranks << " tp " << tp << " " << PipelineName(v.p) << " s=" << v.splits
+          << ": first loss " << got.at(0) << " vs " << serial[0] << ", last " << got.back()
+          << " vs " << serial.back();
+    }
+    // The losses moved: identical sequences of a model that does not train
+    // would prove little.
+    EXPECT_NE(serial.front(), serial.back());
+  }
+}
+
+// bf16 GEMM inputs are deterministic too.
+TEST(Transformer, Bf16LossesBitwiseIdenticalAcrossPipelinesAndCloseToF32) {
+  TransformerConfig c = Tiny();
+  c.seq_len = 16;
+  c.gemm_dtype = DType::kBF16;
+  std::vector<double> serial = TrainLosses(2, 2, c, 3);
+  c.fused.pipeline = Pipeline::kFused;
+  EXPECT_TRUE(SameBits(TrainLosses(2, 2, c, 3), serial));
+  c.fused.pipeline = Pipeline::kChunked;
+  c.fused.splits = 3;
+  EXPECT_TRUE(SameBits(TrainLosses(2, 2, c, 3), serial));
+  c.gemm_dtype = DType::kF32;
+  std::vector<double> f32 = TrainLosses(2, 2, c, 3);
+  for (size_t i = 0; i < f32.size(); ++i) {
+    // bf16 has 8 mantissa bits: the losses agree to about 1%.
+    EXPECT_NEAR(serial[i], f32[i], 2e-2 * f32[i]) << "step " << i;
+  }
+}
+
+// The same model and batches on different grids: the losses agree within
+// a tolerance (the sums are cut and ordered differently; f32 rounding).
+void LossesAgreeAcrossGrids(const TransformerConfig& c, const char* label) {
+  const int steps = 20;
+  std::vector<double> ref = TrainLosses(1, 1, c, steps);
+  ASSERT_EQ(ref.size(), size_t(steps));
+  struct Grid {
+    int ranks, tp;
+  };
+  double worst = 0;
+  for (Grid g : {Grid{2, 1}, Grid{2, 2}, Grid{4, 1}, Grid{4, 2}, Grid{4, 4}}) {
+    std::vector<double> got = TrainLosses(g.ranks, g.tp, c, steps);
+    ASSERT_EQ(got.size(), size_t(steps));
+    double max_rel = 0;
+    for (int i = 0; i < steps; ++i) max_rel = std::max(max_rel, std::fabs(got[i] - ref[i]) / ref[i]);
+    std::printf("[ grids ] %s: %d ranks, dp %d x tp %d: max relative loss difference vs 1 rank "
+                "over %d steps: %.3e (last loss %.6f vs %.6f)\n",
+                label, g.ranks, g.ranks / g.tp, g.tp, steps, max_rel, got.back(), ref.back());
+    EXPECT_LT(max_rel, 1e-5) << g.ranks << " ranks, tp " << g.tp;
+    worst = std::max(worst, max_rel);
+  }
+  std::printf("[ grids ] %s: worst max relative difference: %.3e\n", label, worst);
+}
+
+TEST(Transformer, LossesAgreeAcrossGridsTiny) {
+  TransformerConfig c = Tiny();
+  c.seq_len = 16;
+  c.batch = 8;
+  c.fused.pipeline = Pipeline::kFused;
+  LossesAgreeAcrossGrids(c, "tiny");
+}
+
+// The default model (4x the width), chunked pipeline, copy task.
+TEST(Transformer, LossesAgreeAcrossGridsSmall) {
+  TransformerConfig c;
+  c.batch = 8;
+  c.task = Task::kCopy;
+  c.task_param = 5;
+  c.fused.pipeline = Pipeline::kChunked;
+  c.fused.splits = 2;
+  LossesAgreeAcrossGrids(c, "small");
+}
+
+// The backward is right enough to learn: on the modular-addition task the
+// loss falls below half of its initial value.
+TEST(Transformer, LossDecreasesOnLearnableTask) {
+  TransformerConfig c;  // the default small model
+  c.seq_len = 16;
+  c.batch = 16;
+  c.task = Task::kModAdd;
+  c.task_param = 4;
+  c.lr = 1e-2f;
+  const int steps = 150;
+  for (auto [ranks, tp] : {std::pair{1, 1}, std::pair{2, 2}}) {
+    std::vector<double> l = TrainLosses(ranks, tp, c, steps);
+    ASSERT_EQ(l.size(), size_t(steps));
+    std::printf("[ learn ] ranks %d tp %d: loss", ranks, tp);
+    for (int i = 0; i < steps; i += 15) std::printf(" %d:%.3f", i, l[i]);
+    std::printf(" %d:%.3f\n", steps - 1, l.back());
+    // An untrained model: about ln(vocab) or more (random logits).
+    EXPECT_GT(l[0], 0.9 * std::log(double(c.vocab)));
+    double tail = 0;
+    for (int i = steps - 10; i < steps; ++i) tail += l[i] / 10;
+    EXPECT_LT(tail, 0.5 * l[0]) << "mean of the last 10 losses vs the first";
+    // Stronger: below ln(task_param), the best loss of a model that sees
+    // only the current token (it cannot know the step d), so attention to
+    // the previous token was learned too. The task's floor is
+    // ln(task_param) / seq_len (only the first target is uncertain).
+    EXPECT_LT(tail, std::log(double(c.task_param)));
+  }
+}
+
+// ------------------------------------------------------------- errors
+
+void ExpectInvalid(int ranks, int tp, const TransformerConfig& c, const std::string& needle) {
+  Group::RunInProcess(ranks, [&](Group& world) {
+    try {
+      TrainSteps(world, c, tp, 1);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(Transformer, InvalidConfigsNameTheCause) {
+  TransformerConfig c = Tiny();
+  c.heads = 2;
+  c.hidden = 16;
+  ExpectInvalid(4, 4, c, "heads (2) must be divisible by tp (4)");
+  c = Tiny();
+  c.ffn = 30;
+  ExpectInvalid(4, 4, c, "ffn");
+  c = Tiny();
+  c.seq_len = 6;
+  ExpectInvalid(4, 4, c, "seq_len (6) must be divisible by tp (4)");
+  c = Tiny();
+  c.batch = 3;
+  ExpectInvalid(2, 1, c, "batch (3) must be divisible by dp (2)");
+  c = Tiny();
+  c.hidden = 12;  // head_dim 3
+  ExpectInvalid(1, 1, c, "must be even");
+  c = Tiny();
+  c.fused.splits = 0;
+  ExpectInvalid(1, 1, c, "fused.splits");
+  ExpectInvalid(4, 3, Tiny(), "tp = 3 must be >= 1 and divide the 4 ranks");
+  Group::RunInProcess(4, [&](Group& world) {
+    try {
+      MakeGrid(world, 2, 3);
+      ADD_FAILURE() << "no error for ep 3";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("ep = 3"), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(Transformer, GridGroupsHaveTheDocumentedMembers) {
+  Group::RunInProcess(8, [&](Group& world) {
+    ProcessGrid g = MakeGrid(world, 2, 2);  // dp 4, ep 2
+    EXPECT_EQ(g.tp.size(), 2);
+    EXPECT_EQ(g.dp.size(), 4);
+    EXPECT_EQ(g.ep.size(), 2);
+    EXPECT_EQ(g.tp.rank(), world.rank() % 2);
+    EXPECT_EQ(g.dp.rank(), world.rank() / 2);
+    // The members, checked by gathering world ranks in each group.
+    int me = world.rank();
+    std::vector<int> tp_members(2), dp_members(4), ep_members(2);
+    AllGather(g.tp, &me, tp_members.data(), 1, DType::kI32).Wait();
+    AllGather(g.dp, &me, dp_members.data(), 1, DType::kI32).Wait();
+    AllGather(g.ep, &me, ep_members.data(), 1, DType::kI32).Wait();
+    const int dpi = me / 2, tpi = me % 2;
+    EXPECT_EQ(tp_members, (std::vector<int>{dpi * 2, dpi * 2 + 1}));
+    EXPECT_EQ(dp_members, (std::vector<int>{tpi, 2 + tpi, 4 + tpi, 6 + tpi}));
+    const int e0 = (dpi / 2) * 2;
+    EXPECT_EQ(ep_members, (std::vector<int>{e0 * 2 + tpi, (e0 + 1) * 2 + tpi}));
+  });
+}
+
+}  // namespace
+}  // namespace mc2::models

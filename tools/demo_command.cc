@@ -1,0 +1,469 @@
+// `mc2 demo`: the main demonstration. Trains the reference transformer
+// (include/mc2/models.h) on N local ranks over an emulated accelerator link,
+// once per pipeline (serial, then the overlapped ones), and prints them side
+// by side: step time, communication share, uncovered communication, free
+// time, compute utilisation, tokens/s, speedup, and whether the losses are
+// bitwise identical. Writes each run's trace and an SVG timeline.
+//
+// Outside a job the command is the conductor: it calibrates the link (a
+// short serial run with no emulation, traced, gives each rank's compute time
+// and bytes communicated per step; the emulated bandwidth is set so that the
+// communication of a step takes as long as its compute, the case where
+// hiding it matters most), launches the training job (re-executing itself
+// with --rank-job under the launcher), then analyses the traces. Inside the
+// job each rank trains every pipeline in turn; rank 0 writes the results.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "launcher.h"
+#include "mc2/mc2.h"
+#include "mc2/models.h"
+#include "trace/analysis.h"
+#include "trace/timeline_svg.h"
+#include "trace/trace_file.h"
+
+namespace mc2::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr int kExitFailed = 1;
+constexpr int kExitUsageDemo = 2;
+
+struct DemoArgs {
+  int nranks = 4;
+  int tp = 0;  // 0: every rank in one TP group
+  std::string link = "auto";
+  double comm_ratio = 0.75;  // --link auto: communication / compute per step
+  std::string pipelines = "serial,auto";
+  int splits = 4;
+  int steps = 4;
+  int warmup = 1;
+  int layers = 2, hidden = 512, heads = 8, ffn = 1024, vocab = 64, seq = 256, batch = 4;
+  bool bf16 = false;
+  uint64_t seed = 1;
+  std::string out = "mc2-demo";
+  std::string json_path;
+  // Internal: the rank side of the job, and where rank 0 leaves results.
+  bool rank_job = false;
+  std::string results;
+};
+
+[[noreturn]] void Usage(const std::string& message) {
+  fmt::print(stderr, "mc2 demo: {}\n", message);
+  throw CLI::RuntimeError(kExitUsageDemo);
+}
+
+std::string SelfExe() {
+  char buf[PATH_MAX];
+  const ssize_t len = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (len <= 0) return "/proc/self/exe";
+  return std::string(buf, static_cast<size_t>(len));
+}
+
+std::vector<std::string> Split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string part; std::getline(in, part, sep);)
+    if (!part.empty()) out.push_back(part);
+  return out;
+}
+
+std::vector<Pipeline> ParsePipelines(const std::string& text) {
+  std::vector<Pipeline> out;
+  for (const auto& name : Split(text, ',')) {
+    auto p = ParsePipeline(name);
+    if (!p) Usage(fmt::format("--pipelines: unknown pipeline '{}': expected serial, chunked, "
+                              "fused or auto, comma-separated",
+                              name));
+    if (std::find(out.begin(), out.end(), *p) != out.end())
+      Usage(fmt::format("--pipelines: '{}' is listed twice", name));
+    out.push_back(*p);
+  }
+  if (out.empty()) Usage("--pipelines is empty");
+  if (out.front() != Pipeline::kSerial)
+    out.insert(out.begin(), Pipeline::kSerial);  // the baseline everything is compared with
+  return out;
+}
+
+models::TransformerConfig ModelConfig(const DemoArgs& a) {
+  models::TransformerConfig c;
+  c.layers = a.layers;
+  c.hidden = a.hidden;
+  c.heads = a.heads;
+  c.ffn = a.ffn;
+  c.vocab = a.vocab;
+  c.seq_len = a.seq;
+  c.batch = a.batch;
+  c.seed = a.seed;
+  c.gemm_dtype = a.bf16 ? DType::kBF16 : DType::kF32;
+  c.fused.splits = a.splits;
+  return c;
+}
+
+// ---------------------------------------------------------------------------
+// The rank side: train every pipeline from the same initial weights.
+
+int RunRankJob(const DemoArgs& a) {
+  Group world = Group::FromEnv();
+  const bool root = world.rank() == 0;
+  const int tp = a.tp ? a.tp : world.size();
+  json results = json::array();
+  for (Pipeline p : ParsePipelines(a.pipelines)) {
+    models::TransformerConfig c = ModelConfig(a);
+    c.fused.pipeline = p;
+    const std::string dir = (fs::path(a.out) / PipelineName(p)).string();
+    const int total = a.warmup + a.steps;
+    json losses = json::array(), seconds = json::array();
+    std::vector<double> block_ms;
+    int64_t tokens = 0;
+    auto t0 = std::chrono::steady_clock::now();
+    models::TrainSteps(world, c, tp, total, [&](const models::StepStats& s) {
+      losses.push_back(s.loss);
+      // The warm-up steps pay for first-call set-up (GEMM primitives, heap):
+      // tracing starts after them, so the reports cover only timed steps.
+      if (s.step + 1 == a.warmup) trace::Enable(dir);
+      if (s.step >= a.warmup) {
+        seconds.push_back(s.seconds);
+        tokens = s.tokens;
+        if (block_ms.empty()) block_ms.assign(s.block_forward_seconds.size(), 0.0);
+        for (size_t l = 0; l < block_ms.size(); ++l)
+          block_ms[l] += (s.block_forward_seconds[l] + s.block_backward_seconds[l]) * 1e3 /
+                         a.steps;
+      }
+      if (root) {
+        double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        fmt::print(stderr, "  {:>8}  step {}/{}{}  loss {:.5f}  {:7.1f} ms  ({:.0f} s)\n",
+                   PipelineName(p), s.step + 1, total, s.step < a.warmup ? " (warm-up)" : "",
+                   s.loss, s.seconds * 1e3, el);
+      }
+    });
+    trace::Flush();
+    trace::Disable();
+    results.push_back({{"pipeline", PipelineName(p)},
+                       {"losses", losses},
+                       {"step_seconds", seconds},
+                       {"block_ms", block_ms},
+                       {"tokens", tokens},
+                       {"trace_dir", dir}});
+  }
+  if (root) {
+    std::ofstream f(a.results);
+    f << json{{"ranks", world.size()}, {"tp", tp}, {"runs", results}}.dump(1) << "\n";
+    if (!f) {
+      fmt::print(stderr, "mc2 demo: cannot write {}\n", a.results);
+      return kExitFailed;
+    }
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// The conductor.
+
+std::vector<std::string> RankArgv(const DemoArgs& a, const std::string& pipelines, int steps,
+                                  int warmup, const std::string& out,
+                                  const std::string& results) {
+  std::vector<std::string> v = {SelfExe(), "demo", "--rank-job", "--results", results,
+                                "--out", out, "--pipelines", pipelines,
+                                "--steps", std::to_string(steps), "--warmup",
+                                std::to_string(warmup), "--splits", std::to_string(a.splits),
+                                "--layers", std::to_string(a.layers), "--hidden",
+                                std::to_string(a.hidden), "--heads", std::to_string(a.heads),
+                                "--ffn", std::to_string(a.ffn), "--vocab",
+                                std::to_string(a.vocab), "--seq", std::to_string(a.seq),
+                                "--batch", std::to_string(a.batch), "--seed",
+                                std::to_string(a.seed), "--tp", std::to_string(a.tp)};
+  if (a.bf16) v.push_back("--bf16");
+  return v;
+}
+
+int Launch(const DemoArgs& a, std::vector<std::string> argv, const std::string& link) {
+  LaunchOptions lo;
+  lo.nranks = a.nranks;
+  lo.argv = std::move(argv);
+  lo.prefix_output = false;
+  lo.heap_bytes = size_t{512} << 20;
+  if (link.empty()) unsetenv("MC2_LINK");
+  else setenv("MC2_LINK", link.c_str(), 1);
+  // The losses are compared bit for bit across pipelines.
+  setenv("MC2_DETERMINISTIC", "1", 1);
+  unsetenv("MC2_TRACE");  // each run traces into its own directory
+  return RunLaunch(lo);
+}
+
+json ReadJson(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw Error(ErrorCode::kSystem, fmt::format("mc2 demo: the job left no {}", path));
+  return json::parse(f);
+}
+
+// Emulated bandwidth at which a step's communication takes `comm_ratio`
+// times its compute (measured in serial mode), so that hiding the
+// communication is what decides the step time. Two short traced serial
+// runs: without emulation (compute time and bytes moved give a first
+// guess), then at the guessed bandwidth (the measured communication time,
+// which includes latencies and the ranks' skew, corrects it).
+std::string CalibrateLink(const DemoArgs& a, const fs::path& out) {
+  struct Measured {
+    double compute_s = 0, comm_s = 0, bytes = 0;
+  };
+  auto measure = [&](const std::string& link, const char* name) {
+    const fs::path dir = out / "calibrate" / name;
+    fs::create_directories(dir);
+    const std::string results = (dir / "results.json").string();
+    int status = Launch(a, RankArgv(a, "serial", 1, 1, dir.string(), results), link);
+    if (status != 0) throw CLI::RuntimeError(status);
+    trace::Report r = trace::Analyze(trace::LoadTrace((dir / "serial").string()));
+    Measured m;
+    for (const auto& op : r.operators)
+      if (op.cat == trace::Category::kComm) m.bytes += static_cast<double>(op.bytes);
+    m.bytes /= std::max<size_t>(r.ranks.size(), 1);
+    m.compute_s = r.overall.compute_ns * 1e-9;
+    m.comm_s = r.overall.comm_ns * 1e-9;
+    if (m.compute_s <= 0 || m.bytes <= 0)
+      throw Error(ErrorCode::kInternal,
+                  "mc2 demo: the calibration run recorded no compute or no communication");
+    return m;
+  };
+  auto spec = [](double bw) { return fmt::format("bw={:.0f}MB/s,lat=5us", bw / 1e6); };
+  fmt::print(stderr, "calibrating the emulated link (two short serial runs)...\n");
+  Measured raw = measure("", "raw");
+  // A rank sends about (n-1)/n of what an all-gather or reduce-scatter moves.
+  const double tp = a.tp ? a.tp : a.nranks;
+  double bw = raw.bytes * (tp - 1) / tp / (a.comm_ratio * raw.compute_s);
+  Measured paced = measure(spec(bw), "paced");
+  bw *= paced.comm_s / (a.comm_ratio * paced.compute_s);
+  return spec(bw);
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+struct RunSummary {
+  std::string pipeline;
+  double step_ms = 0;
+  double block_ms = 0;
+  double tokens_per_s = 0;
+  trace::Breakdown b;
+  std::string ran;  // the pipelines the fused operators reported
+  std::vector<double> losses;
+  std::string trace_json, svg;
+};
+
+void Conduct(const DemoArgs& a) {
+  const auto t_start = std::chrono::steady_clock::now();
+  const fs::path out = fs::absolute(a.out);
+  std::error_code ec;
+  fs::remove_all(out, ec);
+  fs::create_directories(out, ec);
+  if (ec) Usage(fmt::format("--out {}: cannot create the directory: {}", a.out, ec.message()));
+  // Catch configuration errors here, before any rank starts.
+  const int tp = a.tp ? a.tp : a.nranks;
+  if (a.nranks % tp != 0) Usage(fmt::format("--tp {} does not divide -n {}", tp, a.nranks));
+  models::ValidateConfig(ModelConfig(a), tp, a.nranks / tp);
+  auto pipelines = ParsePipelines(a.pipelines);
+
+  std::string link = a.link;
+  bool calibrated = false;
+  if (link == "auto") {
+    link = CalibrateLink(a, out);
+    calibrated = true;
+  } else if (link == "none" || link == "off") {
+    link.clear();
+  }
+  const std::string link_label =
+      link.empty() ? "raw shared memory (no link emulation)"
+                   : fmt::format("emulated link {}{}", link,
+                                 calibrated ? fmt::format(" (calibrated: communication = "
+                                                          "{:.2f} x compute per serial step)",
+                                                          a.comm_ratio)
+                                            : std::string());
+  fmt::print(stderr, "training on {} ranks (tp {}), {}\n", a.nranks, tp, link_label);
+
+  std::string names;
+  for (Pipeline p : pipelines) names += fmt::format("{}{}", names.empty() ? "" : ",", PipelineName(p));
+  const std::string results = (out / "results.json").string();
+  int status = Launch(a, RankArgv(a, names, a.steps, a.warmup, out.string(), results), link);
+  if (status != 0) {
+    fmt::print(stderr, "mc2 demo: the training job failed (status {})\n", status);
+    throw CLI::RuntimeError(status);
+  }
+  json res = ReadJson(results);
+
+  std::vector<RunSummary> runs;
+  for (const auto& run : res["runs"]) {
+    RunSummary s;
+    s.pipeline = run["pipeline"].get<std::string>();
+    s.losses = run["losses"].get<std::vector<double>>();
+    auto secs = run["step_seconds"].get<std::vector<double>>();
+    s.step_ms = Median(secs) * 1e3;
+    auto blocks = run["block_ms"].get<std::vector<double>>();
+    for (double b : blocks) s.block_ms += b / std::max<size_t>(blocks.size(), 1);
+    s.tokens_per_s = s.step_ms > 0 ? run["tokens"].get<double>() / (s.step_ms * 1e-3) : 0;
+    const std::string dir = run["trace_dir"].get<std::string>();
+    trace::TraceData t = trace::LoadTrace(dir);
+    trace::Report r = trace::Analyze(t);
+    s.b = r.overall;
+    std::map<std::string, int64_t> ran;
+    for (const auto& op : r.operators)
+      for (const auto& [name, calls] : op.pipelines) ran[name] += calls;
+    for (const auto& [name, calls] : ran)
+      s.ran += fmt::format("{}{} ({} calls)", s.ran.empty() ? "" : ", ", name, calls);
+    if (s.ran.empty()) s.ran = "-";
+    s.trace_json = (out / fmt::format("trace-{}.json", s.pipeline)).string();
+    trace::WriteChromeTrace(s.trace_json, t);
+    trace::PlotOptions po;
+    if (!r.steps.empty()) po.step = r.steps.back().step;
+    po.title = fmt::format("mc2 demo: {} pipeline, {} ranks, {}", s.pipeline, a.nranks,
+                           link.empty() ? "raw shm" : "emulated link " + link);
+    s.svg = (out / fmt::format("timeline-{}.svg", s.pipeline)).string();
+    std::ofstream(s.svg) << trace::RenderTimelineSvg(t, po);
+    runs.push_back(std::move(s));
+  }
+
+  // The table, one column per pipeline.
+  const RunSummary& base = runs.front();
+  auto row = [&](const std::string& label, auto cell) {
+    std::string line = fmt::format("{:<30}", label);
+    for (const auto& r : runs) line += fmt::format("{:>14}", cell(r));
+    fmt::print("{}\n", line);
+  };
+  fmt::print("\nmc2 demo: {} layers, hidden {}, {} heads, ffn {}, {} x {} tokens per step, {} "
+             "GEMMs, {} ranks (tp {}, dp {})\n{}; {} timed steps after {} warm-up, medians\n\n",
+             a.layers, a.hidden, a.heads, a.ffn, a.batch, a.seq, a.bf16 ? "bf16" : "f32",
+             a.nranks, tp, a.nranks / tp, link_label, a.steps, a.warmup);
+  row("", [](const RunSummary& r) { return r.pipeline; });
+  row("step time (ms)", [](const RunSummary& r) { return fmt::format("{:.1f}", r.step_ms); });
+  row("fwd+bwd per block (ms)", [](const RunSummary& r) { return fmt::format("{:.1f}", r.block_ms); });
+  row("communication (% of step)",
+      [](const RunSummary& r) { return fmt::format("{:.1f}", r.b.Pct(r.b.comm_ns)); });
+  row("uncovered comm (% of step)", [](const RunSummary& r) {
+    return fmt::format("{:.1f} {}", r.b.Pct(r.b.uncovered_ns),
+                       trace::VerdictName(r.b.UncoveredVerdict()));
+  });
+  row("free time (% of step)", [](const RunSummary& r) {
+    return fmt::format("{:.1f} {}", r.b.Pct(r.b.free_ns), trace::VerdictName(r.b.FreeVerdict()));
+  });
+  row("compute utilisation (%)",
+      [](const RunSummary& r) { return fmt::format("{:.1f}", r.b.Pct(r.b.compute_ns)); });
+  row("tokens/s", [](const RunSummary& r) { return fmt::format("{:.0f}", r.tokens_per_s); });
+  row("speedup vs serial", [&](const RunSummary& r) {
+    return fmt::format("{:.2f}x", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0);
+  });
+  bool identical = true;
+  for (const auto& r : runs) identical = identical && r.losses == base.losses;
+  fmt::print("\nlosses identical across pipelines (every step, bitwise): {}\n",
+             identical ? "yes" : "NO");
+  std::string loss_line;
+  for (double l : base.losses) loss_line += fmt::format(" {:.5f}", l);
+  fmt::print("losses by step:{}\n", loss_line);
+  fmt::print("\nWhat the fused operators ran:\n");
+  for (const auto& r : runs) fmt::print("{:>8}: {}\n", r.pipeline, r.ran);
+  fmt::print("\nPer rank, mean over ranks, timed steps only (mc2 trace report {} for details).\n",
+             (out / runs.back().pipeline).string());
+  for (const auto& r : runs) fmt::print("{:>8}: trace {}\n          timeline {}\n", r.pipeline,
+                                        r.trace_json, r.svg);
+  fmt::print("finished in {:.0f} s\n",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+
+  if (!a.json_path.empty()) {
+    json j = {{"ranks", a.nranks}, {"tp", tp}, {"link", link}, {"losses_identical", identical}};
+    for (const auto& r : runs)
+      j["runs"].push_back({{"pipeline", r.pipeline}, {"ran", r.ran}, {"step_ms", r.step_ms},
+                           {"block_ms", r.block_ms}, {"tokens_per_s", r.tokens_per_s},
+                           {"comm_pct", r.b.Pct(r.b.comm_ns)},
+                           {"uncovered_pct", r.b.Pct(r.b.uncovered_ns)},
+                           {"free_pct", r.b.Pct(r.b.free_ns)},
+                           {"compute_pct", r.b.Pct(r.b.compute_ns)},
+                           {"speedup", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0},
+                           {"losses", r.losses}});
+    std::ofstream(a.json_path) << j.dump(1) << "\n";
+  }
+  if (!identical) throw CLI::RuntimeError(kExitFailed);
+}
+
+}  // namespace
+
+void RegisterDemo(CLI::App& app) {
+  auto a = std::make_shared<DemoArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "demo",
+      "Train a tensor+sequence-parallel transformer on local ranks over an emulated link, "
+      "serially and with communication hidden behind computation, and compare them");
+  cmd->add_option("-n,--ranks", a->nranks, "Ranks to launch")->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--tp", a->tp, "Tensor-parallel group size (default: all ranks)")
+      ->check(CLI::Range(0, 64));
+  cmd->add_option("--link", a->link,
+                  "Emulated link: auto (calibrated so that a step's communication takes as long "
+                  "as its compute), none (raw shared memory), or a spec such as "
+                  "bw=10GB/s,lat=5us (docs/link-emulation.md)")
+      ->capture_default_str();
+  cmd->add_option("--comm-ratio", a->comm_ratio,
+                  "--link auto: a serial step's communication time over its compute time")
+      ->capture_default_str()->check(CLI::Range(0.05, 20.0));
+  cmd->add_option("--pipelines", a->pipelines,
+                  "Pipelines to compare, comma-separated: serial, chunked, fused, auto (serial "
+                  "always runs first, as the baseline)")
+      ->capture_default_str();
+  cmd->add_option("--splits", a->splits, "Chunks of the chunked pipeline (1-16)")
+      ->capture_default_str()->check(CLI::Range(1, 16));
+  cmd->add_option("--steps", a->steps, "Timed training steps per pipeline")
+      ->capture_default_str()->check(CLI::Range(1, 10000));
+  cmd->add_option("--warmup", a->warmup, "Untimed steps first (first-call set-up)")
+      ->capture_default_str()->check(CLI::Range(1, 100));
+  cmd->add_option("--layers", a->layers, "Transformer blocks")->capture_default_str();
+  cmd->add_option("--hidden", a->hidden, "Hidden size")->capture_default_str();
+  cmd->add_option("--heads", a->heads, "Attention heads (the TP size must divide it)")
+      ->capture_default_str();
+  cmd->add_option("--ffn", a->ffn, "SwiGLU inner width")->capture_default_str();
+  cmd->add_option("--vocab", a->vocab, "Vocabulary")->capture_default_str();
+  cmd->add_option("--seq", a->seq, "Sequence length")->capture_default_str();
+  cmd->add_option("--batch", a->batch, "Sequences per step (global)")->capture_default_str();
+  cmd->add_flag("--bf16", a->bf16, "bf16 GEMM inputs (f32 accumulation and master weights)");
+  cmd->add_option("--seed", a->seed, "Seed of the weights and the data")->capture_default_str();
+  cmd->add_option("--out", a->out,
+                  "Directory for traces, timelines and results (emptied first)")
+      ->capture_default_str();
+  cmd->add_option("--json", a->json_path, "Also write the table to this JSON file");
+  cmd->add_flag("--rank-job", a->rank_job)->group("");  // internal
+  cmd->add_option("--results", a->results)->group("");  // internal
+  cmd->callback([a] {
+    try {
+      if (a->rank_job) {
+        if (!Group::LaunchedByMc2()) Usage("--rank-job is internal to `mc2 demo`");
+        int status = RunRankJob(*a);
+        if (status != 0) throw CLI::RuntimeError(status);
+        return;
+      }
+      Conduct(*a);
+    } catch (const Error& e) {
+      fmt::print(stderr, "mc2 demo: {}\n", e.what());
+      throw CLI::RuntimeError(e.code() == ErrorCode::kInvalidArgument ? kExitUsageDemo
+                                                                       : kExitFailed);
+    }
+  });
+}
+
+}  // namespace mc2::tools
