@@ -47,15 +47,17 @@ constexpr int kExitFailed = 1;
 constexpr int kExitUsageDemo = 2;
 
 struct DemoArgs {
-  int nranks = 4;
+  // Two ranks by default: one per core here, so that what overlaps is the
+  // link and the compute, not two ranks time-sharing a core.
+  int nranks = 2;
   int tp = 0;  // 0: every rank in one TP group
   std::string link = "auto";
   double comm_ratio = 0.75;  // --link auto: communication / compute per step
-  std::string pipelines = "serial,auto";
+  std::string pipelines = "serial,chunked,fused,auto";
   int splits = 4;
-  int steps = 4;
+  int steps = 3;
   int warmup = 1;
-  int layers = 2, hidden = 512, heads = 8, ffn = 1024, vocab = 64, seq = 256, batch = 4;
+  int layers = 2, hidden = 1024, heads = 16, ffn = 2048, vocab = 64, seq = 256, batch = 4;
   bool bf16 = false;
   uint64_t seed = 1;
   std::string out = "mc2-demo";

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -206,6 +207,18 @@ struct FusedOptions {
   std::chrono::nanoseconds timeout{0};
   // GemmOptions::threads for every GEMM (0 = MC2_GEMM_THREADS, default 1).
   int gemm_threads = 0;
+  // Independent work to hide behind this call's communication, e.g. a
+  // weight-gradient GEMM that does not depend on the call (Megatron overlaps
+  // the input-gradient reduce-scatter with it). Run once on the calling
+  // thread: AllGatherMatmul, MatmulReduceScatter and MatmulAllReduce run it
+  // at the first moment their chunked or fused pipeline would otherwise
+  // block on a transfer; the serial pipeline (which never overlaps), the
+  // other operators, and calls that never block run it just before
+  // returning. It must not use this call's buffers or communicate on this
+  // group; an exception from it fails the call (and aborts the world, as
+  // any failure in the middle of an operator does). Local to this rank: not
+  // part of the agreement across ranks.
+  std::function<void()> overlap_work;
 };
 
 // What an operator call ran (kAuto resolved), for reports and benchmarks.

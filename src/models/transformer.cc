@@ -39,6 +39,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -220,7 +221,9 @@ struct Transformer::Impl {
   std::vector<float> dS3, dS2, dS1;            // [S x 3hld], [S x 2fl], [S x max(fl,hld)]
   std::vector<char> dy_g;                      // [S x h] gathered dy, GEMM dtype
   std::vector<float> att_scratch;              // [T x T]
-  Operand op_a, op_b;
+  // op_a: the operators' A; op_b, op_c: the wgrads' operands, which may
+  // run inside an operator as its overlap work while op_a is in use.
+  Operand op_a, op_b, op_c;
   int opt_step = 0;
   int pending_bucket = -1;  // a sublayer's gradients not yet all-reduced
   std::vector<Work> sync_works;
@@ -249,7 +252,8 @@ struct Transformer::Impl {
   void ColumnParallel(const float* x, int p, float* out, std::vector<char>& gathered);
   void RowParallel(const float* a, int p, float* y);
   void RowParallelDgrad(const float* dy, int p, float* da);
-  void ColumnParallelDgrad(const float* dy, int p, float* dx_shard);
+  void ColumnParallelDgrad(const float* dy, int p, float* dx_shard,
+                           const std::function<void()>& independent = {});
   void Wgrad(const void* a, const void* b, int p);
   // A block is two sublayers, each with its own forward and backward, its
   // own gradient bucket and the same overlap scheme (see the top of the
@@ -494,16 +498,24 @@ void Transformer::Impl::RowParallelDgrad(const float* dy, int p, float* da) {
 }
 
 // dx shard [s x h] = rows of sum over TP of dy [S x n] W^T.
-void Transformer::Impl::ColumnParallelDgrad(const float* dy, int p, float* dx_shard) {
+// `independent`: work that does not depend on this call (the sublayer's
+// wgrads), hidden behind its reduce-scatter (FusedOptions::overlap_work).
+void Transformer::Impl::ColumnParallelDgrad(const float* dy, int p, float* dx_shard,
+                                            const std::function<void()>& independent) {
   const size_t n = params[p].cols;
   const void* a = op_a.Set(dy, S * n, dt);
   if (tp == 1) {
-    trace::Scope span("gemm", trace::Category::kCompute, GemmFlops(S, h, n));
-    Gemm(S, h, n, dt, a, WT(p), DType::kF32, dx_shard);
+    {
+      trace::Scope span("gemm", trace::Category::kCompute, GemmFlops(S, h, n));
+      Gemm(S, h, n, dt, a, WT(p), DType::kF32, dx_shard);
+    }
+    if (independent) independent();
     return;
   }
   trace::Scope span(params[p].span_dgrad, trace::Category::kHost);
-  MatmulReduceScatterSync(grid.tp, a, S, n, WT(p), h, dt, dx_shard, s, Fused());
+  FusedOptions o = Fused();
+  o.overlap_work = independent;
+  MatmulReduceScatterSync(grid.tp, a, S, n, WT(p), h, dt, dx_shard, s, o);
 }
 
 // grad(W) [rows x cols] = a^T b, a [S x rows] and b [S x cols] in the GEMM
@@ -653,17 +665,22 @@ void Transformer::Impl::MlpBackward(size_t l, const float* dxio) {
     trace::Scope span("swiglu", trace::Category::kCompute);
     SwiGluBackward(A.gu.data(), dact, S, fl, dS2.data());
   }
-  ColumnParallelDgrad(dS2.data(), P.gu, dtmp.data());
+  // The wgrads need neither the reduce-scatter nor its result: they run
+  // under it.
+  ColumnParallelDgrad(dS2.data(), P.gu, dtmp.data(), [&] {
+    Wgrad(op_c.Set(A.act.data(), S * fl, dt), dy_g.data(), P.down);
+    Wgrad(A.xn2_g.data(), op_b.Set(dS2.data(), S * 2 * fl, dt), P.gu);
+  });
   {
     trace::Scope span("rmsnorm", trace::Category::kCompute);
     RmsNormBackward(A.x1.data(), params[P.norm2].w, A.rstd2.data(), dtmp.data(), s, h,
                     dx1.data(), params[P.norm2].g);
     for (size_t i = 0; i < s * h; ++i) dx1[i] += dxio[i];
   }
-  // The previous sublayer's gradients travel while this one's wgrads run.
+  // Issued after this sublayer's operators (the progress thread runs tasks
+  // in order: earlier, it would hold back their collectives): the previous
+  // sublayer's gradients travel under the next sublayer's compute.
   if (pending_bucket >= 0) IssueSync(pending_bucket);
-  Wgrad(op_a.Set(A.act.data(), S * fl, dt), dy_g.data(), P.down);
-  Wgrad(A.xn2_g.data(), op_b.Set(dS2.data(), S * 2 * fl, dt), P.gu);
   pending_bucket = 2 + 2 * static_cast<int>(l);
 }
 
@@ -697,7 +714,10 @@ void Transformer::Impl::AttentionSublayerBackward(size_t l, float* dxio) {
       }
     }
   }
-  ColumnParallelDgrad(dS3.data(), P.qkv, dtmp.data());
+  ColumnParallelDgrad(dS3.data(), P.qkv, dtmp.data(), [&] {
+    Wgrad(op_c.Set(A.ctx.data(), S * hd, dt), dy_g.data(), P.o);
+    Wgrad(A.xn1_g.data(), op_b.Set(dS3.data(), S * ld_qkv, dt), P.qkv);
+  });
   {
     trace::Scope span("rmsnorm", trace::Category::kCompute);
     RmsNormBackward(A.x.data(), params[P.norm1].w, A.rstd1.data(), dtmp.data(), s, h, dxio,
@@ -705,8 +725,6 @@ void Transformer::Impl::AttentionSublayerBackward(size_t l, float* dxio) {
     for (size_t i = 0; i < s * h; ++i) dxio[i] += dx1[i];
   }
   IssueSync(pending_bucket);
-  Wgrad(op_a.Set(A.ctx.data(), S * hd, dt), dy_g.data(), P.o);
-  Wgrad(A.xn1_g.data(), op_b.Set(dS3.data(), S * ld_qkv, dt), P.qkv);
   pending_bucket = 1 + 2 * static_cast<int>(l);
 }
 

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -198,10 +199,13 @@ class Pending {
   std::vector<Work> works_;
 };
 
-// Runs `body(pending)` and returns a completed Work carrying the pipeline
-// name, or the failure (after every outstanding communication finished).
+// Runs `body(pending)`, then the caller's FusedOptions::overlap_work (these
+// operators do not hide it yet), and returns a completed Work carrying the
+// pipeline name, or the failure (after every outstanding communication
+// finished).
 template <typename Body>
-Work CompleteOp(const char* op, Pipeline pipeline, int splits, FusedReport* report, Body&& body) {
+Work CompleteOp(const char* op, Pipeline pipeline, int splits, FusedReport* report,
+                const std::function<void()>& overlap_work, Body&& body) {
   if (report) {
     report->pipeline = pipeline;
     report->splits = splits;
@@ -211,6 +215,7 @@ Work CompleteOp(const char* op, Pipeline pipeline, int splits, FusedReport* repo
   Pending pend;
   try {
     body(pend);
+    if (overlap_work) overlap_work();
     state->Complete();
   } catch (...) {
     pend.Drain();

@@ -161,7 +161,18 @@ struct Plan {
   GemmOptions gemm;
   CollectiveOptions coll;
   std::chrono::nanoseconds timeout{};
+  // FusedOptions::overlap_work (the caller's, alive for the call) and
+  // whether it ran.
+  const std::function<void()>* overlap = nullptr;
+  mutable bool overlap_done = false;
 };
+
+// Runs the caller's independent work once: where a pipeline would block.
+void RunOverlapWork(const Plan& p) {
+  if (p.overlap_done || !p.overlap || !*p.overlap) return;
+  p.overlap_done = true;
+  (*p.overlap)();
+}
 
 // The cost model's view of this group: link settings and heap size.
 ops::Environment ModelEnvironment(const Group& g) {
@@ -305,6 +316,7 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, std::string l
   // what it actually sends: the baselines pay for their bytes as fused does.
   if (env.link_bytes_per_second > 0) p.coll.algorithm = Algorithm::kRing;
   p.timeout = o.timeout.count() > 0 ? o.timeout : g.timeout();
+  p.overlap = &o.overlap_work;
   return p;
 }
 
@@ -503,6 +515,8 @@ class FusedCall {
   // landed; kTimeout / kPeerDied / kAborted name the missing chunk.
   void WaitLanded(int phase, int src, uint64_t j) const {
     if (Landed(phase, src, j)) return;
+    RunOverlapWork(p_);
+    if (Landed(phase, src, j)) return;
     trace::ScopedSpan span(trace::Category::kWait);
     if (span.on()) span.span().name = "fused_wait";
     const uint64_t target = ws_.landed[phase][src] + j + 1;
@@ -623,6 +637,7 @@ void RunAllGatherMatmul(const Group& g, const Plan& p, const char* a_shard, cons
                           DType::kU8, p.coll));
     }
     for (int j = 0; j < s; ++j) {
+      if (!pend[j].Test()) RunOverlapWork(p);
       pend[j].Wait();
       for (int r = 0; r < n; ++r) {
         size_t lo = ChunkLo(p.rows[r], j, s), hi = ChunkLo(p.rows[r], j + 1, s);
@@ -773,6 +788,7 @@ void RunMatmulReduceScatter(const Group& g, const Plan& p, const char* a, const 
       }
       base = at;
     }
+    RunOverlapWork(p);
     pend.WaitAll();
     return;
   }
@@ -801,6 +817,7 @@ void RunMatmulAllReduce(const Group& g, const Plan& p, const char* a, const char
       pend.Add(AllReduce(g, c + lo * p.n, c + lo * p.n, (hi - lo) * p.n, DType::kF32,
                          ReduceOp::kSum, p.coll));
     }
+    RunOverlapWork(p);
     pend.WaitAll();
     return;
   }
@@ -829,6 +846,7 @@ Work Complete(const Group& g, const Plan& p, FusedReport* report, Body&& body) {
   Pending pend;
   try {
     body(pend);
+    RunOverlapWork(p);  // serial, or nothing ever blocked
     state->Complete();
   } catch (const Error& e) {
     // Errors every rank raises alike before data moves leave the group

@@ -659,7 +659,8 @@ Work AllToAllMatmul(const Group& g, const MoeRouting& routing, const void* x, si
          w == nullptr && size_t(routing.experts_per_rank) * d * h > 0, y == nullptr && R * h > 0});
   }
   MoePlan p = MakeMoePlan(g, kDispatchName, routing, dtype, d, h, err, options);
-  return fused::CompleteOp(kDispatchName, p.pipeline, p.splits, report, [&](Pending& pend) {
+  return fused::CompleteOp(kDispatchName, p.pipeline, p.splits, report,
+                           options.overlap_work, [&](Pending& pend) {
     const size_t rb = p.d * p.esize;
     fused::Scratch<char> xs(p.S * rb), xr(p.R * rb), own_dx;
     {
@@ -699,7 +700,8 @@ Work MatmulAllToAll(const Group& g, const MoeRouting& routing, const void* hidde
                               out == nullptr && routing.num_tokens * d > 0});
   }
   MoePlan p = MakeMoePlan(g, kCombineName, routing, dtype, d, h, err, options);
-  return fused::CompleteOp(kCombineName, p.pipeline, p.splits, report, [&](Pending& pend) {
+  return fused::CompleteOp(kCombineName, p.pipeline, p.splits, report,
+                           options.overlap_work, [&](Pending& pend) {
     fused::Scratch<float> ys(p.R * p.d), yr(p.S * p.d);
     CombineArgs a{static_cast<const char*>(hidden), static_cast<const char*>(w), ys.data(),
                   yr.data()};

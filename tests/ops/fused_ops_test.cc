@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/group_impl.h"
@@ -431,6 +432,59 @@ TEST(FusedOps, EmulatedLinkPacesFusedTransfers) {
   EXPECT_EQ(cnt.not_bitwise.load(), 0);
   EXPECT_EQ(wrong_bytes.load(), 0);
   EXPECT_EQ(too_fast.load(), 0);
+}
+
+// FusedOptions::overlap_work runs exactly once and leaves the result
+// bitwise unchanged. Over a slow emulated link (every transfer takes tens of
+// milliseconds, the GEMMs well under one), chunked and fused run it while
+// the result is still incomplete (they wait for a transfer), serial after
+// the communication (the result is already complete inside it).
+TEST(FusedOps, OverlapWorkRunsOnceWhileTheOperatorWaits) {
+  WorldOptions wo;
+  wo.link = "bw=5MB/s,lat=20us";
+  std::atomic<int> wrong_count{0}, not_bitwise{0}, serial_incomplete{0}, not_overlapped{0};
+  Group::RunInProcess(2, [&](Group& g) {
+    const int me = g.rank();
+    const size_t M = 256, k = 256, n = 512, rows = 128;
+    Mat a = Random(M * k, DType::kF32, 5 + me), b = Random(k * n, DType::kF32, 9 + me);
+    Mat shard = Random(rows * k, DType::kF32, 13 + me);
+    std::vector<float> rs_ref(rows * n), ag_ref(M * n);
+    FusedOptions so;
+    so.pipeline = Pipeline::kSerial;
+    MatmulReduceScatterSync(g, a.bytes.data(), M, k, b.bytes.data(), n, DType::kF32,
+                            rs_ref.data(), rows, so);
+    AllGatherMatmulSync(g, shard.bytes.data(), rows, k, b.bytes.data(), n, DType::kF32,
+                        ag_ref.data(), nullptr, so);
+    for (Pipeline pl : {Pipeline::kSerial, Pipeline::kChunked, Pipeline::kFused}) {
+      for (int op = 0; op < 2; ++op) {
+        std::vector<float> c(op == 0 ? rows * n : M * n);
+        const std::vector<float>& ref = op == 0 ? rs_ref : ag_ref;
+        int calls = 0;
+        FusedOptions o;
+        o.pipeline = pl;
+        o.splits = 4;
+        o.overlap_work = [&] {
+          ++calls;
+          const bool complete = SameBits(c, ref);
+          if (pl == Pipeline::kSerial && !complete) serial_incomplete++;
+          if (pl != Pipeline::kSerial && complete) not_overlapped++;
+        };
+        if (op == 0) {
+          MatmulReduceScatterSync(g, a.bytes.data(), M, k, b.bytes.data(), n, DType::kF32,
+                                  c.data(), rows, o);
+        } else {
+          AllGatherMatmulSync(g, shard.bytes.data(), rows, k, b.bytes.data(), n, DType::kF32,
+                              c.data(), nullptr, o);
+        }
+        if (!SameBits(c, ref)) not_bitwise++;
+        if (calls != 1) wrong_count++;
+      }
+    }
+  }, wo);
+  EXPECT_EQ(wrong_count.load(), 0);
+  EXPECT_EQ(not_bitwise.load(), 0);
+  EXPECT_EQ(serial_incomplete.load(), 0);
+  EXPECT_EQ(not_overlapped.load(), 0);
 }
 
 // One group, many calls: the workspace grows (and is reused) across
