@@ -16,6 +16,8 @@ packages=(
   libgtest-dev libgmock-dev  # tests
   libbenchmark-dev         # micro-benchmarks
   procps                   # ps/pgrep used by the leak checks in tests
+  clang libclang-rt-14-dev # the fuzz targets (libFuzzer) of `make test-fuzz`
+  libomp-14-dev            # OpenMP for the clang (fuzz) build
 )
 
 missing=()

@@ -17,9 +17,16 @@ namespace mc2::tools {
 void RegisterRun(CLI::App& app);
 // `mc2 bench COLLECTIVE -n N -b MIN -e MAX ...` and `mc2 bench --tune`
 void RegisterBench(CLI::App& app);
+// `mc2 bench ops --op OP -m M -k K -N N ...` and `mc2 bench ops --tune`,
+// a subcommand of `bench` (tools/bench_ops.cc)
+void RegisterBenchOps(CLI::App& bench);
 // `mc2 trace merge DIR -o FILE`, `mc2 trace report DIR [--json]`,
 // `mc2 trace plot DIR -o FILE.svg`
 void RegisterTrace(CLI::App& app);
+// `mc2 soak -n N --seconds S [--faults] [--seed X]` (soak.h)
+void RegisterSoak(CLI::App& app);
+// `mc2 demo [-n N] [--link auto|none|SPEC] [--pipelines ...]` (demo_command.cc)
+void RegisterDemo(CLI::App& app);
 
 }  // namespace mc2::tools
 

@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
   mc2::tools::RegisterRun(app);
   mc2::tools::RegisterBench(app);
   mc2::tools::RegisterTrace(app);
+  mc2::tools::RegisterSoak(app);
+  mc2::tools::RegisterDemo(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -87,7 +88,15 @@ size_t GroupImpl::AreaBytes(int size, size_t scratch_bytes) {
 
 void GroupImpl::ClearArea(char* area, int size) {
   size_t fixed = (kP2POff + static_cast<size_t>(size) * 64 + 4095) / 4096 * 4096;
-  std::memset(area, 0, fixed + kSlots * kInlineBytes);
+  // The fixed part holds flags that peers may already be polling (the world
+  // group's area has a known offset, so a fast peer's Arrive reads ours
+  // while we clear it): clear them with atomic stores, never memset, or the
+  // clearing is a data race (ThreadSanitizer reports it on every in-process
+  // world). The inline data is read only after our arrival is published.
+  for (size_t off = 0; off < fixed; off += sizeof(uint64_t))
+    std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(area + off))
+        .store(0, std::memory_order_relaxed);
+  std::memset(area + fixed, 0, kSlots * kInlineBytes);
 }
 
 GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int rank,

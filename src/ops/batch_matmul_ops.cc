@@ -237,7 +237,12 @@ void RunChunked(const Group& g, const BatchPlan& p, const BatchArgs& x, Pending&
     size_t my_lo = ChunkLo(p.batch * p.rows[me], j, s);
     pend.Add(AllGatherV(g, x.a_shard + my_lo * row_bytes, x.g, counts, displs, DType::kU8, p.coll));
   }
-  MultiplyRows(p, x, me, x.a_shard, 0, p.batch * p.rows[me]);
+  // With one batch entry the gather buffer is the gathered A, and the
+  // gathers above write our own rows into it: copying them here as well
+  // would race with them (same bytes, but concurrent writes).
+  BatchArgs own = x;
+  if (own.ag == x.g) own.ag = nullptr;
+  MultiplyRows(p, own, me, x.a_shard, 0, p.batch * p.rows[me]);
   for (int j = 0; j < s; ++j) {
     if (work_of[j] < 0) continue;
     {

@@ -145,7 +145,11 @@ std::map<int, RankWork> Prepare(const TraceData& t) {
   std::map<int, RankWork> ranks;
   for (const auto& s : t.spans) ranks[s.rank].spans.push_back(&s);
   for (const auto& m : t.marks) ranks[m.rank].marks.push_back(m);
-  for (auto& [rank, w] : ranks) {
+  // Not a structured binding: lambdas below capture `w`, which clang
+  // before 16 does not allow for bindings (the fuzz build uses clang 14).
+  for (auto& entry : ranks) {
+    const int rank = entry.first;
+    RankWork& w = entry.second;
     w.rank = rank;
     bool any = false;
     auto see = [&](int64_t lo, int64_t hi) {

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -186,9 +187,34 @@ void Emit(const TraceData& t, const Sink& sink) {
               fmt::format("{} is not a valid Chrome trace: {}", path, why));
 }
 
+// Times (ts, dur, clock offsets) are kept within +-2^53 ns (about 104
+// days, far beyond any CLOCK_MONOTONIC reading), so that everything done
+// with them later -- end = ts + dur, aligning clocks, summing intervals in
+// the analysis -- stays far from int64 overflow, whatever a file says.
+constexpr double kMaxAbsNs = 9007199254740992.0;  // 2^53
+
 int64_t Ns(const Json& v, const std::string& path, size_t i, const char* field) {
   if (!v.is_number()) Malformed(path, fmt::format("event {}: \"{}\" is not a number", i, field));
-  return static_cast<int64_t>(std::llround(v.get<double>() * 1000.0));
+  const double ns = v.get<double>() * 1000.0;
+  if (!(std::fabs(ns) < kMaxAbsNs))
+    Malformed(path, fmt::format("event {}: \"{}\" is out of range (at most 2^53 ns in magnitude)",
+                                i, field));
+  return static_cast<int64_t>(std::llround(ns));
+}
+
+// An optional integer field of the per-rank metadata: `dflt` when absent,
+// an error naming it when it is not an integer in [lo, hi].
+int64_t RankField(const Json& r, const char* key, int64_t dflt, int64_t lo, int64_t hi,
+                  const std::string& path) {
+  auto it = r.find(key);
+  if (it == r.end()) return dflt;
+  if (it->is_number_unsigned() && it->get<uint64_t>() <= static_cast<uint64_t>(hi))
+    return static_cast<int64_t>(it->get<uint64_t>());
+  if (it->is_number_integer() && !it->is_number_unsigned() && it->get<int64_t>() >= lo &&
+      it->get<int64_t>() <= hi)
+    return it->get<int64_t>();
+  Malformed(path, fmt::format("otherData.mc2.ranks: \"{}\" is {}, expected an integer in [{}, {}]",
+                              key, it->dump(), lo, hi));
 }
 
 Category ParseCategory(const std::string& cat) {
@@ -246,7 +272,13 @@ void WriteChromeTrace(const std::string& path, const TraceData& t) {
 TraceData ReadChromeTrace(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw Error(ErrorCode::kInvalidArgument, fmt::format("cannot open trace file {}", path));
-  Json doc = Json::parse(in, nullptr, /*allow_exceptions=*/false);
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseChromeTrace(text.str(), path);
+}
+
+TraceData ParseChromeTrace(std::string_view text, const std::string& path) {
+  Json doc = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) Malformed(path, "not JSON");
   const Json* events = nullptr;
   if (doc.is_array())
@@ -263,9 +295,13 @@ TraceData ReadChromeTrace(const std::string& path) {
       for (const Json& r : other["mc2"].value("ranks", Json::array())) {
         if (!r.is_object() || !r.contains("rank") || !r["rank"].is_number_integer()) continue;
         RankInfo& info = t.ranks[r["rank"].get<int>()];
-        info.world_size = r.value("world_size", 0);
-        info.clock_offset_ns = r.value("clock_offset_ns", int64_t{0});
-        info.dropped = r.value("dropped", uint64_t{0});
+        // Checked, not r.value(...): a field of another type would throw a
+        // JSON type_error (not an mc2::Error) out of `mc2 trace`.
+        constexpr int64_t kMaxAbs = int64_t{1} << 53;
+        info.world_size = static_cast<int>(RankField(r, "world_size", 0, 0, 1 << 20, path));
+        info.clock_offset_ns = RankField(r, "clock_offset_ns", 0, -kMaxAbs, kMaxAbs, path);
+        info.dropped = static_cast<uint64_t>(
+            RankField(r, "dropped", 0, 0, std::numeric_limits<int64_t>::max(), path));
       }
     }
   }

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mc2/trace.h"
@@ -78,6 +79,8 @@ void WriteChromeTrace(const std::string& path, const TraceData& t);
 // skipped, events need not be sorted). Throws mc2::Error(kInvalidArgument)
 // naming the file when it is not a valid trace.
 TraceData ReadChromeTrace(const std::string& path);
+// The same from the text of a trace; `source` names it in errors.
+TraceData ParseChromeTrace(std::string_view text, const std::string& source);
 // A directory: every rank-*.trace.json in it, combined; a file: that file.
 // Clocks are aligned (Align) unless `align` is false. Throws
 // kInvalidArgument when nothing can be read.

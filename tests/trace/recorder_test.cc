@@ -252,6 +252,12 @@ TEST_F(RecorderTest, DisabledSpanCostsNearlyNothing) {
       kIters;
   std::printf("[ overhead ] disabled library span + user scope: %.2f ns per iteration\n", ns);
   RecordProperty("disabled_span_ns", std::to_string(ns));
+#ifdef MC2_SANITIZED
+  // An instrumented build (make test-asan / test-tsan, cmake/sanitize.cmake)
+  // checks memory and threads, not speed: ThreadSanitizer alone makes this
+  // loop ~30 ns.
+  GTEST_SKIP() << "speed bound not checked in a sanitizer build";
+#endif
   EXPECT_LT(ns, 20.0);
 }
 

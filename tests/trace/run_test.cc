@@ -64,7 +64,11 @@ TEST_F(TraceRunTest, TracesMergesReportsAndPlotsAThreeRankRun) {
       if (e["ph"] == "X") names[e["name"]] += 1;
     }
     EXPECT_TRUE(threads.count("main"));
-    EXPECT_TRUE(threads.count("progress"));
+    // Which thread ran each collective depends on timing (a waiting caller
+    // runs its own queued task; slow builds such as ASan's do it for all),
+    // so a "progress" track is not required, but no unknown one may appear.
+    for (const std::string& t : threads)
+      EXPECT_TRUE(t == "main" || t == "progress" || t == "p2p") << t;
     EXPECT_EQ(names["matmul"], kSteps * kTiles);
     EXPECT_EQ(names["all_reduce"], kSteps * kTiles);
     EXPECT_EQ(names["all_gather"], kSteps);

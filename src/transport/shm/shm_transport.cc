@@ -9,6 +9,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -43,13 +44,15 @@ std::string DescribeFailure(const JobControl* ctl) {
   int r = ctl->failed_rank.load(std::memory_order_acquire);
   int v = ctl->failure_value.load(std::memory_order_relaxed);
   int pid = r >= 0 && r < kMaxRanks ? ctl->pids[r].load(std::memory_order_relaxed) : 0;
+  // A rank that died before it stored its pid (during set-up) has none.
+  const std::string who =
+      pid > 0 ? fmt::format("rank {} (pid {})", r, pid) : fmt::format("rank {}", r);
   switch (static_cast<FailureKind>(ctl->failure_kind.load(std::memory_order_relaxed))) {
     case FailureKind::kExit:
-      return fmt::format("rank {} (pid {}) exited with status {}", r, pid, v);
+      return fmt::format("{} exited with status {}", who, v);
     case FailureKind::kSignal:
-      return v > 0 ? fmt::format("rank {} (pid {}) was killed by signal {} ({})", r, pid, v,
-                                 strsignal(v))
-                   : fmt::format("rank {} (pid {}) has exited", r, pid);
+      return v > 0 ? fmt::format("{} was killed by signal {} ({})", who, v, strsignal(v))
+                   : fmt::format("{} has exited", who);
     case FailureKind::kLauncher:
       return "the launcher was interrupted and is ending all ranks";
     case FailureKind::kAbort:
@@ -57,6 +60,37 @@ std::string DescribeFailure(const JobControl* ctl) {
       break;
   }
   return std::string(ctl->reason);
+}
+
+// "; rank 2 (pid 812) is stopped" for every peer process that is stopped
+// (SIGSTOP, a debugger) or traced, read from /proc/PID/stat; "" if none.
+// A timeout is often a chain -- rank 0 waits for rank 1, which waits in an
+// earlier operation for the stopped rank 2 -- so the waiter that times out
+// may not be waiting for the culprit directly: naming every stopped peer
+// makes the error point at it whichever rank raises first. Read only when a
+// timeout is raised, so it costs nothing in the common path.
+std::string DescribeStoppedPeers(const JobControl* ctl, int self, int size) {
+  std::string out;
+  for (int r = 0; r < size && r < kMaxRanks; ++r) {
+    if (r == self) continue;
+    const int pid = ctl->pids[r].load(std::memory_order_acquire);
+    if (pid <= 0) continue;
+    FILE* f = std::fopen(fmt::format("/proc/{}/stat", pid).c_str(), "r");
+    if (f == nullptr) continue;
+    char buf[512];
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    buf[n] = '\0';
+    // "PID (COMM) STATE ...": COMM may contain ')' and spaces, so the state
+    // follows the last ')'.
+    const char* paren = std::strrchr(buf, ')');
+    if (paren == nullptr || paren[1] != ' ') continue;
+    const char state = paren[2];
+    if (state == 'T' || state == 't')
+      out += fmt::format("; rank {} (pid {}) is {}", r, pid,
+                         state == 'T' ? "stopped (SIGSTOP?)" : "stopped by a debugger");
+  }
+  return out;
 }
 
 }  // namespace
@@ -190,8 +224,11 @@ void ShmTransport::WaitGE(int owner, uint64_t off, uint64_t value,
     }
     if (transport::Clock::now() >= deadline) {
       std::string missing = ctx.describe_missing ? ctx.describe_missing() : std::string();
+      const std::string stopped =
+          threads_ ? std::string() : DescribeStoppedPeers(mem_->control, rank_, size_);
       throw Error(ErrorCode::kTimeout,
-                  fmt::format("timed out{}{}", missing.empty() ? "" : " waiting for ", missing),
+                  fmt::format("timed out{}{}{}", missing.empty() ? "" : " waiting for ", missing,
+                              stopped),
                   rank_, ctx.op, ctx.seq);
     }
   }
@@ -293,10 +330,17 @@ std::unique_ptr<transport::Transport> CreateProcessTransport() {
     if (r == rank) continue;
     int pid;
     while ((pid = jc->pids[r].load(std::memory_order_acquire)) == 0) {
-      if (jc->aborted.load(std::memory_order_acquire))
-        throw Error(ErrorCode::kAborted, DescribeFailure(jc), rank, "init");
+      if (jc->aborted.load(std::memory_order_acquire)) {
+        // A peer that died during set-up is kPeerDied, as it is later on.
+        const auto kind = static_cast<FailureKind>(jc->failure_kind.load(std::memory_order_relaxed));
+        const bool died = kind == FailureKind::kExit || kind == FailureKind::kSignal;
+        throw Error(died ? ErrorCode::kPeerDied : ErrorCode::kAborted, DescribeFailure(jc), rank,
+                    "init");
+      }
       if (transport::Clock::now() > deadline)
-        throw Error(ErrorCode::kTimeout, fmt::format("rank {} never started", r), rank, "init");
+        throw Error(ErrorCode::kTimeout,
+                    fmt::format("rank {} never started{}", r, DescribeStoppedPeers(jc, rank, size)),
+                    rank, "init");
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));

@@ -1,0 +1,159 @@
+// Failures in the places issue 6 lists, on real processes under `mc2 run`
+// (tests/programs/fault_probe.cc injects them on rank 1): a rank stopped
+// with SIGSTOP mid-collective or before set-up, killed or aborted
+// mid-collective, killed before it creates the world, between two calls, or
+// inside a fused operator. Every other rank must raise an mc2::Error that
+// names rank 1 -- within 2 s for a death, once the timeout expires for a
+// stop -- the launcher must exit non-zero naming the first failure, and no
+// process or /dev/shm file may outlive the job (a stopped rank included).
+// processes_test.cc has the older cases (kill_mid, never, exit, throw,
+// count) with the same probe.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <map>
+#include <regex>
+#include <set>
+#include <string>
+
+#include "common/process_util.h"
+
+namespace mc2::testing {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+class FaultsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { shm_before_ = ShmEntries(); }
+  void TearDown() override {
+    std::set<std::string> leaked;
+    for (const auto& name : ShmEntries())
+      if (shm_before_.count(name) == 0) leaked.insert(name);
+    EXPECT_TRUE(leaked.empty()) << "files left in /dev/shm";
+    auto left = TaggedProcesses();
+    EXPECT_TRUE(left.empty()) << left.size() << " process(es) outlived the job";
+    for (pid_t p : left) kill(p, SIGKILL);
+  }
+  std::set<std::string> shm_before_;
+};
+
+struct FaultRun {
+  Result result;
+  std::map<int, std::string> lines;  // rank -> its report line
+};
+
+// Runs the probe on `n` ranks; `bytes` is the all_reduce's size.
+FaultRun RunProbe(const std::string& mode, int n, EnvOverrides env = {},
+                  size_t bytes = size_t{32} << 20) {
+  env["MC2_HEAP_BYTES"] = "64M";
+  FaultRun f;
+  f.result = RunMc2({"run", "-n", std::to_string(n), TestProgram("fault_probe"), mode,
+                     std::to_string(bytes)},
+                    env, 60);
+  std::regex line("\\[(\\d+)\\] rank (\\d+): (.*)");
+  for (auto& l : Lines(f.result.out)) {
+    std::smatch m;
+    if (std::regex_match(l, m, line)) f.lines[std::stoi(m[2])] = m[3];
+  }
+  return f;
+}
+
+double ReportedMs(const std::string& line) {
+  std::smatch m;
+  if (!std::regex_search(line, m, std::regex("after (\\d+) ms"))) return 1e9;
+  return std::stod(m[1]);
+}
+
+// Every rank but 1 reported an error of one of `codes` naming rank 1 (as a
+// whole word: "rank 1 " or "rank 1)" etc., not "rank 10"), within
+// [min_ms, max_ms] of the operation's start.
+void ExpectSurvivorsReport(const FaultRun& f, int n, std::set<std::string> codes, double min_ms,
+                           double max_ms) {
+  EXPECT_NE(f.result.status, 0) << f.result.out << f.result.err;
+  EXPECT_FALSE(f.result.timed_out);
+  const std::regex names_rank1("\\brank 1\\b");
+  for (int r = 0; r < n; ++r) {
+    if (r == 1) continue;
+    ASSERT_TRUE(f.lines.count(r)) << "rank " << r << " reported nothing\n"
+                                  << f.result.out << f.result.err;
+    const std::string& l = f.lines.at(r);
+    const std::string code = l.substr(0, l.find(' '));
+    EXPECT_TRUE(codes.count(code)) << l;
+    EXPECT_TRUE(std::regex_search(l, names_rank1)) << l;
+    EXPECT_GE(ReportedMs(l), min_ms) << l;
+    EXPECT_LE(ReportedMs(l), max_ms) << l;
+  }
+  // The launcher names the first failure (a survivor's exit for a stop, the
+  // dead rank otherwise) and the exit status is that rank's.
+  EXPECT_THAT(f.result.err, HasSubstr("mc2 run: rank ")) << f.result.err;
+  EXPECT_THAT(f.result.err, HasSubstr("(first failure)")) << f.result.err;
+}
+
+TEST_F(FaultsTest, RankStoppedMidAllReduceIsNamedWhenTheTimeoutExpires) {
+  FaultRun f = RunProbe("stop_mid", 3, {{"MC2_TIMEOUT", "1s"}});
+  // The first survivor to time out aborts the world; the other may raise
+  // that abort, whose message carries the first one's (naming rank 1).
+  ExpectSurvivorsReport(f, 3, {"timeout", "aborted"}, 900, 4000);
+  for (int r : {0, 2}) EXPECT_THAT(f.lines[r], HasSubstr("is stopped")) << f.lines[r];
+  // The stopped rank cannot exit by itself: the launcher SIGKILLs it (the
+  // fixture checks that nothing is left).
+  EXPECT_THAT(f.result.err, HasSubstr("rank 1: terminated by mc2 run (SIGKILL)"));
+  EXPECT_EQ(f.result.status, 3) << "the first failure is a survivor's exit";
+  EXPECT_LT(f.result.seconds, 15);
+}
+
+TEST_F(FaultsTest, RankStoppedAtFourRanksIsNamedByEveryone) {
+  // A small all_reduce (inline, direct): the others wait at its arrival.
+  FaultRun f = RunProbe("stop_mid", 4, {{"MC2_TIMEOUT", "1s"}}, 4096);
+  ExpectSurvivorsReport(f, 4, {"timeout", "aborted"}, 900, 4000);
+  for (int r : {0, 2, 3}) EXPECT_THAT(f.lines[r], HasSubstr("is stopped")) << f.lines[r];
+}
+
+TEST_F(FaultsTest, RankStoppedBeforeSetUpIsNamed) {
+  FaultRun f = RunProbe("stop_setup", 3, {{"MC2_TIMEOUT", "1s"}});
+  ExpectSurvivorsReport(f, 3, {"timeout", "aborted"}, 900, 4000);
+  // The launcher registers every rank's pid, so the others pass the
+  // start-up wait and time out at the world group's first arrival ("init").
+  for (int r : {0, 2}) {
+    EXPECT_THAT(f.lines[r], HasSubstr("init")) << f.lines[r];
+    EXPECT_THAT(f.lines[r], AnyOf(HasSubstr("rank 1 never started"), HasSubstr("is stopped")))
+        << f.lines[r];
+  }
+}
+
+TEST_F(FaultsTest, RankKilledBeforeSetUpFailsEveryoneWithinTwoSeconds) {
+  FaultRun f = RunProbe("kill_setup", 3);
+  ExpectSurvivorsReport(f, 3, {"peer_died"}, 0, 2000);
+  for (int r : {0, 2})
+    EXPECT_THAT(f.lines[r], HasSubstr("was killed by signal 9")) << f.lines[r];
+  EXPECT_EQ(f.result.status, 128 + SIGKILL);
+}
+
+TEST_F(FaultsTest, RankAbortingMidAllReduceIsReportedDead) {
+  FaultRun f = RunProbe("abort_mid", 3);
+  ExpectSurvivorsReport(f, 3, {"peer_died"}, 0, 2000);
+  for (int r : {0, 2})
+    EXPECT_THAT(f.lines[r], HasSubstr("was killed by signal 6")) << f.lines[r];
+  EXPECT_EQ(f.result.status, 128 + SIGABRT);
+}
+
+TEST_F(FaultsTest, RankKilledBetweenCallsIsReportedDead) {
+  FaultRun f = RunProbe("kill_between", 3, {}, 1 << 20);
+  // The 200 ms the victim "computes" are part of the others' wait.
+  ExpectSurvivorsReport(f, 3, {"peer_died"}, 150, 2200);
+  for (int r : {0, 2}) EXPECT_THAT(f.lines[r], HasSubstr("all_reduce #")) << f.lines[r];
+  EXPECT_EQ(f.result.status, 128 + SIGKILL);
+}
+
+TEST_F(FaultsTest, RankKilledInsideAFusedOperatorIsReportedDead) {
+  FaultRun f = RunProbe("kill_fused", 3);
+  // Killed 300 ms into the loop.
+  ExpectSurvivorsReport(f, 3, {"peer_died"}, 250, 2300);
+  EXPECT_EQ(f.result.status, 128 + SIGKILL);
+}
+
+}  // namespace
+}  // namespace mc2::testing
