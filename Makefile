@@ -5,10 +5,8 @@
 #   make demo    install deps, build (Release, build/), run the main demo
 #   make test    install deps, build, run the whole test suite: the normal
 #                build (test-quick), then the same code under ASan+UBSan
-#                (test-asan), then every fuzz target for 30 s (test-fuzz);
-#                CI runs this (.ci/run). The ThreadSanitizer stage
-#                (test-tsan) is not part of it yet: it still reports races
-#                inside oneDNN's uninstrumented code (docs/errors.md)
+#                (test-asan) and ThreadSanitizer (test-tsan), then every
+#                fuzz target for 30 s (test-fuzz); CI runs this (.ci/run)
 #   make test-quick   only the normal build and suite (the quick check)
 #   make test-asan / test-tsan / test-fuzz   one instrumented stage, in its
 #                own build directory (build-asan, build-tsan, build-fuzz;
@@ -43,7 +41,7 @@ demo: build
 	$(BUILD_DIR)/tools/mc2 demo
 
 # The stages run in order and the first failure stops `make test`.
-test: test-quick test-asan test-fuzz
+test: test-quick test-asan test-tsan test-fuzz
 
 test-quick: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)

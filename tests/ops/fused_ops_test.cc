@@ -437,12 +437,16 @@ TEST(FusedOps, EmulatedLinkPacesFusedTransfers) {
 // FusedOptions::overlap_work runs exactly once and leaves the result
 // bitwise unchanged. Over a slow emulated link (every transfer takes tens of
 // milliseconds, the GEMMs well under one), chunked and fused run it while
-// the result is still incomplete (they wait for a transfer), serial after
-// the communication (the result is already complete inside it).
+// they wait for a transfer: the peer, which needs this rank's data still on
+// the link, cannot have finished the call yet. Serial runs it after the
+// communication: the result is already complete inside it. (The chunked
+// and fused check looks at the peer's call counter, not at the output,
+// which the progress thread may be writing at that moment.)
 TEST(FusedOps, OverlapWorkRunsOnceWhileTheOperatorWaits) {
   WorldOptions wo;
   wo.link = "bw=5MB/s,lat=20us";
   std::atomic<int> wrong_count{0}, not_bitwise{0}, serial_incomplete{0}, not_overlapped{0};
+  std::atomic<int> finished[2] = {0, 0};  // calls each rank has returned from
   Group::RunInProcess(2, [&](Group& g) {
     const int me = g.rank();
     const size_t M = 256, k = 256, n = 512, rows = 128;
@@ -455,8 +459,9 @@ TEST(FusedOps, OverlapWorkRunsOnceWhileTheOperatorWaits) {
                             rs_ref.data(), rows, so);
     AllGatherMatmulSync(g, shard.bytes.data(), rows, k, b.bytes.data(), n, DType::kF32,
                         ag_ref.data(), nullptr, so);
+    int call = 0;
     for (Pipeline pl : {Pipeline::kSerial, Pipeline::kChunked, Pipeline::kFused}) {
-      for (int op = 0; op < 2; ++op) {
+      for (int op = 0; op < 2; ++op, ++call) {
         std::vector<float> c(op == 0 ? rows * n : M * n);
         const std::vector<float>& ref = op == 0 ? rs_ref : ag_ref;
         int calls = 0;
@@ -465,9 +470,11 @@ TEST(FusedOps, OverlapWorkRunsOnceWhileTheOperatorWaits) {
         o.splits = 4;
         o.overlap_work = [&] {
           ++calls;
-          const bool complete = SameBits(c, ref);
-          if (pl == Pipeline::kSerial && !complete) serial_incomplete++;
-          if (pl != Pipeline::kSerial && complete) not_overlapped++;
+          if (pl == Pipeline::kSerial) {
+            if (!SameBits(c, ref)) serial_incomplete++;
+          } else if (finished[1 - me].load() > call) {
+            not_overlapped++;
+          }
         };
         if (op == 0) {
           MatmulReduceScatterSync(g, a.bytes.data(), M, k, b.bytes.data(), n, DType::kF32,
@@ -476,6 +483,7 @@ TEST(FusedOps, OverlapWorkRunsOnceWhileTheOperatorWaits) {
           AllGatherMatmulSync(g, shard.bytes.data(), rows, k, b.bytes.data(), n, DType::kF32,
                               c.data(), nullptr, o);
         }
+        finished[me]++;
         if (!SameBits(c, ref)) not_bitwise++;
         if (calls != 1) wrong_count++;
       }
