@@ -93,6 +93,7 @@
 #include "mc2/error.h"
 #include "mc2/ops.h"
 #include "ops/cost_model.h"
+#include "ops/fused_common.h"
 #include "trace/recorder.h"
 #include "transport/link_emulation.h"
 
@@ -117,6 +118,10 @@ std::optional<Pipeline> ParsePipeline(std::string_view name) {
 
 namespace {
 
+using fused::ChunkLo;
+using fused::LocalChecks;
+using fused::PackPipelineSplits;
+using fused::Pending;
 using internal::GroupImpl;
 using ops::FusedOpKind;
 
@@ -320,23 +325,6 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, std::string l
   return p;
 }
 
-std::string LocalChecks(DType dtype, const FusedOptions& o, std::initializer_list<bool> nulls) {
-  if (dtype != DType::kF32 && dtype != DType::kBF16) {
-    return std::string("dtype must be f32 or bf16, not ") + DTypeName(dtype);
-  }
-  if (o.splits < 1 || o.splits > 16) {
-    return "splits must be in 1..16, not " + std::to_string(o.splits);
-  }
-  if (static_cast<unsigned>(o.pipeline) >= kNumPipelines) {
-    return "invalid pipeline";
-  }
-  if (o.gemm_threads < 0) return "gemm_threads must be >= 0";
-  for (bool bad : nulls) {
-    if (bad) return "a null pointer was passed for a non-empty matrix";
-  }
-  return {};
-}
-
 ShapeMsg Msg(FusedOp op, DType dtype, size_t m, size_t k, size_t n, size_t m_local,
              const FusedOptions& o) {
   ShapeMsg s{};
@@ -346,35 +334,9 @@ ShapeMsg Msg(FusedOp op, DType dtype, size_t m, size_t k, size_t n, size_t m_loc
   s.k = k;
   s.n = n;
   s.m_local = m_local;
-  s.pipeline_splits = (uint64_t(static_cast<uint8_t>(o.pipeline)) << 32) |
-                      uint32_t(std::clamp(o.splits, 0, 1 << 20));
+  s.pipeline_splits = PackPipelineSplits(o);
   return s;
 }
-
-// Chunk j of s of a block of `rows` rows: [lo, hi).
-size_t ChunkLo(size_t rows, int j, int s) { return rows * j / s; }
-
-// Outstanding works of a call: on failure every one is waited for (errors
-// ignored) before the buffers they use go away.
-class Pending {
- public:
-  void Add(Work w) { works_.push_back(std::move(w)); }
-  Work& operator[](size_t i) { return works_[i]; }
-  void WaitAll() {
-    for (auto& w : works_) w.Wait();
-  }
-  void Drain() noexcept {
-    for (auto& w : works_) {
-      try {
-        w.Wait();
-      } catch (...) {
-      }
-    }
-  }
-
- private:
-  std::vector<Work> works_;
-};
 
 void RunGemm(const Plan& p, size_t m, size_t k, const char* a, const char* b, float* c) {
   if (m == 0 || p.n == 0) return;
