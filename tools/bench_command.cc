@@ -47,14 +47,7 @@ struct BenchArgs {
   throw CLI::RuntimeError(bench::kExitUsage);
 }
 
-// This executable, and the arguments it was started with.
-std::string SelfExe() {
-  char buf[PATH_MAX];
-  const ssize_t len = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (len <= 0) return "/proc/self/exe";
-  return std::string(buf, static_cast<size_t>(len));
-}
-
+// The arguments this executable was started with.
 std::vector<std::string> SelfArgs() {
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
   std::vector<std::string> args;

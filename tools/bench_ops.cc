@@ -115,12 +115,6 @@ struct OpsConfig {
   throw CLI::RuntimeError(bench::kExitUsage);
 }
 
-std::string SelfExe() {
-  char buf[PATH_MAX];
-  const ssize_t len = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (len <= 0) return "/proc/self/exe";
-  return std::string(buf, static_cast<size_t>(len));
-}
 
 // Deterministic inputs: values in [-1, 1) from a hash of (seed, index).
 void Fill(std::vector<char>& bytes, size_t count, DType dtype, uint64_t seed) {

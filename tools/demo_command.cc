@@ -72,12 +72,6 @@ struct DemoArgs {
   throw CLI::RuntimeError(kExitUsageDemo);
 }
 
-std::string SelfExe() {
-  char buf[PATH_MAX];
-  const ssize_t len = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (len <= 0) return "/proc/self/exe";
-  return std::string(buf, static_cast<size_t>(len));
-}
 
 std::vector<std::string> Split(const std::string& s, char sep) {
   std::vector<std::string> out;

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -725,6 +726,13 @@ int RunLaunch(const LaunchOptions& options) {
   EnsureStandardDescriptors();
   Launcher launcher(options, heap_bytes, std::move(dir));
   return launcher.Run();
+}
+
+std::string SelfExe() {
+  char buf[PATH_MAX];
+  const ssize_t len = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (len <= 0) return "/proc/self/exe";
+  return std::string(buf, static_cast<size_t>(len));
 }
 
 }  // namespace mc2::tools

@@ -56,6 +56,10 @@ struct LaunchOptions {
 // disposition before returning, so it may be called repeatedly.
 int RunLaunch(const LaunchOptions& options);
 
+// The path of the running executable (/proc/self/exe resolved), for the
+// tools that re-execute themselves as the ranks of a job.
+std::string SelfExe();
+
 }  // namespace mc2::tools
 
 #endif  // MC2_TOOLS_LAUNCHER_H_

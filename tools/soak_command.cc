@@ -48,6 +48,7 @@
 
 #include "commands.h"
 #include "core/env.h"
+#include "launcher.h"
 #include "mc2/mc2.h"
 #include "soak.h"
 
@@ -78,12 +79,6 @@ struct SoakArgs {
   throw CLI::RuntimeError(kExitBadUsage);
 }
 
-std::string SelfExe() {
-  char buf[PATH_MAX];
-  const ssize_t len = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (len <= 0) return "/proc/self/exe";
-  return std::string(buf, static_cast<size_t>(len));
-}
 
 int64_t MonoNs() {
   timespec ts;
