@@ -24,12 +24,17 @@ CMAKE_ARGS ?=
 
 # The steps depend on each other in order; never run them in parallel.
 .NOTPARALLEL:
-.PHONY: all deps configure build demo test test-quick test-asan test-tsan test-fuzz clean
+.PHONY: all deps deps-test configure build demo test test-quick test-asan test-tsan test-fuzz clean
 
 all: build
 
 deps:
 	bash scripts/install-deps.sh
+
+# What only the tests need beyond the build (chromium for the timeline
+# screenshot check, python3 for the benchmark scripts).
+deps-test:
+	bash scripts/install-deps.sh --test
 
 configure: deps
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS)
@@ -43,7 +48,7 @@ demo: build
 # The stages run in order and the first failure stops `make test`.
 test: test-quick test-asan test-tsan test-fuzz
 
-test-quick: build
+test-quick: deps-test build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
 
 test-asan test-tsan test-fuzz: deps

@@ -68,6 +68,12 @@ export LSAN_OPTIONS="suppressions=$supp/lsan.supp"
 export UBSAN_OPTIONS="log_path=$reports/ubsan:halt_on_error=1:print_stacktrace=1:suppressions=$supp/ubsan.supp"
 export TSAN_OPTIONS="log_path=$reports/tsan:halt_on_error=1:exitcode=66:second_deadlock_stack=1:suppressions=$supp/tsan.supp"
 
+# The ASan stage also runs every collective and fused operator with strict
+# mismatch checking (MC2_CHECK=1: fingerprints compared on every rank
+# before data moves, eager path off), so the suite covers both modes: the
+# normal and TSan stages run the default. Tests that need one mode set it.
+if [ "$mode" = asan ]; then export MC2_CHECK=1; fi
+
 ctest_args=(--test-dir "$dir" --output-on-failure -j "$jobs")
 case "$mode" in
   # The packaging checks compile and link other programs against the build

@@ -2,7 +2,20 @@
 # Installs the Debian packages mc2 needs to build, test and benchmark.
 # Idempotent: packages already present are skipped, and apt is not touched at
 # all when nothing is missing. Works as root or through sudo.
+#
+# Usage: scripts/install-deps.sh [--test]
+#   --test  also what only the test suite and the benchmark scripts use:
+#           Debian's chromium (the headless screenshot of the SVG timeline,
+#           tests/trace/render_check.sh) and python3 (bench/*.sh join JSON)
 set -euo pipefail
+
+with_test=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) with_test=1 ;;
+    *) echo "install-deps: unknown argument $arg (expected --test)" >&2; exit 2 ;;
+  esac
+done
 
 packages=(
   build-essential cmake pkg-config
@@ -19,6 +32,9 @@ packages=(
   clang libclang-rt-14-dev # the fuzz targets (libFuzzer) of `make test-fuzz`
   libomp-14-dev            # OpenMP for the clang (fuzz) build
 )
+if (( with_test )); then
+  packages+=(chromium fonts-dejavu-core python3)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

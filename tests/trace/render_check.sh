@@ -4,10 +4,10 @@
 # Chromium screenshot of the SVG and checks the PNG (size, dimensions, not
 # blank). ctest label "render" (`ctest -L render`).
 #
-# Chromium is not among the default dependencies: when it is missing the
-# check is skipped (exit 77) unless --install is given or
-# RENDER_CHECK_INSTALL=1 is set, in which case Debian's `chromium` package
-# is installed (as root or through sudo).
+# Chromium is installed by `make test` (scripts/install-deps.sh --test), not
+# with the build's dependencies: when it is missing the check is skipped
+# (exit 77) unless --install is given or RENDER_CHECK_INSTALL=1 is set, in
+# which case Debian's `chromium` package is installed (as root or sudo).
 #
 # Usage: render_check.sh --build-dir BUILD [--source-dir SRC] [--install]
 #                        [--keep DIR] [--update-docs]
