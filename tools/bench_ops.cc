@@ -94,6 +94,7 @@ struct OpsArgs {
   bool tune = false;
   std::string output;
   std::string calibrate_out;  // internal: a calibration job writes Tc/Tm here
+  std::string trace_ab;       // --trace-ab DIR
 };
 
 struct OpsConfig {
@@ -108,6 +109,10 @@ struct OpsConfig {
   int iters = 5, warmup = 2;
   std::string json_path;
   std::string calibrate_out;
+  // --trace-ab DIR: time every configuration twice per iteration, traced
+  // into DIR and untraced, in alternating order, to measure what tracing
+  // costs side by side in one run.
+  std::string trace_ab;
 };
 
 [[noreturn]] void Usage(const std::string& message) {
@@ -564,6 +569,7 @@ struct Row {
   int splits = 1;
   int stages = 1;
   double time_s = 0;
+  double traced_s = 0;  // --trace-ab: the median with tracing on
   double ideal_s = 0;
   int64_t wrong = 0;
   std::string chosen;  // auto: what it ran
@@ -603,6 +609,7 @@ int RunOpsRank(const OpsConfig& cfg) {
       FusedReport report;
       int64_t wrong = 0;
       std::vector<double> times;
+      std::vector<double> traced_times;  // --trace-ab
     };
     std::vector<Candidate> cands;
     cands.emplace_back().fn = [&] { op->ComputeOnly(); };
@@ -636,17 +643,35 @@ int RunOpsRank(const OpsConfig& cfg) {
     }
     for (int w = 0; w < cfg.warmup; ++w)
       for (auto& c : cands) c.fn();
+    const bool ab = !cfg.trace_ab.empty();
+    auto time_once = [&](Candidate& c, bool traced) {
+      // Every rank toggles at the same point of the same iteration, so a
+      // traced run is traced on every rank.
+      if (ab) {
+        if (traced) trace::Enable(cfg.trace_ab);
+        else trace::Disable();
+      }
+      Barrier(g).Wait();
+      auto t0 = Clock::now();
+      c.fn();
+      double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      double worst = 0;
+      AllReduce(g, &dt, &worst, 1, DType::kF64, ReduceOp::kMax).Wait();
+      (traced ? c.traced_times : c.times).push_back(worst);
+    };
     for (int i = 0; i < cfg.iters; ++i) {
       for (auto& c : cands) {
-        Barrier(g).Wait();
-        auto t0 = Clock::now();
-        c.fn();
-        double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-        double worst = 0;
-        AllReduce(g, &dt, &worst, 1, DType::kF64, ReduceOp::kMax).Wait();
-        c.times.push_back(worst);
+        if (!ab) {
+          time_once(c, false);
+        } else {
+          // Alternate which half goes first, so drift and caches favour
+          // neither.
+          time_once(c, i % 2 == 1);
+          time_once(c, i % 2 == 0);
+        }
       }
     }
+    if (ab) trace::Disable();
     const double tc = bench::Median(cands[0].times);
     const double tm = n > 1 ? bench::Median(cands[1].times) : 0.0;
     if (!cfg.calibrate_out.empty()) {
@@ -688,6 +713,7 @@ int RunOpsRank(const OpsConfig& cfg) {
       Row r;
       r.pipeline = PipelineName(c.options.pipeline);
       r.time_s = bench::Median(c.times);
+      if (ab) r.traced_s = bench::Median(c.traced_times);
       r.wrong = c.wrong;
       r.splits = rep.splits;
       r.stages = rep.pipeline == Pipeline::kFused     ? n * rep.splits
@@ -714,6 +740,22 @@ int RunOpsRank(const OpsConfig& cfg) {
       fmt::print("#\n# best: {} ({}), {:.2f}x serial, {:.2f}x the ideal bound\n", best->pipeline,
                  best->chosen, t_serial / best->time_s, best->time_s / best->ideal_s);
       fmt::print("# Out of bounds values : {} {}\n", wrong, wrong == 0 ? "OK" : "FAILED");
+      if (ab) {
+        // Each row's traced and untraced medians come from the same
+        // iterations, interleaved: the ratio is side by side.
+        fmt::print("#\n# tracing overhead (--trace-ab {}: each iteration timed traced and "
+                   "untraced, alternating order)\n",
+                   cfg.trace_ab);
+        fmt::print("# {:>8}  {:>6}  {:>10}  {:>10}  {:>7}\n", "pipeline", "splits", "off_ms",
+                   "on_ms", "on/off");
+        std::vector<double> ratios;
+        for (const Row& r : rows) {
+          ratios.push_back(r.traced_s / r.time_s);
+          fmt::print("  {:>8}  {:>6}  {:>10.2f}  {:>10.2f}  {:>7.3f}\n", r.pipeline, r.splits,
+                     r.time_s * 1e3, r.traced_s * 1e3, ratios.back());
+        }
+        fmt::print("# tracing on/off, median over rows: {:.3f}\n", bench::Median(ratios));
+      }
       std::fflush(stdout);
       if (!cfg.json_path.empty()) {
         json j;
@@ -740,6 +782,7 @@ int RunOpsRank(const OpsConfig& cfg) {
                                {"speedup", t_serial / r.time_s},
                                {"wrong", r.wrong},
                                {"ran", r.chosen}});
+          if (ab) j["rows"].back()["traced_ms"] = r.traced_s * 1e3;
         }
         std::ofstream(cfg.json_path) << j.dump(2) << "\n";
       }
@@ -985,6 +1028,7 @@ OpsConfig Validate(const OpsArgs& a) {
   c.warmup = a.warmup;
   c.json_path = a.json;
   c.calibrate_out = a.calibrate_out;
+  c.trace_ab = a.trace_ab;
   return c;
 }
 
@@ -1005,6 +1049,7 @@ std::vector<std::string> JobArgs(const OpsConfig& c, const std::string& link, bo
   for (int s : c.splits) splits += (splits.empty() ? "" : ",") + std::to_string(s);
   v.insert(v.end(), {"--splits", splits});
   if (!c.json_path.empty()) v.insert(v.end(), {"--json", c.json_path});
+  if (!c.trace_ab.empty()) v.insert(v.end(), {"--trace-ab", c.trace_ab});
   if (link_auto) v.push_back("--link-was-auto");
   if (!extra_flag.empty()) v.insert(v.end(), {extra_flag, extra_value});
   return v;
@@ -1034,6 +1079,7 @@ std::optional<std::string> CalibrateLink(const OpsConfig& c, int nranks, size_t 
   quick.iters = 3;
   quick.warmup = 1;
   quick.json_path.clear();
+  quick.trace_ab.clear();
   auto measure = [&](const std::string& link) -> std::optional<std::pair<double, double>> {
     std::filesystem::remove(tmp);
     if (Launch(nranks, JobArgs(quick, link, false, "--calibrate-out", tmp), heap) != 0)
@@ -1148,6 +1194,9 @@ void RegisterBenchOps(CLI::App& bench) {
   cmd->add_option("--iters", a->iters, "Timed iterations")->capture_default_str();
   cmd->add_option("--warmup", a->warmup, "Untimed iterations")->capture_default_str();
   cmd->add_option("--json", a->json, "Also write the rows to this JSON file");
+  cmd->add_option("--trace-ab", a->trace_ab,
+                  "Measure tracing's cost: time every configuration traced (into this "
+                  "directory) and untraced in each iteration, alternating, and print both");
   cmd->add_flag("--tune", a->tune,
                 "Measure the cost model's parameters (GEMM rate, collectives, per-step costs, "
                 "raw-shm overlap) and write the operator tuning file");
