@@ -59,6 +59,7 @@ struct DemoArgs {
   int warmup = 1;
   int layers = 2, hidden = 1024, heads = 16, ffn = 2048, vocab = 64, seq = 256, batch = 4;
   bool bf16 = false;
+  int moe_experts = 0, moe_topk = 2, ep = 1;  // MoE MLPs (0: dense) and the EP size
   uint64_t seed = 1;
   std::string out = "mc2-demo";
   std::string json_path;
@@ -110,6 +111,8 @@ models::TransformerConfig ModelConfig(const DemoArgs& a) {
   c.seed = a.seed;
   c.gemm_dtype = a.bf16 ? DType::kBF16 : DType::kF32;
   c.fused.splits = a.splits;
+  c.moe_experts = a.moe_experts;
+  c.moe_topk = a.moe_topk;
   return c;
 }
 
@@ -130,7 +133,7 @@ int RunRankJob(const DemoArgs& a) {
     std::vector<double> block_ms;
     int64_t tokens = 0;
     auto t0 = std::chrono::steady_clock::now();
-    models::TrainSteps(world, c, tp, total, [&](const models::StepStats& s) {
+    models::TrainSteps(world, c, tp, a.ep, total, [&](const models::StepStats& s) {
       losses.push_back(s.loss);
       // The warm-up steps pay for first-call set-up (GEMM primitives, heap):
       // tracing starts after them, so the reports cover only timed steps.
@@ -187,6 +190,10 @@ std::vector<std::string> RankArgv(const DemoArgs& a, const std::string& pipeline
                                 "--batch", std::to_string(a.batch), "--seed",
                                 std::to_string(a.seed), "--tp", std::to_string(a.tp)};
   if (a.bf16) v.push_back("--bf16");
+  if (a.moe_experts > 0) {
+    v.insert(v.end(), {"--moe-experts", std::to_string(a.moe_experts), "--moe-topk",
+                       std::to_string(a.moe_topk), "--ep", std::to_string(a.ep)});
+  }
   return v;
 }
 
@@ -277,7 +284,7 @@ void Conduct(const DemoArgs& a) {
   // Catch configuration errors here, before any rank starts.
   const int tp = a.tp ? a.tp : a.nranks;
   if (a.nranks % tp != 0) Usage(fmt::format("--tp {} does not divide -n {}", tp, a.nranks));
-  models::ValidateConfig(ModelConfig(a), tp, a.nranks / tp);
+  models::ValidateConfig(ModelConfig(a), tp, a.nranks / tp, a.ep);
   auto pipelines = ParsePipelines(a.pipelines);
 
   std::string link = a.link;
@@ -438,6 +445,12 @@ void RegisterDemo(CLI::App& app) {
   cmd->add_option("--seq", a->seq, "Sequence length")->capture_default_str();
   cmd->add_option("--batch", a->batch, "Sequences per step (global)")->capture_default_str();
   cmd->add_flag("--bf16", a->bf16, "bf16 GEMM inputs (f32 accumulation and master weights)");
+  cmd->add_option("--moe-experts", a->moe_experts,
+                  "MoE: experts per MLP (0: dense MLPs; docs/models.md)")
+      ->capture_default_str()->check(CLI::Range(0, 1024));
+  cmd->add_option("--moe-topk", a->moe_topk, "MoE: experts per token")->capture_default_str();
+  cmd->add_option("--ep", a->ep, "MoE: expert-parallel group size (divides the DP size)")
+      ->capture_default_str()->check(CLI::Range(1, 64));
   cmd->add_option("--seed", a->seed, "Seed of the weights and the data")->capture_default_str();
   cmd->add_option("--out", a->out,
                   "Directory for traces, timelines and results (emptied first)")

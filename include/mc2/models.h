@@ -38,15 +38,19 @@ namespace mc2::models {
 // adjacent (on a real cluster, inside one node on the fast links). Made with
 // Group::Split, so the call is collective over `world`.
 //
-// EP hook: `ep` (default 1) carves expert-parallel groups out of the DP
-// dimension, as MoE training does: the ranks with the same tp_index and the
-// same dp_index / ep form one EP group of `ep` ranks (ep must divide dp).
-// The dense transformer does not use it; the MoE block will.
+// Expert parallelism: `ep` (default 1) carves expert-parallel groups out of
+// the DP dimension, as MoE training does: the ranks with the same tp_index
+// and the same dp_index / ep form one EP group of `ep` ranks (ep must divide
+// dp), over which the MoE layers spread their experts (ep_rank = dp_index %
+// ep holds experts [ep_rank E/ep, (ep_rank+1) E/ep)). `edp` groups the
+// ranks holding the same experts (same ep_rank, every tp_index and every
+// EP group: world / ep ranks), over which the experts' gradients are summed.
 struct ProcessGrid {
   Group world;
-  Group tp;  // tensor + sequence parallel group (size tp_size)
-  Group dp;  // data parallel group: same tp_index, every dp_index
-  Group ep;  // expert parallel group (size ep_size; one rank when ep == 1)
+  Group tp;   // tensor + sequence parallel group (size tp_size)
+  Group dp;   // data parallel group: same tp_index, every dp_index
+  Group ep;   // expert parallel group (size ep_size; one rank when ep == 1)
+  Group edp;  // expert replicas: same ep_rank (size world / ep_size)
   int tp_size = 1, dp_size = 1, ep_size = 1;
   int tp_rank = 0, dp_rank = 0, ep_rank = 0;
 };
@@ -106,6 +110,23 @@ struct TransformerConfig {
   // forward and backward (FusedOptions::timeout / gemm_threads too).
   FusedOptions fused;
 
+  // Mixture of experts (docs/models.md "MoE"). moe_experts = 0: every
+  // block has the dense SwiGLU MLP. Else the MLP of the blocks l with
+  // (l + 1) % moe_every == 0 is a MoE layer of moe_experts SwiGLU experts
+  // of inner width moe_ffn (0: ffn), not split over TP, spread over the EP
+  // group (ep must divide moe_experts). Each token goes to its moe_topk
+  // experts of highest router probability (ties: the lower index), its
+  // output weighted by those softmax probabilities (not renormalised over
+  // the top-k), with no capacity limit (no token is dropped). The loss gets
+  // moe_aux_loss_coef * E * sum_e f_e P_e per MoE layer (Switch / GShard
+  // load balancing; f_e: the fraction of the global batch's routed slots
+  // that chose e, P_e: e's mean router probability).
+  int moe_experts = 0;
+  int moe_topk = 2;
+  int moe_ffn = 0;
+  int moe_every = 1;
+  float moe_aux_loss_coef = 1e-2f;
+
   // AdamW.
   float lr = 3e-3f;
   float beta1 = 0.9f;
@@ -115,14 +136,18 @@ struct TransformerConfig {
 };
 
 // Throws mc2::Error(kInvalidArgument) naming the first invalid field (or
-// relation to tp / dp), without communicating.
-void ValidateConfig(const TransformerConfig& config, int tp, int dp);
+// relation to tp / dp / ep), without communicating.
+void ValidateConfig(const TransformerConfig& config, int tp, int dp, int ep = 1);
+
+// Whether block `layer` has a MoE MLP under `config`.
+bool IsMoeLayer(const TransformerConfig& config, int layer);
 
 // What one training step did, on this rank. Times are this rank's wall
 // clock; `loss` is the global mean loss (identical on every rank).
 struct StepStats {
   int step = 0;
   double loss = 0.0;
+  double aux_loss = 0.0;          // the MoE load-balancing part of `loss`
   double seconds = 0.0;           // the whole step
   double forward_seconds = 0.0;
   double backward_seconds = 0.0;  // including issuing the gradient all-reduces
@@ -141,10 +166,15 @@ struct ParamView {
   size_t rows = 0, cols = 0; // the local shard's shape (row-major)
   float* value = nullptr;
   float* grad = nullptr;     // valid after ForwardBackward
-  // true: replicated on the TP ranks (embedding, norms, LM head): every TP
-  // rank holds the same values and, after ForwardBackward, the same full
-  // gradient. false: this rank's shard of a tensor split over the TP group.
+  // true: replicated on the TP ranks (embedding, norms, LM head, MoE router
+  // and experts): every TP rank holds the same values and, after
+  // ForwardBackward, the same full gradient. false: this rank's shard of a
+  // tensor split over the TP group.
   bool tp_replicated = false;
+  // true: this rank's shard of a tensor split over the EP group (the MoE
+  // experts: rows of experts [ep_rank E/ep, (ep_rank+1) E/ep), expert after
+  // expert); its gradient is the full gradient of that shard.
+  bool ep_sharded = false;
 };
 
 // One rank's part of the model, its optimizer state and its buffers.
@@ -187,8 +217,12 @@ class Transformer {
 
 // Builds the grid and the model and trains `steps` steps (batches 0..steps-1),
 // calling `on_step` after each (on every rank). Returns this rank's stats.
+// The first form has ep = 1.
 std::vector<StepStats> TrainSteps(const Group& world, const TransformerConfig& config, int tp,
                                   int steps,
+                                  const std::function<void(const StepStats&)>& on_step = {});
+std::vector<StepStats> TrainSteps(const Group& world, const TransformerConfig& config, int tp,
+                                  int ep, int steps,
                                   const std::function<void(const StepStats&)>& on_step = {});
 
 }  // namespace mc2::models

@@ -36,6 +36,7 @@ ProcessGrid MakeGrid(const Group& world, int tp, int ep) {
   g.tp = world.Split(/*color=*/g.dp_rank, /*key=*/g.tp_rank);
   g.dp = world.Split(/*color=*/g.tp_rank, /*key=*/g.dp_rank);
   g.ep = world.Split(/*color=*/g.tp_rank + tp * (g.dp_rank / ep), /*key=*/g.ep_rank);
+  g.edp = world.Split(/*color=*/g.ep_rank, /*key=*/world.rank());
   return g;
 }
 

@@ -184,6 +184,48 @@ void SwiGluBackward(const float* gu, const float* da, size_t rows, size_t w, flo
   }
 }
 
+void RouterForward(const float* logits, size_t rows, size_t E, size_t k, float* probs,
+                   int32_t* ids, float* gates) {
+  for (size_t t = 0; t < rows; ++t) {
+    const float* l = logits + t * E;
+    float* p = probs + t * E;
+    float mx = l[0];
+    for (size_t e = 1; e < E; ++e) mx = std::max(mx, l[e]);
+    float z = 0.0f;
+    for (size_t e = 0; e < E; ++e) z += (p[e] = std::exp(l[e] - mx));
+    const float inv = 1.0f / z;
+    for (size_t e = 0; e < E; ++e) p[e] *= inv;
+    // Top-k by selection (k and E are small): the largest not yet taken,
+    // the lower index on ties (strict >), so the choice is a function of
+    // the probabilities alone.
+    int32_t* id = ids + t * k;
+    for (size_t j = 0; j < k; ++j) {
+      int32_t best = -1;
+      for (size_t e = 0; e < E; ++e) {
+        bool taken = false;
+        for (size_t i = 0; i < j; ++i) taken = taken || id[i] == static_cast<int32_t>(e);
+        if (!taken && (best < 0 || p[e] > p[best])) best = static_cast<int32_t>(e);
+      }
+      id[j] = best;
+      gates[t * k + j] = p[best];
+    }
+  }
+}
+
+void RouterBackward(const float* probs, const int32_t* ids, const float* dgates,
+                    const float* dprob_all, size_t rows, size_t E, size_t k, float* dlogits) {
+  std::vector<float> dp(E);
+  for (size_t t = 0; t < rows; ++t) {
+    const float* p = probs + t * E;
+    for (size_t e = 0; e < E; ++e) dp[e] = dprob_all ? dprob_all[e] : 0.0f;
+    for (size_t j = 0; j < k; ++j) dp[ids[t * k + j]] += dgates[t * k + j];
+    // Softmax backward: dl_e = p_e (dp_e - sum_i p_i dp_i).
+    float dot = 0.0f;
+    for (size_t e = 0; e < E; ++e) dot += p[e] * dp[e];
+    for (size_t e = 0; e < E; ++e) dlogits[t * E + e] = p[e] * (dp[e] - dot);
+  }
+}
+
 double CrossEntropy(const float* logits, const int32_t* targets, size_t rows, size_t vocab,
                     float grad_scale, float* dlogits) {
   double total = 0.0;

@@ -60,6 +60,19 @@ void SwiGluForward(const float* gu, size_t rows, size_t w, float* a);
 // dgu = [dgate | dup] given da.
 void SwiGluBackward(const float* gu, const float* da, size_t rows, size_t w, float* dgu);
 
+// MoE router of `rows` tokens over E experts: probs = softmax(logits) (rows x
+// E); ids and gates (rows x k): the k experts of highest probability in
+// descending order (ties: the lower index first) and their probabilities
+// (not renormalised).
+void RouterForward(const float* logits, size_t rows, size_t E, size_t k, float* probs,
+                   int32_t* ids, float* gates);
+// dlogits (rows x E) given the gates' gradient dgates (rows x k) and a
+// per-expert gradient dprob_all[e] (null: none) of every row's probability
+// of e (the load-balancing loss's): the softmax backward of
+//   dp[t, e] = dprob_all[e] + dgates[t, j] if ids[t, j] == e.
+void RouterBackward(const float* probs, const int32_t* ids, const float* dgates,
+                    const float* dprob_all, size_t rows, size_t E, size_t k, float* dlogits);
+
 // Cross-entropy of `rows` logit rows (vocab wide) against targets: returns
 // the sum over rows of -log softmax[target] (in double); dlogits (optional)
 // = (softmax - onehot) * grad_scale.

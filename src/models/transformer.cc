@@ -16,6 +16,9 @@
 //   gu  = AllGatherMatmul(RMSNorm(x1), Wgu_r [h x 2 fl])       gate | up
 //   x'  = x1 + MatmulReduceScatter(silu(gate) * up, Wdown_r [fl x h])
 // then the final RMSNorm, the LM head and the cross-entropy on the shard.
+// A MoE block replaces the last two lines by the MoE MLP on the same s rows
+// (experts whole, spread over the EP group; see MoeForward):
+//   x'  = x1 + combine(MatmulAllToAll(silu * up of AllToAllMatmul(RMSNorm(x1), W13), W2))
 //
 // Backward of a row-parallel projection (dy: [s x h] shard):
 //   da  = AllGatherMatmul(dy, W^T)   (dgrad; keeps the gathered dy)
@@ -32,7 +35,9 @@
 // runs tasks in order, so the all-reduce must be issued after this
 // sublayer's fused operators (else their collectives would queue behind
 // it) and gets the wgrad GEMMs to hide behind: the seed's FFN-to-attention
-// overlap. The TP-replicated tensors (embedding, norms, LM head; their
+// overlap. A MoE MLP joins the same scheme with its experts' bucket (summed
+// over grid.edp, the ranks holding the same experts). The TP-replicated
+// tensors (embedding, norms, LM head, MoE routers; their
 // gradients are partial sums over the sequence shards) are all-reduced over
 // the whole world at the end.
 #include <algorithm>
@@ -41,6 +46,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mc2/collectives.h"
@@ -66,8 +72,10 @@ double Since(Clock::time_point t0) {
 
 std::string Str(long long v) { return std::to_string(v); }
 
-// Where a tensor's gradient is summed and over which group.
-enum class Sync { kWorld, kDp };
+// Where a tensor's gradient is summed and over which group: the world (TP-
+// replicated tensors), the DP group (TP shards) or the ranks holding the
+// same experts (grid.edp).
+enum class Sync { kWorld, kDp, kExpert };
 
 struct Param {
   std::string name;
@@ -81,6 +89,7 @@ struct Param {
   // Trace span names of the projection's fused calls, made once (building
   // them per call would cost an allocation even with tracing off).
   std::string span_fwd, span_dgrad;
+  bool experts = false;  // a MoE layer's experts: sharded over EP
 };
 
 // Parameters whose gradients are all-reduced together (one call).
@@ -118,9 +127,28 @@ struct BlockActs {
   std::vector<float> act;    // [S x fl]
 };
 
+// A MoE layer's activations kept for backward (R: the slots this rank's
+// experts received this step, so the expert-side buffers are resized per
+// step). Slots are this rank's (token t, choice j) pairs, t * k + j.
+struct MoeActs {
+  MoeRouting routing;          // of the slots (topk 1, see MoeForward)
+  std::vector<float> xn;       // [s x h] RMSNorm(x1)
+  std::vector<float> probs;    // [s x E] router softmax
+  std::vector<int32_t> ids;    // [s x k] chosen experts
+  std::vector<float> gates;    // [s x k] their probabilities
+  std::vector<char> xd;        // [R x h] dispatched xn, expert-grouped, GEMM dtype
+  std::vector<float> gu;       // [R x 2 F] expert gate | up
+  std::vector<float> act;      // [R x F]
+  std::vector<float> yslot;    // [s k x h] each slot's expert output, unweighted
+};
+
 }  // namespace
 
-void ValidateConfig(const TransformerConfig& c, int tp, int dp) {
+bool IsMoeLayer(const TransformerConfig& c, int layer) {
+  return c.moe_experts > 0 && c.moe_every >= 1 && (layer + 1) % c.moe_every == 0;
+}
+
+void ValidateConfig(const TransformerConfig& c, int tp, int dp, int ep) {
   auto positive = [](const char* name, long long v) {
     if (v < 1) Invalid(std::string(name) + " must be >= 1, not " + Str(v));
   };
@@ -134,6 +162,32 @@ void ValidateConfig(const TransformerConfig& c, int tp, int dp) {
   positive("task_param", c.task_param);
   if (tp < 1) Invalid("tp must be >= 1, not " + Str(tp));
   if (dp < 1) Invalid("dp must be >= 1, not " + Str(dp));
+  if (ep < 1 || dp % ep != 0) {
+    Invalid("ep (" + Str(ep) + ") must be >= 1 and divide dp (" + Str(dp) +
+            "): EP groups are carved out of the DP dimension");
+  }
+  // NOTES: experts are whole on a rank (not split over TP), E / ep per EP
+  // rank; top-k picks distinct experts, so k <= E.
+  if (c.moe_experts < 0) {
+    Invalid("moe_experts must be >= 0 (0: dense MLP), not " + Str(c.moe_experts));
+  }
+  if (c.moe_experts == 0 && ep > 1) {
+    Invalid("ep (" + Str(ep) + ") > 1 needs MoE layers (moe_experts > 0): a dense model has "
+            "nothing to spread over the EP group");
+  }
+  if (c.moe_experts > 0) {
+    if (c.moe_experts % ep != 0) {
+      Invalid("moe_experts (" + Str(c.moe_experts) + ") must be a multiple of ep (" + Str(ep) +
+              "): every EP rank holds moe_experts / ep experts");
+    }
+    if (c.moe_topk < 1 || c.moe_topk > c.moe_experts) {
+      Invalid("moe_topk (" + Str(c.moe_topk) + ") must be in 1..moe_experts (" +
+              Str(c.moe_experts) + ")");
+    }
+    if (c.moe_ffn < 0) Invalid("moe_ffn must be >= 0 (0: ffn), not " + Str(c.moe_ffn));
+    if (c.moe_every < 1) Invalid("moe_every must be >= 1, not " + Str(c.moe_every));
+    if (!(c.moe_aux_loss_coef >= 0.0f)) Invalid("moe_aux_loss_coef must be >= 0");
+  }
   if (c.vocab < 2) Invalid("vocab must be >= 2, not " + Str(c.vocab));
   if (c.hidden % c.heads != 0) {
     Invalid("heads (" + Str(c.heads) + ") must divide hidden (" + Str(c.hidden) + ")");
@@ -192,29 +246,43 @@ struct Transformer::Impl {
   int tp, dp;
   // Shapes.
   size_t V, h, heads, hl, d, f, fl, L, T, Bl, S, s;
+  // MoE: experts, local experts (E / ep), top-k, expert inner width.
+  size_t E = 0, El = 0, K = 0, Fm = 0;
+  std::vector<bool> is_moe;       // per block
+  std::vector<int> moe_index;     // per block: its MoE layer number, or -1
   float grad_scale;  // 1 / (global batch tokens)
   Rope rope;
 
   std::vector<Param> params;
   std::vector<Bucket> buckets;  // 0: replicated (world); 1 + 2l: attn l; 2 + 2l: mlp l
+                                // (dense: DP; MoE: its experts, over grid.edp)
   // Parameter indices.
   int p_embed = -1, p_final_norm = -1, p_lm_head = -1;
   struct BlockParams {
-    int norm1, qkv, o, norm2, gu, down;
+    int norm1, qkv, o, norm2;
+    int gu = -1, down = -1;                 // dense MLP
+    int router = -1, egu = -1, edown = -1;  // MoE: router, experts' gate|up, down
   };
   std::vector<BlockParams> bp;
 
   // GEMM copies of the projection weights (W in the GEMM dtype, W^T),
-  // rebuilt when the weights changed.
+  // rebuilt when the weights changed. An expert tensor is El matrices
+  // stacked by rows ([El x k x n]); its W^T is each one transposed
+  // ([El x n x k]), as the MoE operators take it.
   struct Cached {
     std::vector<char> w, wt;
     uint64_t version = ~0ull;
   };
   std::vector<Cached> cache;  // by param index
+  std::vector<std::pair<int, size_t>> gemm_params;  // (param, stacked matrices)
   uint64_t version = 0;
 
   // Activations and scratch.
   std::vector<BlockActs> acts;
+  std::vector<MoeActs> moe_acts;  // per block (used by MoE blocks)
+  // MoE backward scratch (expert-side ones resized per step).
+  std::vector<float> m_dys, m_dxs, m_dact, m_dgu, m_dgates, m_dlogits, m_dprob;
+  std::vector<char> m_dyd;  // [R x h] dispatched dys, GEMM dtype
   std::vector<int32_t> inputs, targets;
   std::vector<float> x_final, rstd_f, xf, logits, dlogits;
   std::vector<float> tmp_s, dx, dx1, dtmp;      // [s x h]
@@ -227,8 +295,13 @@ struct Transformer::Impl {
   int opt_step = 0;
   int pending_bucket = -1;  // a sublayer's gradients not yet all-reduced
   std::vector<Work> sync_works;
-  double loss_local = 0, loss_total = 0;  // the loss all-reduce's buffers
+  // The loss all-reduce's buffers (f64): [0] the cross-entropy sum, then per
+  // MoE layer its routed slots per expert (E) and probability sums (E), from
+  // which every rank computes the same load-balancing loss (and backward its
+  // gradient) for the global batch.
+  std::vector<double> loss_local, loss_total;
   Work loss_work;
+  double aux_loss = 0;  // of the last WaitLoss
   bool has_grads = false;
   std::vector<double> block_fwd_s, block_bwd_s;  // of the last step, per block
   std::vector<std::string> block_span_fwd, block_span_bwd;  // "block<l>.forward", ...
@@ -257,13 +330,16 @@ struct Transformer::Impl {
   void Wgrad(const void* a, const void* b, int p);
   // A block is two sublayers, each with its own forward and backward, its
   // own gradient bucket and the same overlap scheme (see the top of the
-  // file). The MLP sublayer is where a MoE sublayer plugs in: same
+  // file). The MoE MLP (MoeForward / MoeBackward) has the dense MLP's
   // interface (acts[l].x1 in, block output out; backward: dout in, dx1
-  // out), its parameters in a bucket all-reduced over the group their
-  // replicas span (grid.ep / grid.dp), issued through pending_bucket.
+  // out), its experts in a bucket all-reduced over grid.edp, issued
+  // through pending_bucket.
   void AttentionSublayerForward(size_t l, const float* x);
   void MlpForward(size_t l, float* out);
   void MlpBackward(size_t l, const float* dout);
+  void MoeForward(size_t l, float* out);
+  void MoeBackward(size_t l, const float* dout);
+  void ExpertWgrad(const MoeRouting& r, const void* a, size_t k, const void* b, size_t n, int p);
   void AttentionSublayerBackward(size_t l, float* dxio);
   void IssueSync(int bucket);
   double WaitSync();
@@ -273,7 +349,7 @@ struct Transformer::Impl {
 Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c) : grid(g), cfg(c) {
   tp = g.tp_size;
   dp = g.dp_size;
-  ValidateConfig(c, tp, dp);
+  ValidateConfig(c, tp, dp, g.ep_size);
   dt = c.gemm_dtype;
   esz = DTypeSize(dt);
   V = c.vocab;
@@ -290,6 +366,19 @@ Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c) : grid
   s = S / tp;
   grad_scale = 1.0f / static_cast<float>(static_cast<double>(c.batch) * T);
   rope = Rope(T, d, c.rope_base);
+  E = c.moe_experts;
+  El = E / g.ep_size;
+  K = c.moe_topk;
+  Fm = c.moe_ffn > 0 ? c.moe_ffn : c.ffn;
+  is_moe.resize(L);
+  moe_index.assign(L, -1);
+  int n_moe = 0;
+  for (size_t l = 0; l < L; ++l) {
+    is_moe[l] = IsMoeLayer(c, static_cast<int>(l));
+    if (is_moe[l]) moe_index[l] = n_moe++;
+  }
+  loss_local.assign(1 + 2 * E * n_moe, 0.0);
+  loss_total = loss_local;
 
   buckets.resize(1 + 2 * L);
   buckets[0].sync = Sync::kWorld;
@@ -301,18 +390,49 @@ Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c) : grid
     AddParam(b + ".attn.qkv", h, 3 * hl * d, false, true, 1 + 2 * l, &bp[l].qkv);
     AddParam(b + ".attn.o", hl * d, h, false, true, 1 + 2 * l, &bp[l].o);
     AddParam(b + ".norm2", 1, h, true, false, 0, &bp[l].norm2);
-    AddParam(b + ".mlp.gate_up", h, 2 * fl, false, true, 2 + 2 * l, &bp[l].gu);
-    AddParam(b + ".mlp.down", fl, h, false, true, 2 + 2 * l, &bp[l].down);
+    if (!is_moe[l]) {
+      AddParam(b + ".mlp.gate_up", h, 2 * fl, false, true, 2 + 2 * l, &bp[l].gu);
+      AddParam(b + ".mlp.down", fl, h, false, true, 2 + 2 * l, &bp[l].down);
+    } else {
+      // The router is replicated everywhere (its gradient summed over the
+      // world, with the other replicated tensors); the experts live on
+      // their EP rank, replicated over grid.edp.
+      buckets[2 + 2 * l].sync = Sync::kExpert;
+      AddParam(b + ".moe.router", h, E, true, true, 0, &bp[l].router);
+      AddParam(b + ".moe.gate_up", El * h, 2 * Fm, true, true, 2 + 2 * l, &bp[l].egu);
+      AddParam(b + ".moe.down", El * Fm, h, true, true, 2 + 2 * l, &bp[l].edown);
+      params[bp[l].egu].experts = true;
+      params[bp[l].edown].experts = true;
+    }
   }
   for (size_t l = 0; l < L; ++l) {
     for (int pi : {bp[l].qkv, bp[l].gu}) {  // column parallel
+      if (pi < 0) continue;
       params[pi].span_fwd = params[pi].name + ".all_gather_matmul";
       params[pi].span_dgrad = params[pi].name + ".dgrad.matmul_reduce_scatter";
     }
     for (int pi : {bp[l].o, bp[l].down}) {  // row parallel
+      if (pi < 0) continue;
       params[pi].span_fwd = params[pi].name + ".matmul_reduce_scatter";
       params[pi].span_dgrad = params[pi].name + ".dgrad.all_gather_matmul";
     }
+    if (is_moe[l]) {
+      // Forward: dispatch + gate|up, down + combine; backward the reverse
+      // operators (docs/models.md).
+      Param& gu = params[bp[l].egu];
+      gu.span_fwd = gu.name + ".all_to_all_matmul";
+      gu.span_dgrad = gu.name + ".dgrad.matmul_all_to_all";
+      Param& dn = params[bp[l].edown];
+      dn.span_fwd = dn.name + ".matmul_all_to_all";
+      dn.span_dgrad = dn.name + ".dgrad.all_to_all_matmul";
+      gemm_params.push_back({bp[l].egu, El});
+      gemm_params.push_back({bp[l].edown, El});
+    } else {
+      gemm_params.push_back({bp[l].gu, 1});
+      gemm_params.push_back({bp[l].down, 1});
+    }
+    gemm_params.push_back({bp[l].qkv, 1});
+    gemm_params.push_back({bp[l].o, 1});
   }
   AddParam("final_norm", 1, h, true, false, 0, &p_final_norm);
   AddParam("lm_head", h, V, true, true, 0, &p_lm_head);
@@ -330,13 +450,15 @@ Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c) : grid
   InitParams();
 
   acts.resize(L);
+  moe_acts.resize(L);
   block_fwd_s.assign(L, 0.0);
   for (size_t l = 0; l < L; ++l) {
     block_span_fwd.push_back("block" + std::to_string(l) + ".forward");
     block_span_bwd.push_back("block" + std::to_string(l) + ".backward");
   }
   block_bwd_s.assign(L, 0.0);
-  for (auto& a : acts) {
+  for (size_t l = 0; l < L; ++l) {
+    BlockActs& a = acts[l];
     a.x.resize(s * h);
     a.rstd1.resize(s);
     a.xn1_g.resize(S * h * esz);
@@ -345,9 +467,25 @@ Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c) : grid
     a.ctx.resize(S * hl * d);
     a.x1.resize(s * h);
     a.rstd2.resize(s);
-    a.xn2_g.resize(S * h * esz);
-    a.gu.resize(S * 2 * fl);
-    a.act.resize(S * fl);
+    if (!is_moe[l]) {
+      a.xn2_g.resize(S * h * esz);
+      a.gu.resize(S * 2 * fl);
+      a.act.resize(S * fl);
+      continue;
+    }
+    MoeActs& m = moe_acts[l];
+    m.xn.resize(s * h);
+    m.probs.resize(s * E);
+    m.ids.resize(s * K);
+    m.gates.resize(s * K);
+    m.yslot.resize(s * K * h);
+  }
+  if (E > 0) {
+    m_dys.resize(s * K * h);
+    m_dxs.resize(s * K * h);
+    m_dgates.resize(s * K);
+    m_dlogits.resize(s * E);
+    m_dprob.resize(E);
   }
   inputs.resize(s);
   targets.resize(s);
@@ -413,6 +551,19 @@ void Transformer::Impl::InitParams() {
     // Wo [h x h] globally: rows by input head; this rank has its heads' rows.
     fill(bp[l].o, base + 1, out_scale / std::sqrt(float(h)),
          [&](size_t r, size_t c) { return (rank * hl * d + r) * h + c; });
+    if (is_moe[l]) {
+      // Router [h x E]; expert e's gate|up [h x 2F] and down [F x h],
+      // indexed by the GLOBAL expert e = ep_rank El + local one, so every
+      // EP grid builds the same experts.
+      const size_t e0 = static_cast<size_t>(grid.ep_rank) * El;
+      fill(bp[l].router, base + 4, 1.0f / std::sqrt(float(h)),
+           [&](size_t r, size_t c) { return r * E + c; });
+      fill(bp[l].egu, base + 5, 1.0f / std::sqrt(float(h)),
+           [&](size_t r, size_t c) { return (e0 * h + r) * 2 * Fm + c; });
+      fill(bp[l].edown, base + 6, out_scale / std::sqrt(float(Fm)),
+           [&](size_t r, size_t c) { return (e0 * Fm + r) * h + c; });
+      continue;
+    }
     // Wgu [h x 2f] globally: gate | up.
     fill(bp[l].gu, base + 2, 1.0f / std::sqrt(float(h)), [&](size_t r, size_t c) {
       size_t part = c / fl, within = c % fl;
@@ -429,26 +580,28 @@ void Transformer::Impl::InitParams() {
 
 void Transformer::Impl::RefreshWeights() {
   trace::Scope span("convert_weights", trace::Category::kCompute);
-  for (size_t l = 0; l < L; ++l) {
-    for (int pi : {bp[l].qkv, bp[l].o, bp[l].gu, bp[l].down}) {
-      Cached& c = cache[pi];
-      if (c.version == version) continue;
-      const Param& p = params[pi];
-      const size_t n = p.rows * p.cols;
-      std::vector<float> t(n);
-      for (size_t r = 0; r < p.rows; ++r) {
-        for (size_t k = 0; k < p.cols; ++k) t[k * p.rows + r] = p.w[r * p.cols + k];
+  for (auto [pi, blocks] : gemm_params) {
+    Cached& c = cache[pi];
+    if (c.version == version) continue;
+    const Param& p = params[pi];
+    const size_t n = p.rows * p.cols, rb = p.rows / blocks;
+    std::vector<float> t(n);
+    for (size_t b = 0; b < blocks; ++b) {  // each stacked matrix transposed
+      const float* w = p.w + b * rb * p.cols;
+      float* tb = t.data() + b * rb * p.cols;
+      for (size_t r = 0; r < rb; ++r) {
+        for (size_t k = 0; k < p.cols; ++k) tb[k * rb + r] = w[r * p.cols + k];
       }
-      c.wt.resize(n * esz);
-      if (dt == DType::kF32) {
-        std::memcpy(c.wt.data(), t.data(), n * sizeof(float));
-      } else {
-        c.w.resize(n * esz);
-        ConvertF32ToBF16(p.w, reinterpret_cast<bf16*>(c.w.data()), n);
-        ConvertF32ToBF16(t.data(), reinterpret_cast<bf16*>(c.wt.data()), n);
-      }
-      c.version = version;
     }
+    c.wt.resize(n * esz);
+    if (dt == DType::kF32) {
+      std::memcpy(c.wt.data(), t.data(), n * sizeof(float));
+    } else {
+      c.w.resize(n * esz);
+      ConvertF32ToBF16(p.w, reinterpret_cast<bf16*>(c.w.data()), n);
+      ConvertF32ToBF16(t.data(), reinterpret_cast<bf16*>(c.wt.data()), n);
+    }
+    c.version = version;
   }
 }
 
@@ -583,6 +736,197 @@ void Transformer::Impl::MlpForward(size_t l, float* out) {
   for (size_t i = 0; i < s * h; ++i) out[i] = A.x1[i] + tmp_s[i];
 }
 
+// ------------------------------------------------------------------- MoE
+//
+// The MoE MLP works on this rank's s rows (its sequence-parallel shard; the
+// experts are not split over TP) with expert parallelism over grid.ep:
+//   xn = RMSNorm(x1); probs = softmax(xn Wr); top-k -> ids, gates  local
+//   y1 = AllToAllMatmul(xn per slot, W13 of the experts)   dispatch + gate|up
+//   act = silu(gate) * up                                  expert side
+//   ys = MatmulAllToAll(act, W2)                           down + combine
+//   x' = x1 + sum_j gates[t, j] ys[t k + j]                token side
+// The routing is made per SLOT (token t's choice j is "token" t k + j of a
+// top-1 routing). The dispatch then sends exactly the rows a top-k routing
+// would (one per routed slot), and the combine returns each slot's expert
+// output unweighted, which backward needs for the gate gradient
+// (dgate = dout . ys); backward's dispatch likewise sends each slot its own
+// gradient row (gate * dout). The gate weighting is a few multiply-adds per
+// slot on the token side.
+
+void Transformer::Impl::MoeForward(size_t l, float* out) {
+  BlockActs& A = acts[l];
+  MoeActs& M = moe_acts[l];
+  const BlockParams& P = bp[l];
+  {
+    trace::Scope span("rmsnorm", trace::Category::kCompute);
+    RmsNormForward(A.x1.data(), params[P.norm2].w, s, h, cfg.norm_eps, M.xn.data(),
+                   A.rstd2.data());
+  }
+  {
+    trace::Scope span("router", trace::Category::kCompute, GemmFlops(s, E, h));
+    float* logits = m_dlogits.data();
+    Gemm(s, E, h, M.xn.data(), params[P.router].w, logits);
+    RouterForward(logits, s, E, K, M.probs.data(), M.ids.data(), M.gates.data());
+    // This rank's share of the load-balancing statistics (summed over the
+    // world with the loss).
+    double* st = loss_local.data() + 1 + 2 * E * moe_index[l];
+    std::fill(st, st + 2 * E, 0.0);
+    for (size_t i = 0; i < s * K; ++i) st[M.ids[i]] += 1.0;
+    for (size_t t = 0; t < s; ++t) {
+      for (size_t e = 0; e < E; ++e) st[E + e] += M.probs[t * E + e];
+    }
+  }
+  M.routing = MoeRoute(grid.ep, M.ids.data(), s * K, /*topk=*/1, static_cast<int>(E),
+                       cfg.fused.timeout);
+  const size_t R = M.routing.num_received();
+  M.xd.resize(R * h * esz);
+  M.gu.resize(R * 2 * Fm);
+  M.act.resize(R * Fm);
+  float* xs = m_dxs.data();  // [s k x h]: each slot's token row
+  for (size_t i = 0; i < s * K; ++i) std::memcpy(xs + i * h, &M.xn[(i / K) * h], h * sizeof(float));
+  {
+    trace::Scope span(params[P.egu].span_fwd, trace::Category::kHost);
+    AllToAllMatmulSync(grid.ep, M.routing, op_a.Set(xs, s * K * h, dt), h, W(P.egu), 2 * Fm, dt,
+                       M.gu.data(), M.xd.data(), Fused());
+  }
+  {
+    trace::Scope span("swiglu", trace::Category::kCompute);
+    SwiGluForward(M.gu.data(), R, Fm, M.act.data());
+  }
+  {
+    trace::Scope span(params[P.edown].span_fwd, trace::Category::kHost);
+    MatmulAllToAllSync(grid.ep, M.routing, op_a.Set(M.act.data(), R * Fm, dt), Fm, W(P.edown), h,
+                       dt, M.yslot.data(), /*probs=*/nullptr, Fused());
+  }
+  {
+    trace::Scope span("moe.combine", trace::Category::kCompute);
+    for (size_t t = 0; t < s; ++t) {
+      float* o = tmp_s.data() + t * h;
+      std::fill(o, o + h, 0.0f);
+      for (size_t j = 0; j < K; ++j) {  // j ascending: a fixed order
+        const float g = M.gates[t * K + j];
+        const float* y = M.yslot.data() + (t * K + j) * h;
+        for (size_t c = 0; c < h; ++c) o[c] += g * y[c];
+      }
+    }
+    for (size_t i = 0; i < s * h; ++i) out[i] = A.x1[i] + tmp_s[i];
+  }
+}
+
+// grad(W) of stacked experts [El x k x n]: expert le's = a_le^T b_le over
+// its rows (expert-grouped order; a [R x k], b [R x n], GEMM dtype).
+void Transformer::Impl::ExpertWgrad(const MoeRouting& r, const void* a, size_t k, const void* b,
+                                    size_t n, int p) {
+  Param& P = params[p];
+  const char* ac = static_cast<const char*>(a);
+  const char* bc = static_cast<const char*>(b);
+  size_t first = 0;
+  for (size_t le = 0; le < El; ++le) {
+    const size_t rows = r.expert_rows(static_cast<int>(le));
+    float* g = P.g + le * k * n;
+    if (rows == 0) {
+      std::fill(g, g + k * n, 0.0f);  // an expert no token chose this step
+      continue;
+    }
+    trace::Scope span("wgrad", trace::Category::kCompute, GemmFlops(k, n, rows));
+    GemmOptions o;
+    o.trans_a = true;
+    Gemm(k, n, rows, dt, ac + first * k * esz, bc + first * n * esz, DType::kF32, g, o);
+    first += rows;
+  }
+}
+
+// dout: the gradient of the block's output -> member dx1.
+void Transformer::Impl::MoeBackward(size_t l, const float* dout) {
+  BlockActs& A = acts[l];
+  MoeActs& M = moe_acts[l];
+  const BlockParams& P = bp[l];
+  const MoeRouting& r = M.routing;
+  const size_t R = r.num_received();
+  {
+    // x' = x1 + sum_j g_tj ys_tj: dg_tj = dout_t . ys_tj, dys_tj = g_tj dout_t.
+    trace::Scope span("moe.combine.backward", trace::Category::kCompute);
+    for (size_t i = 0; i < s * K; ++i) {
+      const float* dy = dout + (i / K) * h;
+      const float* y = M.yslot.data() + i * h;
+      const float g = M.gates[i];
+      float dg = 0.0f;
+      for (size_t c = 0; c < h; ++c) {
+        dg += dy[c] * y[c];
+        m_dys[i * h + c] = g * dy[c];
+      }
+      m_dgates[i] = dg;
+    }
+  }
+  m_dyd.resize(R * h * esz);
+  m_dact.resize(R * Fm);
+  m_dgu.resize(R * 2 * Fm);
+  // Down projection + combine, backward: dispatch dys, times W2^T (keeping
+  // the dispatched dys for W2's gradient).
+  {
+    trace::Scope span(params[P.edown].span_dgrad, trace::Category::kHost);
+    AllToAllMatmulSync(grid.ep, r, op_a.Set(m_dys.data(), s * K * h, dt), h, WT(P.edown), Fm, dt,
+                       m_dact.data(), m_dyd.data(), Fused());
+  }
+  {
+    trace::Scope span("swiglu", trace::Category::kCompute);
+    SwiGluBackward(M.gu.data(), m_dact.data(), R, Fm, m_dgu.data());
+  }
+  // Dispatch + gate|up, backward: dgu times W13^T, combined back to the
+  // slots. The experts' wgrads need neither its transfers nor its result:
+  // they are its overlap work.
+  {
+    trace::Scope span(params[P.egu].span_dgrad, trace::Category::kHost);
+    FusedOptions o = Fused();
+    o.overlap_work = [&] {
+      ExpertWgrad(r, op_c.Set(M.act.data(), R * Fm, dt), Fm, m_dyd.data(), h, P.edown);
+      ExpertWgrad(r, M.xd.data(), h, op_b.Set(m_dgu.data(), R * 2 * Fm, dt), 2 * Fm, P.egu);
+    };
+    MatmulAllToAllSync(grid.ep, r, op_a.Set(m_dgu.data(), R * 2 * Fm, dt), 2 * Fm, WT(P.egu), h,
+                       dt, m_dxs.data(), /*probs=*/nullptr, o);
+  }
+  {
+    trace::Scope span("router.backward", trace::Category::kCompute, 2 * GemmFlops(s, E, h));
+    const float* dprob_all = nullptr;
+    if (cfg.moe_aux_loss_coef > 0.0f) {
+      // d aux / d p_te = coef E f_e / N, from the global loads: the
+      // forward's loss all-reduce carries them (it is ahead of this layer's
+      // operators on the progress thread, so this wait costs nothing more).
+      loss_work.Wait();
+      const double N = static_cast<double>(cfg.batch) * static_cast<double>(T);
+      const double* st = loss_total.data() + 1 + 2 * E * moe_index[l];
+      for (size_t e = 0; e < E; ++e) {
+        m_dprob[e] = static_cast<float>(cfg.moe_aux_loss_coef * static_cast<double>(E) *
+                                        (st[e] / (N * K)) / N);
+      }
+      dprob_all = m_dprob.data();
+    }
+    RouterBackward(M.probs.data(), M.ids.data(), m_dgates.data(), dprob_all, s, E, K,
+                   m_dlogits.data());
+    // dxn = sum_j dxs_tj + dlogits Wr^T; grad(Wr) = xn^T dlogits.
+    GemmOptions od;
+    od.trans_b = true;
+    Gemm(s, h, E, m_dlogits.data(), params[P.router].w, dtmp.data(), od);
+    for (size_t t = 0; t < s; ++t) {
+      for (size_t j = 0; j < K; ++j) {
+        const float* dxs = m_dxs.data() + (t * K + j) * h;
+        for (size_t c = 0; c < h; ++c) dtmp[t * h + c] += dxs[c];
+      }
+    }
+    GemmOptions ow;
+    ow.trans_a = true;
+    Gemm(h, E, s, M.xn.data(), m_dlogits.data(), params[P.router].g, ow);
+  }
+  {
+    trace::Scope span("rmsnorm", trace::Category::kCompute);
+    RmsNormBackward(A.x1.data(), params[P.norm2].w, A.rstd2.data(), dtmp.data(), s, h,
+                    dx1.data(), params[P.norm2].g);
+    for (size_t i = 0; i < s * h; ++i) dx1[i] += dout[i];
+  }
+  if (pending_bucket >= 0) IssueSync(pending_bucket);
+  pending_bucket = 2 + 2 * static_cast<int>(l);
+}
+
 void Transformer::Impl::Forward(int step) {
   RefreshWeights();
   // This rank's rows of its DP slice of the global batch.
@@ -601,7 +945,11 @@ void Transformer::Impl::Forward(int step) {
     trace::Scope span(block_span_fwd[l], trace::Category::kHost);
     auto t0 = Clock::now();
     AttentionSublayerForward(l, x.data());
-    MlpForward(l, y.data());
+    if (is_moe[l]) {
+      MoeForward(l, y.data());
+    } else {
+      MlpForward(l, y.data());
+    }
     block_fwd_s[l] = Since(t0);
     std::swap(x, y);
   }
@@ -617,26 +965,41 @@ void Transformer::Impl::Forward(int step) {
   // The global mean: a sum over every rank's rows (f64, deterministic
   // order), in the background: backward does not need it, and a blocking
   // call here would make every rank wait for the slowest one's forward.
-  loss_local = local;
-  loss_total = local;
+  // (The MoE layers' load statistics ride along: loss_local[1..].)
+  loss_local[0] = local;
+  loss_total = loss_local;
   if (grid.world.size() > 1) {
     CollectiveOptions o;
     o.may_run_inline = false;
-    loss_work = AllReduce(grid.world, &loss_local, &loss_total, 1, DType::kF64, ReduceOp::kSum, o);
+    loss_work = AllReduce(grid.world, loss_local.data(), loss_total.data(), loss_local.size(),
+                          DType::kF64, ReduceOp::kSum, o);
   }
 }
 
 double Transformer::Impl::WaitLoss() {
   loss_work.Wait();
   loss_work = Work();
-  return loss_total / (static_cast<double>(cfg.batch) * static_cast<double>(T));
+  const double N = static_cast<double>(cfg.batch) * static_cast<double>(T);
+  // Per MoE layer: coef * E * sum_e f_e P_e, f_e = slots_e / (N k),
+  // P_e = (sum of p_e over the N tokens) / N; from the global sums, so the
+  // same on every rank and every grid.
+  aux_loss = 0;
+  for (size_t m = 0; 1 + 2 * E * m < loss_total.size(); ++m) {
+    const double* st = loss_total.data() + 1 + 2 * E * m;
+    double sum = 0;
+    for (size_t e = 0; e < E; ++e) sum += st[e] / (N * K) * (st[E + e] / N);
+    aux_loss += cfg.moe_aux_loss_coef * static_cast<double>(E) * sum;
+  }
+  return loss_total[0] / N + aux_loss;
 }
 
 // ----------------------------------------------------------------- backward
 
 void Transformer::Impl::IssueSync(int bucket) {
   Bucket& b = buckets[bucket];
-  const Group& g = b.sync == Sync::kWorld ? grid.world : grid.dp;
+  const Group& g = b.sync == Sync::kWorld ? grid.world
+                   : b.sync == Sync::kDp  ? grid.dp
+                                          : grid.edp;
   if (g.size() == 1 || b.g.empty()) return;
   // In the background even if small: it is meant to run under the wgrads.
   CollectiveOptions o;
@@ -747,7 +1110,11 @@ void Transformer::Impl::Backward() {
   for (size_t l = L; l-- > 0;) {
     trace::Scope span(block_span_bwd[l], trace::Category::kHost);
     auto t0 = Clock::now();
-    MlpBackward(l, dx.data());
+    if (is_moe[l]) {
+      MoeBackward(l, dx.data());
+    } else {
+      MlpBackward(l, dx.data());
+    }
     AttentionSublayerBackward(l, dx.data());
     block_bwd_s[l] = Since(t0);
   }
@@ -806,6 +1173,7 @@ double Transformer::ForwardBackward(int step, StepStats* stats) {
   if (stats != nullptr) {
     stats->step = step;
     stats->loss = loss;
+    stats->aux_loss = m.aux_loss;
     stats->forward_seconds = std::chrono::duration<double>(t1 - t0).count();
     stats->backward_seconds = std::chrono::duration<double>(t2 - t1).count();
     stats->sync_wait_seconds = wait;
@@ -859,6 +1227,7 @@ std::vector<ParamView> Transformer::Parameters() {
     v.value = p.w;
     v.grad = p.g;
     v.tp_replicated = p.replicated;
+    v.ep_sharded = p.experts;
     out.push_back(v);
   }
   return out;
@@ -871,12 +1240,18 @@ const ProcessGrid& Transformer::grid() const { return impl_->grid; }
 
 std::vector<StepStats> TrainSteps(const Group& world, const TransformerConfig& config, int tp,
                                   int steps, const std::function<void(const StepStats&)>& on_step) {
+  return TrainSteps(world, config, tp, 1, steps, on_step);
+}
+
+std::vector<StepStats> TrainSteps(const Group& world, const TransformerConfig& config, int tp,
+                                  int ep, int steps,
+                                  const std::function<void(const StepStats&)>& on_step) {
   if (steps < 0) throw Error(ErrorCode::kInvalidArgument, "TrainSteps: steps must be >= 0");
   // A tp that does not fit the world: MakeGrid throws, naming it, before
   // splitting anything.
   if (tp < 1 || !world.valid() || world.size() % tp != 0) MakeGrid(world, tp);
-  ValidateConfig(config, tp, world.size() / tp);
-  ProcessGrid grid = MakeGrid(world, tp);
+  ValidateConfig(config, tp, world.size() / tp, ep);
+  ProcessGrid grid = MakeGrid(world, tp, ep);
   Transformer model(grid, config);
   std::vector<StepStats> out;
   for (int step = 0; step < steps; ++step) {
