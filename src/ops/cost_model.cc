@@ -169,6 +169,8 @@ CostParams CostParams::Parse(const std::string& json_text, const std::string& so
   p.alpha_chunked_s = Pos(j, "alpha_chunked_us", p.alpha_chunked_s * 1e6, "", source) * 1e-6;
   p.alpha_fused_s = Pos(j, "alpha_fused_us", p.alpha_fused_s * 1e6, "", source) * 1e-6;
   p.link_hop_s = Pos(j, "link_hop_us", p.link_hop_s * 1e6, "", source) * 1e-6;
+  p.link_step_risk_s =
+      Pos(j, "link_step_risk_us", p.link_step_risk_s * 1e6, "", source) * 1e-6;
   p.overlap_cpu_busy = std::min(1.0, Pos(j, "overlap_cpu_busy", p.overlap_cpu_busy, "", source));
   p.overlap_cpu_idle = std::min(1.0, Pos(j, "overlap_cpu_idle", p.overlap_cpu_idle, "", source));
   p.min_gain = std::min(0.5, Pos(j, "min_gain", p.min_gain, "", source));
@@ -194,6 +196,7 @@ std::string CostParams::ToJson() const {
   j["alpha_chunked_us"] = alpha_chunked_s * 1e6;
   j["alpha_fused_us"] = alpha_fused_s * 1e6;
   j["link_hop_us"] = link_hop_s * 1e6;
+  j["link_step_risk_us"] = link_step_risk_s * 1e6;
   j["overlap_cpu_busy"] = overlap_cpu_busy;
   j["overlap_cpu_idle"] = overlap_cpu_idle;
   j["min_gain"] = min_gain;
@@ -213,7 +216,7 @@ uint64_t CostParams::Hash() const {
       h.Add(c->bytes_per_s);
     }
   }
-  for (double v : {copy_bytes_per_s, alpha_chunked_s, alpha_fused_s, link_hop_s,
+  for (double v : {copy_bytes_per_s, alpha_chunked_s, alpha_fused_s, link_hop_s, link_step_risk_s,
                    overlap_cpu_busy, overlap_cpu_idle, min_gain})
     h.Add(v);
   return h.value();
@@ -378,6 +381,15 @@ Choice ChoosePipeline(const CostParams& params, const Environment& env, const Pr
   // the faster one at the tuned rate). Overlap must pay in every scenario:
   // >= min_gain faster than serial at the tuned rate and not slower than
   // serial at the others.
+  //
+  // The second error is the cost of a pipeline step, which the tuning
+  // measures on raw shared memory: under link emulation every step whose
+  // GEMM waits for a delayed flag also pays the delivery's and the
+  // waiter's wake-ups, which grow with the load of the host (measured in
+  // `mc2 bench ops --splits sweep`: 0.3-1 ms per fused step on this VM
+  // with builds running, against the tuned 20 us). A fourth scenario
+  // charges every step `link_step_risk_s` more, so that of a flat optimum
+  // (s = 4 and s = 16 predicted alike) the fewer steps win.
   constexpr double kScale[] = {1.0, 0.6, 1.6};
   std::vector<CostParams> scenario;
   for (double f : kScale) {
@@ -386,16 +398,19 @@ Choice ChoosePipeline(const CostParams& params, const Environment& env, const Pr
     q.bf16.flops_per_s *= f;
     scenario.push_back(q);
   }
+  const double step_risk = env.link_bytes_per_second > 0 ? params.link_step_risk_s : 0.0;
   struct Cand {
     Pipeline pl;
     int s;
-    std::array<double, 3> t;
+    std::array<double, 4> t;
   };
   std::vector<Cand> cands;
   auto add = [&](Pipeline pl, int s) {
     Cand c{pl, s, {}};
     for (size_t i = 0; i < scenario.size(); ++i)
       c.t[i] = Predict(scenario[i], env, p, pl, s).seconds;
+    const Estimate e = Predict(params, env, p, pl, s);
+    c.t[3] = e.seconds + (pl == Pipeline::kSerial ? 0 : e.stages * step_risk);
     cands.push_back(c);
   };
   add(Pipeline::kSerial, 1);
@@ -403,7 +418,7 @@ Choice ChoosePipeline(const CostParams& params, const Environment& env, const Pr
     if (s > 1) add(Pipeline::kChunked, s);
     if (fused_fits) add(Pipeline::kFused, s);
   }
-  std::array<double, 3> floor;
+  std::array<double, 4> floor;
   floor.fill(1e300);
   for (const Cand& c : cands)
     for (size_t i = 0; i < floor.size(); ++i) floor[i] = std::min(floor[i], c.t[i]);

@@ -99,6 +99,10 @@ struct CostParams {
   // per hop to the chunked pipeline's s collectives; the fused pipeline's
   // transfers do not depend on each other, so it pays this once.
   double link_hop_s = 500e-6;
+  // Under link emulation, how much more a pipeline step may cost than the
+  // model says (wake-ups of delayed flags on a busy host): ChoosePipeline
+  // prefers candidates that stay near the best with this added per step.
+  double link_step_risk_s = 1e-3;
   // Fraction of the cpu part of communication that hides behind GEMMs,
   // when there are at least as many ranks as cores, and when there are
   // fewer.

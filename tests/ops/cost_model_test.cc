@@ -25,6 +25,7 @@ CostParams Simple() {
   p.copy_bytes_per_s = 1e12;  // fused copies ~ free
   p.alpha_chunked_s = p.alpha_fused_s = 0;
   p.link_hop_s = 0;
+  p.link_step_risk_s = 0;
   p.overlap_cpu_busy = p.overlap_cpu_idle = 0;
   p.min_gain = 0.03;
   return p;
@@ -156,6 +157,36 @@ TEST(CostModel, AutoChoosesByRegime) {
   one.ranks = 1;
   one.rows = {p.M};
   EXPECT_EQ(ChoosePipeline(params, env, one).pipeline, Pipeline::kSerial);
+}
+
+// Under emulation a step may cost more than the model says (wake-ups on a
+// busy host): with a flat optimum, the per-step risk scenario makes auto
+// take fewer steps, still pipelined, and never changes what Predict says.
+TEST(CostModel, StepRiskPrefersFewerStepsOnAFlatOptimum) {
+  CostParams params = Simple();
+  params.f32.half_rows = 4;
+  params.alpha_fused_s = 20e-6;
+  params.alpha_chunked_s = 60e-6;
+  Environment env;
+  env.cores = 2;
+  Problem p = AllReduce2(2048, 2048, 1024);
+  env.link_bytes_per_second = 8388608 / 0.0859;
+  Choice blind = ChoosePipeline(params, env, p);
+  CostParams risky = params;
+  risky.link_step_risk_s = 1e-3;
+  Choice careful = ChoosePipeline(risky, env, p);
+  ASSERT_NE(blind.pipeline, Pipeline::kSerial);
+  ASSERT_NE(careful.pipeline, Pipeline::kSerial);
+  EXPECT_LT(careful.estimate.stages, blind.estimate.stages);
+  EXPECT_GT(careful.splits, 1);
+  EXPECT_EQ(Predict(params, env, p, Pipeline::kFused, 8).seconds,
+            Predict(risky, env, p, Pipeline::kFused, 8).seconds);
+  // Raw shared memory: the risk does not apply.
+  env.link_bytes_per_second = 0;
+  Choice raw_blind = ChoosePipeline(params, env, p);
+  Choice raw_careful = ChoosePipeline(risky, env, p);
+  EXPECT_EQ(raw_blind.pipeline, raw_careful.pipeline);
+  EXPECT_EQ(raw_blind.splits, raw_careful.splits);
 }
 
 TEST(CostModel, FusedNeedsItsWorkspace) {

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# ops_table.sh: the fused operators' figures of merit in one table.
+#
+# Runs `mc2 bench ops --pipeline all --splits 2,3,4,6,8,12,16` for every operator and
+# rank count in three regimes and prints one row per run: compute-only and
+# comm-only time, serial, the best pipeline and its speedup, its ratio to
+# the ideal bound max(Tc, Tm) + min(Tc, Tm)/stages, its overlap efficiency
+# (T_serial - T) / min(Tc, Tm), what `auto` chose and its ratio to the best
+# row and to serial, and #wrong against the serial result.
+#   balanced:      --link auto (EMULATED: calibrated so comm-only ~ compute-only)
+#   comm<<compute: --link none (raw shared memory)
+#   compute<<comm: --link bw=50MB/s,lat=5us (EMULATED) with a thin GEMM
+# Every row comes from one `mc2 bench ops` run, so the pipelines of a row
+# ran side by side (round-robin iterations, medians of the slowest rank).
+#
+# Usage: bench/ops_table.sh [-n "2 4"] [--ops "..."] [--regimes "..."]
+#            [--splits LIST|sweep] [--iters I] [--build DIR] [--keep DIR]
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(dirname "$here")
+ranks="2 4" ops="all_gather_matmul matmul_reduce_scatter matmul_all_reduce"
+regimes="balanced comm<<compute compute<<comm" iters=5 splits=2,3,4,6,8,12,16 build=${MC2_BUILD_DIR:-$repo/build}
+keep=""
+
+usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+die() { echo "ops_table.sh: $*" >&2; exit 2; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -n) ranks=$2; shift 2 ;;
+    --ops) ops=$2; shift 2 ;;
+    --regimes) regimes=$2; shift 2 ;;
+    --iters) iters=$2; shift 2 ;;
+    --splits) splits=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --keep) keep=$2; shift 2 ;;
+    -h|--help) usage ;;
+    *) die "unknown argument $1 (see --help)" ;;
+  esac
+done
+mc2=$build/tools/mc2
+[[ -x $mc2 ]] || die "$mc2 not found: build mc2_cli, or pass --build DIR"
+command -v python3 >/dev/null || die "python3 not found (used to join the JSON outputs)"
+if [[ -n $keep ]]; then
+  out=$keep
+  mkdir -p "$out"
+else
+  out=$(mktemp -d /tmp/mc2-ops-table.XXXXXX)
+  trap 'rm -rf "$out"' EXIT
+fi
+
+runs=()
+for regime in $regimes; do
+  for n in $ranks; do
+    for op in $ops; do
+      # Shapes: a GEMM of ~50-200 ms per rank here; the thin one moves as
+      # much but computes ~16-32x less.
+      case $op in
+        moe) shape=(-m $(( n == 2 ? 1024 : 512 )) -k 1024 -N 1024 --dtype bf16) ;;
+        all_gather_batch_matmul) shape=(-m 2048 -k 1024 -N 1024 --dtype bf16) ;;
+        *) shape=(-m 2048 -k 2048 -N 1024) ;;
+      esac
+      case $regime in
+        balanced) link=(--link auto) ;;
+        "comm<<compute") link=(--link none) ;;
+        "compute<<comm")
+          link=(--link bw=50MB/s,lat=5us)
+          case $op in
+            all_gather_matmul) shape=(-m 2048 -k 2048 -N 16) ;;
+            *) shape=(-m 2048 -k 64 -N 1024) ;;
+          esac ;;
+        *) die "unknown regime $regime" ;;
+      esac
+      tag=$(echo "$regime-$n-$op" | tr -c 'a-z0-9_\n-' '_')
+      echo "ops_table: $regime -n $n --op $op ${shape[*]} ${link[*]}" >&2
+      "$mc2" bench ops -n "$n" --op "$op" "${shape[@]}" "${link[@]}" --pipeline all \
+        --splits "$splits" --iters "$iters" --warmup 1 --json "$out/$tag.json" >"$out/$tag.log"
+      runs+=("$out/$tag.json|$regime")
+    done
+  done
+done
+
+python3 - "${runs[@]}" <<'EOF'
+import json, sys
+print("| regime | op | np | link | Tc ms | Tm ms | serial ms | best | best ms | vs serial "
+      "| vs ideal | overlap eff. | auto ran | auto ms | auto/best | auto/serial | #wrong |")
+print("|---|---|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+for arg in sys.argv[1:]:
+    f, regime = arg.split("|")
+    j = json.load(open(f))
+    rows = j["rows"]
+    fixed = [r for r in rows if r["pipeline"] != "auto"]
+    best = min(fixed, key=lambda r: r["time_ms"])
+    auto = [r for r in rows if r["pipeline"] == "auto"][0]
+    serial = j["serial_ms"]
+    wrong = sum(r["wrong"] for r in rows)
+    link = "raw shm" if j["link"] == "none" else f"EMULATED {j['link']}"
+    print(f"| {regime} | {j['op']} | {j['ranks']} | {link} | {j['compute_ms']:.0f} | "
+          f"{j['comm_ms']:.0f} | {serial:.0f} | {best['pipeline']} s={best['splits']} | "
+          f"{best['time_ms']:.0f} | {serial / best['time_ms']:.2f}x | "
+          f"{best['time_ms'] / best['ideal_ms']:.2f} | {100 * best['overlap_efficiency']:.0f}% | "
+          f"{auto['ran']} | {auto['time_ms']:.0f} | {auto['time_ms'] / best['time_ms']:.2f} | "
+          f"{auto['time_ms'] / serial:.2f} | {wrong} |")
+EOF
