@@ -77,6 +77,73 @@ void CheckPtr(const char* name, const char* what, const void* p, size_t bytes) {
                 bytes);
 }
 
+// What Launch decided for one call, shared by its inline and queued forms.
+struct Plan {
+  AlgorithmFn fn;
+  Algorithm algo;
+  internal::Fingerprint fp;
+  const void* expose_send;
+  size_t expose_bytes;
+  const void* expose_recv;
+  std::chrono::nanoseconds timeout;
+  int n;
+  bool eager;
+};
+
+// The body of every collective, on whichever thread runs it.
+void RunBody(OpContext& ctx, const CollArgs& a, const Plan& p) {
+  GroupImpl* g = ctx.g;
+  // Inline areas are written below, before any handshake.
+  g->AwaitReuse(ctx);
+  // One comm span per collective, from the start of its body (staging,
+  // arrival, algorithm) to its end; off, this is one relaxed load.
+  trace::ScopedSpan span(trace::Category::kComm);
+  if (span.on()) {
+    span.span().name = ctx.name;
+    span.span().algorithm = AlgorithmName(p.algo);
+    span.span().bytes = std::max(a.send_bytes, a.recv_bytes);
+    span.span().rank = g->world_rank(g->rank());
+  }
+  if (p.timeout.count() > 0) ctx.timeout = p.timeout;
+  ctx.work->SetAlgorithm(AlgorithmName(p.algo));
+  MC2_LOG(kDebug, "{} #{}: {}{} count={} dtype={} on {} ranks", ctx.name, ctx.seq,
+          AlgorithmName(p.algo), p.eager ? " (eager)" : "", a.count, DTypeName(a.dtype), p.n);
+  if (p.eager) return RunEager(ctx, a, p.fp);
+  // Stage what travels with the arrival handshake.
+  char* inl = g->Ptr(g->rank(), g->InlineOff(ctx.seq));
+  // Small direct calls always stage: copying a few bytes is cheaper
+  // than the extra handshake that protects in-place reads at the end.
+  bool inline_stage = p.algo == Algorithm::kDirect && DirectInline(a, p.n);
+  bool exposed = p.expose_send && !inline_stage &&
+                 g->HeapOffset(p.expose_send, p.expose_bytes) != internal::kPrivate;
+  if (inline_stage) {
+    size_t b = DirectInlineBytes(a, p.n);
+    const char* src = static_cast<const char*>(p.expose_send);
+    if (a.kind == OpKind::kAllReduce || a.kind == OpKind::kReduce ||
+        a.kind == OpKind::kReduceScatter || a.kind == OpKind::kReduceScatterV)
+      src = a.send;
+    if (a.kind == OpKind::kAllGather || a.kind == OpKind::kAllGatherV ||
+        a.kind == OpKind::kGather) {
+      src = a.in_place ? a.recv + a.displs[g->rank()] * a.esize : a.send;
+      b = a.counts[g->rank()] * a.esize;
+    }
+    bool stages = true;
+    if (a.kind == OpKind::kBroadcast || a.kind == OpKind::kScatter)
+      stages = g->rank() == a.root;
+    if (stages && b) std::memcpy(inl, src, b);
+  }
+  if (a.kind == OpKind::kAllToAllV || a.kind == OpKind::kAllToAll) {
+    auto* t = reinterpret_cast<uint64_t*>(inl);
+    for (int r = 0; r < p.n; ++r) {
+      t[r] = a.send_counts[r];
+      t[p.n + r] = a.send_displs[r];
+    }
+  }
+  g->Arrive(ctx, p.fp, exposed ? p.expose_send : nullptr, p.expose_bytes, p.expose_recv,
+            a.recv_bytes);
+  p.fn(ctx, a);
+}
+
 Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t select_bytes) {
   GroupImpl* gi = g.impl();
   const int n = gi->size();
@@ -87,6 +154,19 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
   MC2_ENFORCE(fn != nullptr, "no implementation of {} for {}", AlgorithmName(algo),
               internal::OpKindName(a.kind));
 
+  const bool eager =
+      algo == Algorithm::kDirect && !gi->strict_check() && EagerEligible(a, n);
+  // In place, the staged algorithms would overwrite blocks of an
+  // all-to-all before sending them: they work from a private copy of the
+  // input (documented cost of in-place all-to-all). The eager path stages
+  // the whole input before it writes any output, so it needs no copy.
+  if (a.in_place && !eager &&
+      (a.kind == OpKind::kAllToAll || a.kind == OpKind::kAllToAllV)) {
+    size_t span = 0;
+    for (int r = 0; r < n; ++r) span = std::max(span, a.send_displs[r] + a.send_counts[r]);
+    a.owned_send = std::make_shared<std::vector<char>>(a.send, a.send + span * a.esize);
+    a.send = a.owned_send->data();
+  }
   internal::Fingerprint fp;
   fp.kind = static_cast<uint16_t>(a.kind);
   fp.dtype = static_cast<uint8_t>(a.dtype);
@@ -118,66 +198,15 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
   // hand-off to the progress thread and back costs two thread wake-ups,
   // more than moving 256 KiB here. Larger calls stay asynchronous.
   bool small = opts.may_run_inline && select_bytes <= kInlineMaxBytes;
-  auto timeout = opts.timeout;
   const char* name = internal::OpKindName(a.kind);
-  bool eager = algo == Algorithm::kDirect && !gi->strict_check() && EagerEligible(a, n);
-  auto body = [a = std::move(a), fn, algo, fp, expose_send, expose_bytes, expose_recv, timeout,
-               n, eager](OpContext& ctx) {
-        GroupImpl* g = ctx.g;
-        // Inline areas are written below, before any handshake.
-        g->AwaitReuse(ctx);
-        // One comm span per collective, from the start of its body (staging,
-        // arrival, algorithm) to its end; off, this is one relaxed load.
-        trace::ScopedSpan span(trace::Category::kComm);
-        if (span.on()) {
-          span.span().name = ctx.name;
-          span.span().algorithm = AlgorithmName(algo);
-          span.span().bytes = std::max(a.send_bytes, a.recv_bytes);
-          span.span().rank = g->world_rank(g->rank());
-        }
-        if (timeout.count() > 0) ctx.timeout = timeout;
-        ctx.work->SetAlgorithm(AlgorithmName(algo));
-        MC2_LOG(kDebug, "{} #{}: {}{} count={} dtype={} on {} ranks", ctx.name, ctx.seq,
-                AlgorithmName(algo), eager ? " (eager)" : "", a.count, DTypeName(a.dtype), n);
-        if (eager) return RunEager(ctx, a, fp);
-        // Stage what travels with the arrival handshake.
-        char* inl = g->Ptr(g->rank(), g->InlineOff(ctx.seq));
-        // Small direct calls always stage: copying a few bytes is cheaper
-        // than the extra handshake that protects in-place reads at the end.
-        bool inline_stage = algo == Algorithm::kDirect && DirectInline(a, n);
-        bool exposed = expose_send && !inline_stage &&
-                       g->HeapOffset(expose_send, expose_bytes) != internal::kPrivate;
-        if (inline_stage) {
-          size_t b = DirectInlineBytes(a, n);
-          const char* src = static_cast<const char*>(expose_send);
-          if (a.kind == OpKind::kAllReduce || a.kind == OpKind::kReduce ||
-              a.kind == OpKind::kReduceScatter || a.kind == OpKind::kReduceScatterV)
-            src = a.send;
-          if (a.kind == OpKind::kAllGather || a.kind == OpKind::kAllGatherV ||
-              a.kind == OpKind::kGather) {
-            src = a.in_place ? a.recv + a.displs[g->rank()] * a.esize : a.send;
-            b = a.counts[g->rank()] * a.esize;
-          }
-          bool stages = true;
-          if (a.kind == OpKind::kBroadcast || a.kind == OpKind::kScatter)
-            stages = g->rank() == a.root;
-          if (stages && b) std::memcpy(inl, src, b);
-        }
-        if (a.kind == OpKind::kAllToAllV || a.kind == OpKind::kAllToAll) {
-          auto* t = reinterpret_cast<uint64_t*>(inl);
-          for (int r = 0; r < n; ++r) {
-            t[r] = a.send_counts[r];
-            t[n + r] = a.send_displs[r];
-          }
-        }
-        g->Arrive(ctx, fp, exposed ? expose_send : nullptr, expose_bytes, expose_recv,
-                  a.recv_bytes);
-        fn(ctx, a);
-      };
+  const Plan plan{fn, algo, fp, expose_send, expose_bytes, expose_recv, opts.timeout, n, eager};
   if (small) {
-    if (auto w = gi->TryRunInline(name, body)) return std::move(*w);
+    // Runs before this function returns: the arguments need not be moved.
+    if (auto w = gi->TryRunInline(name, [&](OpContext& ctx) { RunBody(ctx, a, plan); }))
+      return std::move(*w);
   }
-  return gi->Submit(name, false, std::move(body));
+  return gi->Submit(name, false,
+                    [a = std::move(a), plan](OpContext& ctx) { RunBody(ctx, a, plan); });
 }
 
 std::vector<size_t> Packed(const std::vector<size_t>& counts) {
@@ -461,13 +490,8 @@ Work AllToAllLike(const Group& g, OpKind kind, const void* send,
   a.in_place = send == recv;
   MC2_CHECK_ARG(a.in_place || !collectives::Overlap(send, sspan * e, recv, rspan * e),
                 "all_to_allv: send and recv overlap without being the same buffer");
-  // In place, blocks would be overwritten before they are sent: work from a
-  // private copy of the input (documented cost of in-place all-to-all).
-  if (a.in_place) {
-    a.owned_send = std::make_shared<std::vector<char>>(static_cast<const char*>(send),
-                                                       static_cast<const char*>(send) + sspan * e);
-    send = a.owned_send->data();
-  }
+  // In place, Launch gives the algorithms that need one a private copy of
+  // the input.
   a.send = static_cast<const char*>(send);
   a.recv = static_cast<char*>(recv);
   a.dtype = dtype;

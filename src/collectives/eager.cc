@@ -64,6 +64,17 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
     if (bytes) std::memcpy(dst, src, bytes);
   };
 
+  // Reduction sources: on the stack for the group sizes of one host, so
+  // that a small call allocates nothing.
+  constexpr int kStackSrcs = 64;
+  const void* stack_srcs[kStackSrcs];
+  std::vector<const void*> heap_srcs;
+  const void** srcs = stack_srcs;
+  if (n > kStackSrcs) {
+    heap_srcs.resize(n);
+    srcs = heap_srcs.data();
+  }
+
   g->AwaitReuse(ctx);
   char* mine = staged(me);
   // Stage what others read, then publish: the flag orders the data.
@@ -89,7 +100,8 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
     case OpKind::kReduceScatter:
     case OpKind::kReduceScatterV: {
       size_t bytes = EagerStagedBytes(a, n);
-      // An in-place all-to-all already reads from a private copy (owned_send).
+      // In place (all-to-all), this copy is taken before any output is
+      // written, so the input needs no private copy (see Launch).
       copy(mine, a.send, bytes);
       break;
     }
@@ -99,17 +111,30 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
 
   switch (a.kind) {
     case OpKind::kBarrier:
-      for (int r = 0; r < n; ++r) wait(r);
+      // Fan-in to rank 0, release by its done flag (published below, once
+      // it has seen every arrival): no rank leaves before all arrived.
+      // Why not let every rank wait for every arrival (one hop less): with
+      // more ranks than cores the ranks leave in the order the scheduler
+      // runs them, and a rank that leaves first and then waits for a peer
+      // that is not running pays a round of context switches (~10 us
+      // each here). Released by rank 0, rank 0 leaves first -- the root of
+      // rooted collectives by default, which then runs ahead as MPI's
+      // eager protocols let it (see the top of this file).
+      if (me == 0) {
+        for (int r = 0; r < n; ++r) wait(r);
+      } else {
+        wait(0);
+        g->WaitReleased(ctx, 0);
+      }
       break;
     case OpKind::kAllReduce:
     case OpKind::kReduce: {
       if (a.kind == OpKind::kReduce && me != a.root) break;
-      std::vector<const void*> srcs(n);
       for (int r = 0; r < n; ++r) {
         wait(r);
         srcs[r] = staged(r);
       }
-      if (a.count) core::ReduceTree(a.dtype, a.op, a.recv, srcs.data(), n, a.count, n);
+      if (a.count) core::ReduceTree(a.dtype, a.op, a.recv, srcs, n, a.count, n);
       break;
     }
     case OpKind::kBroadcast:
@@ -143,13 +168,12 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
       break;
     case OpKind::kReduceScatter:
     case OpKind::kReduceScatterV: {
-      std::vector<const void*> srcs(n);
       for (int r = 0; r < n; ++r) {
         wait(r);
         srcs[r] = staged(r) + a.displs[me] * e;
       }
       if (a.counts[me])
-        core::ReduceTree(a.dtype, a.op, a.recv, srcs.data(), n, a.counts[me], n);
+        core::ReduceTree(a.dtype, a.op, a.recv, srcs, n, a.counts[me], n);
       break;
     }
     default: break;

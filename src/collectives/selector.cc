@@ -191,6 +191,17 @@ bool Implements(Algorithm algo, OpKind kind) {
 }
 
 Algorithm SelectAlgorithm(OpKind kind, Algorithm requested, int ranks, size_t bytes) {
+  // The common case -- no request, no MC2_ALGO, no tuning table -- is decided
+  // by the built-in defaults alone. It sits on the latency path of every
+  // small collective, so it skips the name and map look-ups below (both
+  // sources are read once per process, so the answer cannot change).
+  if (requested == Algorithm::kAuto) {
+    static const bool defaults_only = AlgoEnv().empty() && Table().rules.empty();
+    if (defaults_only) {
+      Algorithm a = Default(kind, bytes);
+      return Implements(a, kind) ? a : Algorithm::kDirect;
+    }
+  }
   const char* name = internal::OpKindName(kind);
   Algorithm a = requested;
   const char* source = "options";

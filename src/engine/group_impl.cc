@@ -283,6 +283,21 @@ void GroupImpl::WaitArrival(OpContext& ctx, int grank, const Fingerprint& fp) {
                 rank_, ctx.name, ctx.seq);
 }
 
+void GroupImpl::WaitReleased(OpContext& ctx, int grank) {
+  transport::WaitContext wc;
+  wc.op = ctx.name;
+  wc.seq = ctx.seq;
+  wc.deadline = &ctx.deadline;
+  wc.timeout = ctx.timeout;
+  wc.describe_missing = [&] {
+    std::string missing = DescribeNotArrived(ctx.seq);
+    if (!missing.empty()) return missing;
+    return fmt::format("rank {} (world rank {}) to finish operation #{}", grank,
+                       members_[grank], ctx.seq);
+  };
+  tx().WaitGE(members_[grank], area_[grank] + kDoneOff, ctx.seq, wc);
+}
+
 bool GroupImpl::strict_check() const { return world_->strict_check; }
 
 void GroupImpl::WaitReadersDone(OpContext& ctx) const {

@@ -37,6 +37,20 @@ class WorkState {
   // itself up to it (ProgressEngine::RunQueuedUntil). Set before queuing.
   void SetHelper(engine::ProgressEngine* engine) { helper_ = engine; }
 
+  // Makes a finished state new again for operation `seq`, instead of
+  // allocating one (GroupImpl::TryRunInline, on the latency path of every
+  // small collective). Only for a state nobody else holds: the caller owns
+  // the last reference, so no thread can be waiting on or reading it.
+  void Reset(uint64_t seq, const char* op) {
+    seq_ = seq;
+    op_ = op;
+    error_ = nullptr;
+    algorithm_.store(nullptr, std::memory_order_relaxed);
+    helper_ = nullptr;
+    sleeping_.store(false, std::memory_order_relaxed);
+    state_.store(kPending, std::memory_order_relaxed);
+  }
+
   void Complete() { Finish(kDone, nullptr); }
   void Fail(std::exception_ptr e) { Finish(kFailed, std::move(e)); }
 
@@ -53,7 +67,7 @@ class WorkState {
 
   std::atomic<int> state_{kPending};
   std::exception_ptr error_;
-  const uint64_t seq_;
+  uint64_t seq_;
   const char* op_;
   std::atomic<const char*> algorithm_{nullptr};
   engine::ProgressEngine* helper_ = nullptr;

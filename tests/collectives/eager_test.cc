@@ -4,6 +4,7 @@
 // how mismatches are reported with and without MC2_CHECK=1.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -132,6 +133,52 @@ TEST(Eager, BroadcastRootRunsAheadOfASlowReceiver) {
       for (size_t i = 0; i < buf.size(); ++i) ASSERT_EQ(buf[i], it * 64 + static_cast<int64_t>(i));
     }
   }, Quick());
+}
+
+// In place, a small all_to_all stages the whole input before it writes any
+// output, so it runs without the private input copy the staged algorithms
+// need (Launch). Checked with private and symmetric (zero-copy) buffers,
+// with ranks drifting apart, so a rank whose output overwrote its input too
+// early, or a peer reading it late, would show a wrong value.
+TEST(Eager, InPlaceAllToAllReadsEveryBlockBeforeWritingAny) {
+  for (int n : {2, 3, 4}) {
+    Group::RunInProcess(n, [](Group& g) {
+      const int n = g.size(), me = g.rank();
+      const size_t c = 29;
+      std::mt19937 rng(77 + me);
+      std::vector<int32_t> priv(c * n);
+      SymmetricBuffer sym = g.AllocSymmetric(c * n * sizeof(int32_t));
+      for (int it = 0; it < 120; ++it) {
+        if (rng() % 5 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
+        int32_t* buf = it % 2 ? sym.as<int32_t>() : priv.data();
+        for (int d = 0; d < n; ++d)
+          for (size_t i = 0; i < c; ++i) buf[d * c + i] = Val(it, me, d * c + i);
+        AllToAll(g, buf, buf, c, DType::kI32).Wait();
+        for (int s = 0; s < n; ++s)
+          for (size_t i = 0; i < c; ++i) ASSERT_EQ(buf[s * c + i], Val(it, s, me * c + i)) << it;
+      }
+      Barrier(g).Wait();
+    }, Quick());
+  }
+}
+
+// The eager barrier gathers at rank 0 and releases from it: still no rank
+// may leave before every rank arrived, whoever arrives last.
+TEST(Eager, BarrierReleasesNoRankBeforeEveryRankArrived) {
+  for (int n : {2, 3, 5}) {
+    std::atomic<int> arrived{0};
+    Group::RunInProcess(n, [&](Group& g) {
+      std::mt19937 rng(5 + g.rank());
+      for (int it = 0; it < 200; ++it) {
+        // A different rank is the last to arrive each time, rank 0 included.
+        if (it % g.size() == g.rank() || rng() % 4 == 0)
+          std::this_thread::sleep_for(std::chrono::microseconds(50 + rng() % 200));
+        arrived.fetch_add(1);
+        Barrier(g).Wait();
+        ASSERT_GE(arrived.load(), (it + 1) * g.size()) << "rank " << g.rank() << " at " << it;
+      }
+    }, Quick());
+  }
 }
 
 // Default mode: the receiver that sees the mismatch raises kMismatch at the

@@ -149,6 +149,39 @@ TEST(Group, OperationsAreAsynchronousAndCompleteInOrder) {
   });
 }
 
+// Inline operations recycle the state of the previous one when its caller
+// let go of every handle (GroupImpl::InlineWorkState). A handle still held
+// must keep describing its own operation, and a failed operation's error
+// must not leak into the next one that reuses its state.
+TEST(Group, WorkHandlesSurviveStateRecycling) {
+  Group::RunInProcess(2, [&](Group& g) {
+    std::vector<float> x(16, 1.0f), y(16);
+    Work kept = AllReduce(g, x.data(), y.data(), x.size(), DType::kF32, ReduceOp::kSum);
+    kept.Wait();
+    const uint64_t kept_seq = kept.seq();
+    uint64_t last = kept_seq;
+    for (int i = 0; i < 50; ++i) {
+      // Dropped at once: the next call may reuse its state.
+      Work w = Broadcast(g, x.data(), y.data(), x.size(), DType::kF32, 0);
+      w.Wait();
+      EXPECT_EQ(w.seq(), last + 1);
+      EXPECT_EQ(w.algorithm(), "direct");
+      EXPECT_EQ(w.error(), nullptr);
+      last = w.seq();
+    }
+    EXPECT_EQ(kept.seq(), kept_seq);
+    EXPECT_TRUE(kept.Test());
+    EXPECT_EQ(kept.algorithm(), "direct");
+    EXPECT_EQ(y[0], 1.0f);
+    // An invalid call fails without taking an operation; the next succeeds.
+    EXPECT_THROW(Broadcast(g, x.data(), y.data(), x.size(), DType::kF32, 7), Error);
+    Work after = AllReduce(g, x.data(), y.data(), x.size(), DType::kF32, ReduceOp::kSum);
+    after.Wait();
+    EXPECT_EQ(after.seq(), last + 1);
+    EXPECT_EQ(y[0], 2.0f);
+  });
+}
+
 TEST(Group, TimeoutNamesTheMissingRank) {
   std::atomic<int> timeouts{0};
   EXPECT_THROW(Group::RunInProcess(3, [&](Group& g) {

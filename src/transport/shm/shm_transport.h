@@ -5,7 +5,8 @@
 // RankHeader. Flags are 8-byte aligned words inside heaps; only their owner
 // stores to them (Publish).
 //
-// Blocking: a waiter spins for spin_ (MC2_SPIN_US, default 20 us), then sleeps
+// Blocking: a waiter spins for spin_ (MC2_SPIN_US if set, else 200 us, or
+// 2 ms yielding with more ranks than cores), then sleeps
 // on the owner's futex doorbell in slices of kSliceMs, checking the world's
 // health (abort flag, peer processes) after every slice. A publisher rings
 // the doorbell only when someone sleeps on it, so the fast path is a store.
