@@ -325,8 +325,8 @@ Work AllGatherBatchMatmul(const Group& g, const void* a_shard, size_t batch, siz
   mine.c_null = c == nullptr && n > 0;
   mine.link_bw = g.valid() ? fused::LinkBytesPerSecond(g) : 0;
   BatchPlan p = MakeBatchPlan(g, mine, err, options);
-  return fused::CompleteOp(kOpName, p.pipeline, p.splits, report,
-                           options.overlap_work, [&](Pending& pend) {
+  fused::OverlapWork overlap(options.overlap_work);
+  return fused::CompleteOp(kOpName, p.pipeline, p.splits, report, overlap, [&](Pending& pend) {
     const size_t total_bytes = p.batch * p.M * p.k * p.esize;
     fused::Scratch<char> own_ag, own_g;
     BatchArgs x{static_cast<const char*>(a_shard), static_cast<const char*>(b), c,

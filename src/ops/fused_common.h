@@ -199,13 +199,37 @@ class Pending {
   std::vector<Work> works_;
 };
 
-// Runs `body(pending)`, then the caller's FusedOptions::overlap_work (these
-// operators do not hide it yet), and returns a completed Work carrying the
-// pipeline name, or the failure (after every outstanding communication
-// finished).
+// A call's FusedOptions::overlap_work, run at most once: by the pipeline
+// where it would first block on a transfer (so the work runs under it, as
+// fused_ops.cc's RunOverlapWork does), else by CompleteOp after the body
+// (serial, or nothing ever blocked). Belongs to one call (one thread); the
+// function it refers to must outlive it.
+class OverlapWork {
+ public:
+  explicit OverlapWork(const std::function<void()>& work) : work_(work) {}
+  void Run() {
+    if (done_ || !work_) return;
+    done_ = true;
+    work_();
+  }
+  // Runs the work unless `w` already completed: a wait that would not
+  // block has nothing to hide it under.
+  void RunBefore(Work& w) {
+    if (!done_ && work_ && !w.Test()) Run();
+  }
+
+ private:
+  const std::function<void()>& work_;
+  bool done_ = false;
+};
+
+// Runs `body(pending)`, then the caller's FusedOptions::overlap_work if the
+// body did not run it (`overlap.Run()` where it first blocked), and returns
+// a completed Work carrying the pipeline name, or the failure (after every
+// outstanding communication finished).
 template <typename Body>
 Work CompleteOp(const char* op, Pipeline pipeline, int splits, FusedReport* report,
-                const std::function<void()>& overlap_work, Body&& body) {
+                OverlapWork& overlap, Body&& body) {
   if (report) {
     report->pipeline = pipeline;
     report->splits = splits;
@@ -215,7 +239,7 @@ Work CompleteOp(const char* op, Pipeline pipeline, int splits, FusedReport* repo
   Pending pend;
   try {
     body(pend);
-    if (overlap_work) overlap_work();
+    overlap.Run();
     state->Complete();
   } catch (...) {
     pend.Drain();

@@ -417,6 +417,10 @@ struct DispatchArgs {
   char* dx;        // dispatched tokens (expert-grouped), or null
   const char* xs;  // tokens in send order
   char* xr;        // received tokens, source-major
+  // The caller's overlap work: the chunked and fused pipelines run it at
+  // their first wait for a transfer that has not arrived (serial: after the
+  // call, by CompleteOp).
+  fused::OverlapWork* overlap;
 };
 
 // Rows [lo, hi) of the block from rank q (at `block`): times their experts'
@@ -478,6 +482,7 @@ void DispatchChunked(const Group& g, const MoePlan& p, const DispatchArgs& x, Pe
   for (int j = 0; j < s; ++j) {
     for (int i = 1; i < P; ++i) {
       int q = collectives::Mod(me - i, P);
+      x.overlap->RunBefore(recv[j][q]);
       {
         OpSpan wait("all_to_all_matmul.wait", trace::Category::kWait, p.pipeline);
         recv[j][q].Wait();
@@ -517,6 +522,7 @@ void DispatchFused(const Group& g, const MoePlan& p, const DispatchArgs& x, Pend
   for (int i = 1; i < P; ++i) {
     int src = collectives::Mod(me - i, P);
     for (int j = 0; j < s; ++j) {
+      x.overlap->RunBefore(recv[i][j]);
       {
         OpSpan wait("all_to_all_matmul.wait", trace::Category::kWait, p.pipeline);
         recv[i][j].Wait();
@@ -535,6 +541,9 @@ struct CombineArgs {
   const char* w;
   float* ys;  // results for other ranks, source-major
   float* yr;  // results back home, in send order
+  // As DispatchArgs::overlap: chunked and fused run it once every chunk is
+  // multiplied and sent, under the transfers, before waiting for them.
+  fused::OverlapWork* overlap;
 };
 
 // Rows [lo, hi) of the block for rank q: their experts' products into
@@ -545,6 +554,12 @@ void CombineRows(const MoePlan& p, const CombineArgs& x, int q, float* block, si
     ExpertGemm(p, "matmul_all_to_all.expert_gemm", b - a, p.d, p.h, x.hidden + at * p.h * p.esize,
                x.w + le * p.h * p.d * p.esize, block + a * p.d);
   });
+}
+
+// The combine's first blocking wait is the final one: the overlap work
+// runs there unless every transfer already completed.
+void RunOverlapBeforeWait(const CombineArgs& x, Pending& pend) {
+  for (size_t i = 0; i < pend.size(); ++i) x.overlap->RunBefore(pend[i]);
 }
 
 void CombineSerial(const Group& g, const MoePlan& p, const CombineArgs& x, Pending& pend) {
@@ -594,6 +609,7 @@ void CombineChunked(const Group& g, const MoePlan& p, const CombineArgs& x, Pend
     PostBlocks(g, p, true, kCombineTag, ys, p.in_blk, p.in_blk_off, rb, j, s, pend);
   }
   CombineRows(p, x, me, x.yr + p.out_blk_off[me] * p.d, 0, p.in_blk[me]);
+  RunOverlapBeforeWait(x, pend);
   OpSpan wait("matmul_all_to_all.wait", trace::Category::kWait, p.pipeline);
   pend.WaitAll();
 }
@@ -620,6 +636,7 @@ void CombineFused(const Group& g, const MoePlan& p, const CombineArgs& x, Pendin
     }
   }
   CombineRows(p, x, me, x.yr + p.out_blk_off[me] * p.d, 0, p.in_blk[me]);
+  RunOverlapBeforeWait(x, pend);
   OpSpan wait("matmul_all_to_all.wait", trace::Category::kWait, p.pipeline);
   pend.WaitAll();
 }
@@ -659,8 +676,9 @@ Work AllToAllMatmul(const Group& g, const MoeRouting& routing, const void* x, si
          w == nullptr && size_t(routing.experts_per_rank) * d * h > 0, y == nullptr && R * h > 0});
   }
   MoePlan p = MakeMoePlan(g, kDispatchName, routing, dtype, d, h, err, options);
-  return fused::CompleteOp(kDispatchName, p.pipeline, p.splits, report,
-                           options.overlap_work, [&](Pending& pend) {
+  fused::OverlapWork overlap(options.overlap_work);
+  return fused::CompleteOp(kDispatchName, p.pipeline, p.splits, report, overlap,
+                           [&](Pending& pend) {
     const size_t rb = p.d * p.esize;
     fused::Scratch<char> xs(p.S * rb), xr(p.R * rb), own_dx;
     {
@@ -671,7 +689,7 @@ Work AllToAllMatmul(const Group& g, const MoeRouting& routing, const void* x, si
       }
     }
     DispatchArgs a{static_cast<const char*>(w), y, static_cast<char*>(dispatched_x), xs.data(),
-                   xr.data()};
+                   xr.data(), &overlap};
     if (p.pipeline == Pipeline::kSerial) {
       // Serial sorts the received rows by expert, into dispatched_x if
       // asked for, else into a buffer of its own.
@@ -700,11 +718,12 @@ Work MatmulAllToAll(const Group& g, const MoeRouting& routing, const void* hidde
                               out == nullptr && routing.num_tokens * d > 0});
   }
   MoePlan p = MakeMoePlan(g, kCombineName, routing, dtype, d, h, err, options);
-  return fused::CompleteOp(kCombineName, p.pipeline, p.splits, report,
-                           options.overlap_work, [&](Pending& pend) {
+  fused::OverlapWork overlap(options.overlap_work);
+  return fused::CompleteOp(kCombineName, p.pipeline, p.splits, report, overlap,
+                           [&](Pending& pend) {
     fused::Scratch<float> ys(p.R * p.d), yr(p.S * p.d);
     CombineArgs a{static_cast<const char*>(hidden), static_cast<const char*>(w), ys.data(),
-                  yr.data()};
+                  yr.data(), &overlap};
     if (p.pipeline == Pipeline::kSerial) {
       CombineSerial(g, p, a, pend);
     } else if (p.pipeline == Pipeline::kChunked) {

@@ -340,6 +340,76 @@ TEST(MoeOps, UnderEmulatedLinkBitwise) {
   }
 }
 
+// FusedOptions::overlap_work of the MoE operators runs exactly once and
+// leaves the results bitwise unchanged. Over a slow emulated link (each
+// rank's 64 KiB for its peer take ~65 ms, the GEMMs well under one: a rank
+// descheduled that long on a loaded host or under a sanitizer is what it
+// would take to see the peer finish first), chunked
+// and fused run it under their transfers: at the first wait for a message
+// that has not arrived (dispatch), or once every chunk is multiplied and
+// sent, before waiting for them (combine), so the peer, which needs this
+// rank's rows still on the link, cannot have returned from the call yet.
+// (Before the fix, MatmulAllToAll ran it only after every transfer had
+// completed, so the MoE backward's expert wgrads hid under nothing.) Serial
+// runs it after the call's communication: its result is then complete.
+TEST(MoeOps, OverlapWorkRunsOnceUnderTheTransfers) {
+  WorldOptions wo;
+  wo.link = "bw=1MB/s,lat=20us";
+  std::atomic<int> wrong_count{0}, not_bitwise{0}, serial_incomplete{0}, not_overlapped{0};
+  std::atomic<int> finished[2] = {0, 0};  // calls each rank has returned from
+  Group::RunInProcess(2, [&](Group& g) {
+    const int me = g.rank();
+    const size_t T = 256, d = 64, h = 48;
+    // 4 experts, 2 per rank: half of each rank's tokens go to the peer.
+    std::vector<int32_t> ids(T);
+    for (size_t t = 0; t < T; ++t) ids[t] = static_cast<int32_t>((t + me) % 4);
+    MoeRouting r = MoeRoute(g, ids.data(), T, 1, 4);
+    const size_t R = r.num_received();
+    Mat x = Random(T * d, DType::kF32, 31 + me), w13 = Random(2 * d * h, DType::kF32, 37 + me);
+    Mat hid = Random(R * h, DType::kF32, 41 + me), w2 = Random(2 * h * d, DType::kF32, 43 + me);
+    FusedOptions so;
+    so.pipeline = Pipeline::kSerial;
+    std::vector<float> y_ref(R * h), out_ref(T * d);
+    AllToAllMatmulSync(g, r, x.bytes.data(), d, w13.bytes.data(), h, DType::kF32, y_ref.data(),
+                       nullptr, so);
+    MatmulAllToAllSync(g, r, hid.bytes.data(), h, w2.bytes.data(), d, DType::kF32,
+                       out_ref.data(), nullptr, so);
+    int call = 0;
+    for (Pipeline pl : {Pipeline::kSerial, Pipeline::kChunked, Pipeline::kFused}) {
+      for (int op = 0; op < 2; ++op, ++call) {
+        std::vector<float> c(op == 0 ? R * h : T * d);
+        const std::vector<float>& ref = op == 0 ? y_ref : out_ref;
+        int calls = 0;
+        FusedOptions o;
+        o.pipeline = pl;
+        o.splits = 4;
+        o.overlap_work = [&] {
+          ++calls;
+          if (pl == Pipeline::kSerial) {
+            if (!SameBits(c, ref)) serial_incomplete++;
+          } else if (finished[1 - me].load() > call) {
+            not_overlapped++;
+          }
+        };
+        if (op == 0) {
+          AllToAllMatmulSync(g, r, x.bytes.data(), d, w13.bytes.data(), h, DType::kF32, c.data(),
+                             nullptr, o);
+        } else {
+          MatmulAllToAllSync(g, r, hid.bytes.data(), h, w2.bytes.data(), d, DType::kF32,
+                             c.data(), nullptr, o);
+        }
+        finished[me]++;
+        if (!SameBits(c, ref)) not_bitwise++;
+        if (calls != 1) wrong_count++;
+      }
+    }
+  }, wo);
+  EXPECT_EQ(wrong_count.load(), 0);
+  EXPECT_EQ(not_bitwise.load(), 0);
+  EXPECT_EQ(serial_incomplete.load(), 0);
+  EXPECT_EQ(not_overlapped.load(), 0);
+}
+
 // The operators record their GEMMs (compute, with flops) and waits as
 // spans tagged with the pipeline that ran.
 TEST(MoeOps, RecordsSpans) {
