@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -54,13 +55,19 @@ struct DemoArgs {
   std::string link = "auto";
   double comm_ratio = 0.75;  // --link auto: communication / compute per step
   std::string pipelines = "serial,chunked,fused,auto";
-  int splits = 4;
+  int splits = 8;  // measured: fused s=8 hides more than s=4 at the same step time
   int steps = 3;
   int warmup = 1;
   int layers = 2, hidden = 1024, heads = 16, ffn = 2048, vocab = 64, seq = 256, batch = 4;
   bool bf16 = false;
   int moe_experts = 0, moe_topk = 2, ep = 1;  // MoE MLPs (0: dense) and the EP size
   uint64_t seed = 1;
+  // AdamW's learning rate. Lower than the library's 3e-3 (tuned on small
+  // models): Adam's first steps move every weight by ~lr at once, ~10% of
+  // its scale at hidden 1024 with 3e-3, and the second step's loss jumped
+  // (4.76 -> 15.9 in the default demo; 9.2 with 1e-3, 5.2 with 3e-4, which
+  // then falls to 1.8 by the fourth step).
+  float lr = 3e-4f;
   std::string out = "mc2-demo";
   std::string json_path;
   // Internal: the rank side of the job, and where rank 0 leaves results.
@@ -109,6 +116,7 @@ models::TransformerConfig ModelConfig(const DemoArgs& a) {
   c.seq_len = a.seq;
   c.batch = a.batch;
   c.seed = a.seed;
+  c.lr = a.lr;
   c.gemm_dtype = a.bf16 ? DType::kBF16 : DType::kF32;
   c.fused.splits = a.splits;
   c.moe_experts = a.moe_experts;
@@ -188,7 +196,8 @@ std::vector<std::string> RankArgv(const DemoArgs& a, const std::string& pipeline
                                 "--ffn", std::to_string(a.ffn), "--vocab",
                                 std::to_string(a.vocab), "--seq", std::to_string(a.seq),
                                 "--batch", std::to_string(a.batch), "--seed",
-                                std::to_string(a.seed), "--tp", std::to_string(a.tp)};
+                                std::to_string(a.seed), "--tp", std::to_string(a.tp),
+                                "--lr", fmt::format("{:.9g}", a.lr)};
   if (a.bf16) v.push_back("--bf16");
   if (a.moe_experts > 0) {
     v.insert(v.end(), {"--moe-experts", std::to_string(a.moe_experts), "--moe-topk",
@@ -245,14 +254,29 @@ std::string CalibrateLink(const DemoArgs& a, const fs::path& out) {
                   "mc2 demo: the calibration run recorded no compute or no communication");
     return m;
   };
-  auto spec = [](double bw) { return fmt::format("bw={:.0f}MB/s,lat=5us", bw / 1e6); };
+  // Whole MB/s, or KB/s below 10 MB/s (rounding must never make it 0).
+  auto spec = [](double bw) {
+    return bw >= 1e7 ? fmt::format("bw={:.0f}MB/s,lat=5us", bw / 1e6)
+                     : fmt::format("bw={:.0f}KB/s,lat=5us", std::max(1.0, bw / 1e3));
+  };
   fmt::print(stderr, "calibrating the emulated link (two short serial runs)...\n");
   Measured raw = measure("", "raw");
-  // A rank sends about (n-1)/n of what an all-gather or reduce-scatter moves.
-  const double tp = a.tp ? a.tp : a.nranks;
-  double bw = raw.bytes * (tp - 1) / tp / (a.comm_ratio * raw.compute_s);
+  // A rank sends about (n-1)/n of what a collective over n ranks moves
+  // (all-gather, reduce-scatter, all-to-all). With TP groups of tp > 1 the
+  // TP collectives dominate, n = tp; with tp == 1 every collective is a
+  // DP, EP or world one: n = the world (tp alone would give a factor of 0,
+  // hence a bandwidth of 0, the bug of `--tp 1 --link auto`). Only a first
+  // guess: the paced run below corrects it.
+  const int tp = a.tp ? a.tp : a.nranks;
+  const double n = tp > 1 ? tp : a.nranks;
+  double bw = raw.bytes * (n - 1) / n / (a.comm_ratio * raw.compute_s);
+  if (!(bw > 0) || !std::isfinite(bw))
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("mc2 demo: --link auto cannot calibrate: {:.0f} bytes per rank "
+                            "over {} ranks give no bandwidth; give a link spec or none",
+                            raw.bytes, a.nranks));
   Measured paced = measure(spec(bw), "paced");
-  bw *= paced.comm_s / (a.comm_ratio * paced.compute_s);
+  if (paced.comm_s > 0) bw *= paced.comm_s / (a.comm_ratio * paced.compute_s);
   return spec(bw);
 }
 
@@ -452,6 +476,8 @@ void RegisterDemo(CLI::App& app) {
   cmd->add_option("--ep", a->ep, "MoE: expert-parallel group size (divides the DP size)")
       ->capture_default_str()->check(CLI::Range(1, 64));
   cmd->add_option("--seed", a->seed, "Seed of the weights and the data")->capture_default_str();
+  cmd->add_option("--lr", a->lr, "AdamW learning rate")->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--out", a->out,
                   "Directory for traces, timelines and results (emptied first)")
       ->capture_default_str();

@@ -152,7 +152,7 @@ struct StepStats {
   double forward_seconds = 0.0;
   double backward_seconds = 0.0;  // including issuing the gradient all-reduces
   double sync_wait_seconds = 0.0;  // waiting for the gradient all-reduces
-  double optimizer_seconds = 0.0;
+  double optimizer_seconds = 0.0;  // TrainStep: ~0, its updates run in the next forward
   int64_t tokens = 0;             // tokens of the global batch
   // Per block (index = layer): its forward and its backward (the latter
   // including the gradient all-reduces it issues, not their completion).
@@ -199,6 +199,11 @@ class Transformer {
   // AdamW update with the current gradients.
   void OptimizerStep(StepStats* stats = nullptr);
   // ForwardBackward + OptimizerStep with trace step markers and spans.
+  // The optimizer's updates are deferred to the next forward, which applies
+  // each tensor's before using it and the projections' under the transfers
+  // of its fused operators (the forward has nothing else to hide them
+  // behind); the values are bitwise those of updating at once. Parameters()
+  // and WeightsChanged() apply any still pending first.
   StepStats TrainStep(int step);
 
   // Views of every parameter tensor, in a fixed order (the same names on

@@ -261,4 +261,17 @@ void AdamW(float* w, const float* g, float* m, float* v, size_t n, int step, flo
   }
 }
 
+void Transpose(const float* in, size_t rows, size_t cols, float* out) {
+  constexpr size_t kTile = 32;
+  for (size_t r0 = 0; r0 < rows; r0 += kTile) {
+    const size_t r1 = std::min(rows, r0 + kTile);
+    for (size_t c0 = 0; c0 < cols; c0 += kTile) {
+      const size_t c1 = std::min(cols, c0 + kTile);
+      for (size_t c = c0; c < c1; ++c) {
+        for (size_t r = r0; r < r1; ++r) out[c * rows + r] = in[r * cols + c];
+      }
+    }
+  }
+}
+
 }  // namespace mc2::models

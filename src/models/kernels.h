@@ -79,6 +79,13 @@ void RouterBackward(const float* probs, const int32_t* ids, const float* dgates,
 double CrossEntropy(const float* logits, const int32_t* targets, size_t rows, size_t vocab,
                     float grad_scale, float* dlogits);
 
+// out [cols x rows] = in [rows x cols] transposed. Tiled (32 x 32) so that
+// both the reads and the writes stay within a few cache lines per tile: a
+// plain loop over rows writes with a stride of `rows` floats, a cache miss
+// per element once the matrix outgrows the cache (the transformer
+// transposes every projection weight once per optimizer step).
+void Transpose(const float* in, size_t rows, size_t cols, float* out);
+
 // One AdamW step (step >= 1, bias-corrected) over n elements.
 void AdamW(float* w, const float* g, float* m, float* v, size_t n, int step, float lr,
            float beta1, float beta2, float eps, float weight_decay);

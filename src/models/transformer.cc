@@ -28,13 +28,15 @@
 //   dW  = gather(x)^T dy               (wgrad, from the forward's gathered x)
 //
 // Overlap in backward: each sublayer (MLP, then attention, block by block)
-// first runs its dgrad chain (the fused operators, on the critical path),
+// runs its dgrad chain (the fused operators, on the critical path), with
+// the weight-gradient GEMMs as the operators' overlap work, spread so that
+// every operator has some (a row-parallel dgrad all-gather takes the
+// largest wgrad of the sublayer above, deferred to it: deferred_wgrad),
 // then issues the data-parallel all-reduce of the PREVIOUS sublayer's weight
-// gradients (async, on the progress thread), then computes its own weight
-// gradients, which that all-reduce does not depend on. The progress thread
-// runs tasks in order, so the all-reduce must be issued after this
-// sublayer's fused operators (else their collectives would queue behind
-// it) and gets the wgrad GEMMs to hide behind: the seed's FFN-to-attention
+// gradients (async, on the progress thread), which the next sublayer's
+// compute hides. The progress thread runs tasks in order, so the
+// all-reduce must be issued after this sublayer's fused operators (else
+// their collectives would queue behind it): the seed's FFN-to-attention
 // overlap. A MoE MLP joins the same scheme with its experts' bucket (summed
 // over grid.edp, the ranks holding the same experts). The TP-replicated
 // tensors (embedding, norms, LM head, MoE routers; their
@@ -232,9 +234,11 @@ void ValidateConfig(const TransformerConfig& c, int tp, int dp, int ep) {
 }
 
 // Invariants: buckets' vectors are sized once in the constructor (Param::w
-// and Param::g point into them); cache[p] matches params[p] when
-// cache[p].version == version (bumped by every optimizer step and by
-// WeightsChanged); between ForwardBackward calls sync_works is empty (every
+// and Param::g point into them); cache[p].w (bf16) and .wt match params[p]
+// when their w_version / wt_version == version (bumped by every optimizer step and by
+// WeightsChanged); between ForwardBackward calls sync_works is empty and
+// world_sync is complete, except between TrainStep's ForwardBackward and
+// OptimizerStep, whose world_sync the optimizer waits for (every
 // all-reduce is waited for before the gradients are used). Activations of
 // the last Forward stay in acts until the next one.
 // Thread safety: one thread per rank (the Transformer's contract).
@@ -271,9 +275,11 @@ struct Transformer::Impl {
   // ([El x n x k]), as the MoE operators take it.
   struct Cached {
     std::vector<char> w, wt;
-    uint64_t version = ~0ull;
+    uint64_t w_version = ~0ull, wt_version = ~0ull;  // of w (bf16 only) and of wt
+    size_t blocks = 1;                                // stacked matrices
   };
   std::vector<Cached> cache;  // by param index
+  std::vector<float> transpose_scratch;  // RefreshWeights' f32 W^T before bf16 rounding
   std::vector<std::pair<int, size_t>> gemm_params;  // (param, stacked matrices)
   uint64_t version = 0;
 
@@ -294,7 +300,37 @@ struct Transformer::Impl {
   Operand op_a, op_b, op_c;
   int opt_step = 0;
   int pending_bucket = -1;  // a sublayer's gradients not yet all-reduced
+  // A weight gradient of the sublayer above, deferred to run under the
+  // transfers of the next sublayer's first dgrad operator (see Backward).
+  std::function<void()> deferred_wgrad;
+  std::function<void()> TakeDeferred() {
+    std::function<void()> f = std::move(deferred_wgrad);
+    deferred_wgrad = nullptr;
+    return f;
+  }
   std::vector<Work> sync_works;
+  // The all-reduce of the TP-replicated bucket over the world, issued last.
+  // TrainStep leaves it running into OptimizerStep (defer_world_sync), which
+  // updates every other tensor first, under it: nothing else is left to
+  // hide it behind at the end of backward.
+  Work world_sync;
+  bool defer_world_sync = false;
+  // Deferred optimizer. TrainStep leaves the AdamW updates of step t to the
+  // forward of step t+1 (update_pending), which applies each tensor's just
+  // before it is used, and the projection matrices earlier, as the overlap
+  // work of the forward's reduce-scatters and all-gathers: the forward has
+  // nothing else independent of them to hide their transfers behind. Every
+  // update is the same elementwise AdamW on the same gradient and moments,
+  // so the weights (and the losses) are bitwise those of updating at once.
+  std::vector<char> update_pending;  // by param index
+  std::vector<char> is_gemm_param;   // by param index: in gemm_params
+  bool updates_deferred = false;     // set by TrainStep for its OptimizerStep
+  void AdamWUpdate(int pi);
+  void ApplyUpdate(int pi);
+  void ApplyUpdates(std::initializer_list<int> ps) {
+    for (int pi : ps) ApplyUpdate(pi);
+  }
+  void ApplyAllUpdates();
   // The loss all-reduce's buffers (f64): [0] the cross-entropy sum, then per
   // MoE layer its routed slots per expert (E) and probability sums (E), from
   // which every rank computes the same load-balancing loss (and backward its
@@ -310,7 +346,15 @@ struct Transformer::Impl {
   void AddParam(const std::string& name, size_t rows, size_t cols, bool replicated, bool decay,
                 int bucket, int* index);
   void InitParams();
+  // The GEMM copies of the weights (Cached): RefreshWeights makes what the
+  // forward needs (the bf16 W) and the experts' W^T; the dense projections'
+  // W^T, needed only in backward, are made by RefreshTransposes(l) during
+  // block l's forward, as overlap work of its reduce-scatters, and any
+  // still stale at backward by EnsureTransposes().
   void RefreshWeights();
+  void RefreshTranspose(int p);
+  void RefreshTransposes(std::initializer_list<int> ps);
+  void EnsureTransposes();
   const void* W(int p) {
     if (dt == DType::kF32) return params[p].w;
     return cache[p].w.data();
@@ -322,9 +366,13 @@ struct Transformer::Impl {
   void Forward(int step);
   double WaitLoss();
   void Backward();
-  void ColumnParallel(const float* x, int p, float* out, std::vector<char>& gathered);
-  void RowParallel(const float* a, int p, float* y);
-  void RowParallelDgrad(const float* dy, int p, float* da);
+  void ColumnParallel(const float* x, int p, float* out, std::vector<char>& gathered,
+                      const std::function<void()>& independent = {});
+  // `independent`: work that needs neither the call's transfers nor its
+  // result, run under its transfers (FusedOptions::overlap_work).
+  void RowParallel(const float* a, int p, float* y, const std::function<void()>& independent = {});
+  void RowParallelDgrad(const float* dy, int p, float* da,
+                        const std::function<void()>& independent = {});
   void ColumnParallelDgrad(const float* dy, int p, float* dx_shard,
                            const std::function<void()>& independent = {});
   void Wgrad(const void* a, const void* b, int p);
@@ -447,6 +495,9 @@ Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c) : grid
     p.g = buckets[p.bucket].g.data() + p.offset;
   }
   cache.resize(params.size());
+  update_pending.assign(params.size(), 0);
+  is_gemm_param.assign(params.size(), 0);
+  for (auto [pi, blocks] : gemm_params) is_gemm_param[pi] = 1;
   InitParams();
 
   acts.resize(L);
@@ -582,27 +633,92 @@ void Transformer::Impl::RefreshWeights() {
   trace::Scope span("convert_weights", trace::Category::kCompute);
   for (auto [pi, blocks] : gemm_params) {
     Cached& c = cache[pi];
-    if (c.version == version) continue;
+    c.blocks = blocks;
+    // A deferred update makes its tensor's copies when it is applied.
+    if (update_pending[pi]) continue;
     const Param& p = params[pi];
-    const size_t n = p.rows * p.cols, rb = p.rows / blocks;
-    std::vector<float> t(n);
-    for (size_t b = 0; b < blocks; ++b) {  // each stacked matrix transposed
-      const float* w = p.w + b * rb * p.cols;
-      float* tb = t.data() + b * rb * p.cols;
-      for (size_t r = 0; r < rb; ++r) {
-        for (size_t k = 0; k < p.cols; ++k) tb[k * rb + r] = w[r * p.cols + k];
-      }
-    }
-    c.wt.resize(n * esz);
-    if (dt == DType::kF32) {
-      std::memcpy(c.wt.data(), t.data(), n * sizeof(float));
-    } else {
+    if (dt != DType::kF32 && c.w_version != version) {
+      const size_t n = p.rows * p.cols;
       c.w.resize(n * esz);
       ConvertF32ToBF16(p.w, reinterpret_cast<bf16*>(c.w.data()), n);
-      ConvertF32ToBF16(t.data(), reinterpret_cast<bf16*>(c.wt.data()), n);
+      c.w_version = version;
     }
-    c.version = version;
+    if (p.experts) RefreshTranspose(pi);
   }
+}
+
+// W^T of one projection (each stacked matrix transposed), in the GEMM dtype.
+void Transformer::Impl::RefreshTranspose(int pi) {
+  ApplyUpdate(pi);
+  Cached& c = cache[pi];
+  if (c.wt_version == version) return;
+  const Param& p = params[pi];
+  const size_t n = p.rows * p.cols, rb = p.rows / c.blocks;
+  // f32: transposed straight into the cache (a vector<char> from operator
+  // new, aligned for floats); bf16: through an f32 scratch, then rounded.
+  c.wt.resize(n * esz);
+  if (dt != DType::kF32) transpose_scratch.resize(n);
+  float* t =
+      dt == DType::kF32 ? reinterpret_cast<float*>(c.wt.data()) : transpose_scratch.data();
+  for (size_t b = 0; b < c.blocks; ++b) {
+    Transpose(p.w + b * rb * p.cols, rb, p.cols, t + b * rb * p.cols);
+  }
+  if (dt != DType::kF32) ConvertF32ToBF16(t, reinterpret_cast<bf16*>(c.wt.data()), n);
+  c.wt_version = version;
+}
+
+void Transformer::Impl::RefreshTransposes(std::initializer_list<int> ps) {
+  trace::Scope span("convert_weights", trace::Category::kCompute);
+  for (int pi : ps) RefreshTranspose(pi);
+}
+
+void Transformer::Impl::EnsureTransposes() {
+  bool stale = false;
+  for (auto [pi, blocks] : gemm_params) stale = stale || cache[pi].wt_version != version;
+  if (!stale) return;
+  trace::Scope span("convert_weights", trace::Category::kCompute);
+  for (auto [pi, blocks] : gemm_params) RefreshTranspose(pi);
+}
+
+// --------------------------------------------------------- deferred AdamW
+
+void Transformer::Impl::AdamWUpdate(int pi) {
+  const Param& p = params[pi];
+  Bucket& b = buckets[p.bucket];
+  AdamW(p.w, p.g, b.m.data() + p.offset, b.v.data() + p.offset, p.rows * p.cols, opt_step,
+        cfg.lr, cfg.beta1, cfg.beta2, cfg.adam_eps, p.decay ? cfg.weight_decay : 0.0f);
+}
+
+void Transformer::Impl::ApplyUpdate(int pi) {
+  if (pi < 0 || !update_pending[pi]) return;
+  trace::Scope span("adamw", trace::Category::kCompute);
+  if (buckets[params[pi].bucket].sync == Sync::kWorld) {
+    // Its gradient's all-reduce, left running by TrainStep (a no-op once
+    // waited).
+    trace::Scope wait("grad_sync.wait", trace::Category::kWait);
+    world_sync.Wait();
+    world_sync = Work();
+  }
+  AdamWUpdate(pi);
+  update_pending[pi] = 0;
+  // Its GEMM copies: the bf16 W now (the forward is about to use it), the
+  // experts' W^T too (their forward uses it); a dense W^T when RefreshTranspose
+  // next sees it stale (version moved on when the update was deferred).
+  Cached& c = cache[pi];
+  c.wt_version = ~0ull;
+  if (!is_gemm_param[pi]) return;
+  const Param& p = params[pi];
+  if (dt != DType::kF32) {
+    const size_t n = p.rows * p.cols;
+    c.w.resize(n * esz);
+    ConvertF32ToBF16(p.w, reinterpret_cast<bf16*>(c.w.data()), n);
+    c.w_version = version;
+  }
+  if (p.experts) RefreshTranspose(pi);
+}
+
+void Transformer::Impl::ApplyAllUpdates() {
+  for (size_t pi = 0; pi < params.size(); ++pi) ApplyUpdate(static_cast<int>(pi));
 }
 
 // ------------------------------------------------------------- projections
@@ -611,43 +727,59 @@ void Transformer::Impl::RefreshWeights() {
 // which queues behind an in-flight gradient all-reduce).
 
 void Transformer::Impl::ColumnParallel(const float* x, int p, float* out,
-                                       std::vector<char>& gathered) {
+                                       std::vector<char>& gathered,
+                                       const std::function<void()>& independent) {
   const size_t n = params[p].cols;
   const void* a = op_a.Set(x, s * h, dt);
   if (tp == 1) {
     std::memcpy(gathered.data(), a, S * h * esz);
     trace::Scope span("gemm", trace::Category::kCompute, GemmFlops(S, n, h));
     Gemm(S, n, h, dt, gathered.data(), W(p), DType::kF32, out);
+    if (independent) independent();
     return;
   }
   trace::Scope span(params[p].span_fwd, trace::Category::kHost);
-  AllGatherMatmulSync(grid.tp, a, s, h, W(p), n, dt, out, gathered.data(), Fused());
+  FusedOptions o = Fused();
+  o.overlap_work = independent;
+  AllGatherMatmulSync(grid.tp, a, s, h, W(p), n, dt, out, gathered.data(), o);
 }
 
-void Transformer::Impl::RowParallel(const float* a_full, int p, float* y) {
+void Transformer::Impl::RowParallel(const float* a_full, int p, float* y,
+                                    const std::function<void()>& independent) {
   const size_t k = params[p].rows;
   const void* a = op_a.Set(a_full, S * k, dt);
   if (tp == 1) {
-    trace::Scope span("gemm", trace::Category::kCompute, GemmFlops(S, h, k));
-    Gemm(S, h, k, dt, a, W(p), DType::kF32, y);
+    {
+      trace::Scope span("gemm", trace::Category::kCompute, GemmFlops(S, h, k));
+      Gemm(S, h, k, dt, a, W(p), DType::kF32, y);
+    }
+    if (independent) independent();
     return;
   }
   trace::Scope span(params[p].span_fwd, trace::Category::kHost);
-  MatmulReduceScatterSync(grid.tp, a, S, k, W(p), h, dt, y, s, Fused());
+  FusedOptions o = Fused();
+  o.overlap_work = independent;
+  MatmulReduceScatterSync(grid.tp, a, S, k, W(p), h, dt, y, s, o);
 }
 
 // da [S x k] = gather(dy) W^T; the gathered dy stays in dy_g for the wgrad.
-void Transformer::Impl::RowParallelDgrad(const float* dy, int p, float* da) {
+void Transformer::Impl::RowParallelDgrad(const float* dy, int p, float* da,
+                                         const std::function<void()>& independent) {
   const size_t k = params[p].rows;
   const void* a = op_a.Set(dy, s * h, dt);
   if (tp == 1) {
     std::memcpy(dy_g.data(), a, S * h * esz);
-    trace::Scope span("gemm", trace::Category::kCompute, GemmFlops(S, k, h));
-    Gemm(S, k, h, dt, dy_g.data(), WT(p), DType::kF32, da);
+    {
+      trace::Scope span("gemm", trace::Category::kCompute, GemmFlops(S, k, h));
+      Gemm(S, k, h, dt, dy_g.data(), WT(p), DType::kF32, da);
+    }
+    if (independent) independent();
     return;
   }
   trace::Scope span(params[p].span_dgrad, trace::Category::kHost);
-  AllGatherMatmulSync(grid.tp, a, s, h, WT(p), k, dt, da, dy_g.data(), Fused());
+  FusedOptions o = Fused();
+  o.overlap_work = independent;
+  AllGatherMatmulSync(grid.tp, a, s, h, WT(p), k, dt, da, dy_g.data(), o);
 }
 
 // dx shard [s x h] = rows of sum over TP of dy [S x n] W^T.
@@ -693,7 +825,10 @@ void Transformer::Impl::AttentionSublayerForward(size_t l, const float* x) {
     trace::Scope span("rmsnorm", trace::Category::kCompute);
     RmsNormForward(x, params[P.norm1].w, s, h, cfg.norm_eps, tmp_s.data(), A.rstd1.data());
   }
-  ColumnParallel(tmp_s.data(), P.qkv, A.qkv.data(), A.xn1_g);
+  // Deferred updates (update_pending): qkv is normally done under the
+  // previous block's down reduce-scatter; o goes under qkv's all-gather.
+  ApplyUpdate(P.qkv);
+  ColumnParallel(tmp_s.data(), P.qkv, A.qkv.data(), A.xn1_g, [&] { ApplyUpdate(P.o); });
   {
     trace::Scope span("attention", trace::Category::kCompute,
                       4 * static_cast<uint64_t>(Bl * hl) * T * T * d);
@@ -715,7 +850,13 @@ void Transformer::Impl::AttentionSublayerForward(size_t l, const float* x) {
       }
     }
   }
-  RowParallel(A.ctx.data(), P.o, tmp_s.data());
+  // Under the reduce-scatter, what the forward has independent of it: the
+  // MLP's deferred updates and this block's attention W^T (for backward).
+  ApplyUpdate(P.o);
+  RowParallel(A.ctx.data(), P.o, tmp_s.data(), [&] {
+    ApplyUpdates({P.gu, P.down, P.egu, P.edown});
+    RefreshTransposes({P.qkv, P.o});
+  });
   for (size_t i = 0; i < s * h; ++i) A.x1[i] = x[i] + tmp_s[i];
 }
 
@@ -727,12 +868,19 @@ void Transformer::Impl::MlpForward(size_t l, float* out) {
     RmsNormForward(A.x1.data(), params[P.norm2].w, s, h, cfg.norm_eps, tmp_s.data(),
                    A.rstd2.data());
   }
+  ApplyUpdate(P.gu);
   ColumnParallel(tmp_s.data(), P.gu, A.gu.data(), A.xn2_g);
   {
     trace::Scope span("swiglu", trace::Category::kCompute);
     SwiGluForward(A.gu.data(), S, fl, A.act.data());
   }
-  RowParallel(A.act.data(), P.down, tmp_s.data());
+  ApplyUpdate(P.down);
+  // Under the reduce-scatter: the next block's attention updates and this
+  // block's MLP W^T.
+  RowParallel(A.act.data(), P.down, tmp_s.data(), [&] {
+    if (l + 1 < L) ApplyUpdates({bp[l + 1].qkv, bp[l + 1].o});
+    RefreshTransposes({P.gu, P.down});
+  });
   for (size_t i = 0; i < s * h; ++i) out[i] = A.x1[i] + tmp_s[i];
 }
 
@@ -757,6 +905,7 @@ void Transformer::Impl::MoeForward(size_t l, float* out) {
   BlockActs& A = acts[l];
   MoeActs& M = moe_acts[l];
   const BlockParams& P = bp[l];
+  ApplyUpdates({P.egu, P.edown});  // normally done under the o reduce-scatter
   {
     trace::Scope span("rmsnorm", trace::Category::kCompute);
     RmsNormForward(A.x1.data(), params[P.norm2].w, s, h, cfg.norm_eps, M.xn.data(),
@@ -865,8 +1014,10 @@ void Transformer::Impl::MoeBackward(size_t l, const float* dout) {
   // the dispatched dys for W2's gradient).
   {
     trace::Scope span(params[P.edown].span_dgrad, trace::Category::kHost);
+    FusedOptions o = Fused();
+    o.overlap_work = TakeDeferred();  // the attention above's qkv wgrad
     AllToAllMatmulSync(grid.ep, r, op_a.Set(m_dys.data(), s * K * h, dt), h, WT(P.edown), Fm, dt,
-                       m_dact.data(), m_dyd.data(), Fused());
+                       m_dact.data(), m_dyd.data(), o);
   }
   {
     trace::Scope span("swiglu", trace::Category::kCompute);
@@ -928,6 +1079,11 @@ void Transformer::Impl::MoeBackward(size_t l, const float* dout) {
 }
 
 void Transformer::Impl::Forward(int step) {
+  // Deferred updates: the replicated tensors' now (small, and the
+  // embedding is needed first); the projections' as the blocks come.
+  for (size_t pi = 0; pi < params.size(); ++pi) {
+    if (buckets[params[pi].bucket].sync == Sync::kWorld) ApplyUpdate(static_cast<int>(pi));
+  }
   RefreshWeights();
   // This rank's rows of its DP slice of the global batch.
   MakeBatch(cfg, step, static_cast<int64_t>(grid.dp_rank) * Bl, static_cast<int>(Bl),
@@ -962,6 +1118,7 @@ void Transformer::Impl::Forward(int step) {
     Gemm(s, V, h, xf.data(), params[p_lm_head].w, logits.data());
     local = CrossEntropy(logits.data(), targets.data(), s, V, grad_scale, dlogits.data());
   }
+  ApplyAllUpdates();  // any left (none when every block ran): backward writes the gradients
   // The global mean: a sum over every rank's rows (f64, deterministic
   // order), in the background: backward does not need it, and a blocking
   // call here would make every rank wait for the slowest one's forward.
@@ -1004,8 +1161,9 @@ void Transformer::Impl::IssueSync(int bucket) {
   // In the background even if small: it is meant to run under the wgrads.
   CollectiveOptions o;
   o.may_run_inline = false;
-  sync_works.push_back(AllReduce(g, b.g.data(), b.g.data(), b.g.size(), DType::kF32,
-                                 ReduceOp::kSum, o));
+  Work w = AllReduce(g, b.g.data(), b.g.data(), b.g.size(), DType::kF32, ReduceOp::kSum, o);
+  if (b.sync == Sync::kWorld) world_sync = w;
+  else sync_works.push_back(w);
 }
 
 double Transformer::Impl::WaitSync() {
@@ -1013,6 +1171,10 @@ double Transformer::Impl::WaitSync() {
   trace::Scope span("grad_sync.wait", trace::Category::kWait);
   for (auto& w : sync_works) w.Wait();
   sync_works.clear();
+  if (!defer_world_sync) {
+    world_sync.Wait();
+    world_sync = Work();
+  }
   return Since(t0);
 }
 
@@ -1023,17 +1185,23 @@ void Transformer::Impl::MlpBackward(size_t l, const float* dxio) {
   const BlockParams& P = bp[l];
   // ---- MLP: dgrad chain.
   float* dact = dS1.data();
-  RowParallelDgrad(dxio, P.down, dact);  // dy_g = gathered dxio
+  // dy_g = gathered dxio; under its transfers, the deferred wgrad of the
+  // attention above (qkv of block l + 1).
+  RowParallelDgrad(dxio, P.down, dact, TakeDeferred());
   {
     trace::Scope span("swiglu", trace::Category::kCompute);
     SwiGluBackward(A.gu.data(), dact, S, fl, dS2.data());
   }
-  // The wgrads need neither the reduce-scatter nor its result: they run
-  // under it.
+  // The wgrads need neither the reduce-scatter nor its result: down's runs
+  // under it; gate_up's under the attention's o dgrad all-gather, which
+  // has little compute of its own to hide its transfers (its dS2 and xn2_g
+  // are not touched before).
   ColumnParallelDgrad(dS2.data(), P.gu, dtmp.data(), [&] {
     Wgrad(op_c.Set(A.act.data(), S * fl, dt), dy_g.data(), P.down);
-    Wgrad(A.xn2_g.data(), op_b.Set(dS2.data(), S * 2 * fl, dt), P.gu);
   });
+  deferred_wgrad = [this, l] {
+    Wgrad(acts[l].xn2_g.data(), op_b.Set(dS2.data(), S * 2 * fl, dt), bp[l].gu);
+  };
   {
     trace::Scope span("rmsnorm", trace::Category::kCompute);
     RmsNormBackward(A.x1.data(), params[P.norm2].w, A.rstd2.data(), dtmp.data(), s, h,
@@ -1054,7 +1222,8 @@ void Transformer::Impl::AttentionSublayerBackward(size_t l, float* dxio) {
   const size_t hd = hl * d, ld_qkv = 3 * hd;
   // ---- Attention: dgrad chain.
   float* dctx = dS1.data();
-  RowParallelDgrad(dx1.data(), P.o, dctx);
+  // Under its transfers: the MLP's deferred gate_up wgrad.
+  RowParallelDgrad(dx1.data(), P.o, dctx, TakeDeferred());
   {
     trace::Scope span("attention", trace::Category::kCompute,
                       8 * static_cast<uint64_t>(Bl * hl) * T * T * d);
@@ -1077,10 +1246,19 @@ void Transformer::Impl::AttentionSublayerBackward(size_t l, float* dxio) {
       }
     }
   }
+  // o's wgrad under the reduce-scatter; qkv's too in the first block, else
+  // it is deferred to the next block's first dgrad operator (the down
+  // projection's all-gather, whose own GEMM is too small to hide its
+  // transfers); dS3 and xn1_g are not touched before.
   ColumnParallelDgrad(dS3.data(), P.qkv, dtmp.data(), [&] {
     Wgrad(op_c.Set(A.ctx.data(), S * hd, dt), dy_g.data(), P.o);
-    Wgrad(A.xn1_g.data(), op_b.Set(dS3.data(), S * ld_qkv, dt), P.qkv);
+    if (l == 0) Wgrad(A.xn1_g.data(), op_b.Set(dS3.data(), S * ld_qkv, dt), P.qkv);
   });
+  if (l > 0) {
+    deferred_wgrad = [this, l, ld_qkv] {
+      Wgrad(acts[l].xn1_g.data(), op_b.Set(dS3.data(), S * ld_qkv, dt), bp[l].qkv);
+    };
+  }
   {
     trace::Scope span("rmsnorm", trace::Category::kCompute);
     RmsNormBackward(A.x.data(), params[P.norm1].w, A.rstd1.data(), dtmp.data(), s, h, dxio,
@@ -1096,6 +1274,8 @@ void Transformer::Impl::Backward() {
   // are written by their wgrad GEMM.
   std::fill(buckets[0].g.begin(), buckets[0].g.end(), 0.0f);
   pending_bucket = -1;
+  deferred_wgrad = nullptr;
+  EnsureTransposes();  // normally made during the forward (RefreshTransposes)
   {
     trace::Scope span("lm_head.backward", trace::Category::kCompute, 2 * GemmFlops(s, V, h));
     GemmOptions ow;
@@ -1126,6 +1306,7 @@ void Transformer::Impl::Backward() {
       for (size_t c = 0; c < h; ++c) row[c] += dx[i * h + c];
     }
   }
+  if (deferred_wgrad) TakeDeferred()();  // (block 0 defers nothing)
   if (pending_bucket >= 0) IssueSync(pending_bucket);
   IssueSync(0);
   pending_bucket = -1;
@@ -1139,6 +1320,7 @@ Transformer::Transformer(const ProcessGrid& grid, const TransformerConfig& confi
 Transformer::~Transformer() {
   // Never leave an all-reduce running on buffers that are about to go.
   impl_->sync_works.push_back(impl_->loss_work);
+  impl_->sync_works.push_back(impl_->world_sync);
   for (auto& w : impl_->sync_works) {
     try {
       w.Wait();
@@ -1193,31 +1375,69 @@ void Transformer::OptimizerStep(StepStats* stats) {
   auto t0 = Clock::now();
   trace::Scope span("optimizer", trace::Category::kHost);
   ++m.opt_step;
-  {
-    trace::Scope adam("adamw", trace::Category::kCompute);
-    for (const Param& p : m.params) {
-      Bucket& b = m.buckets[p.bucket];
-      const size_t n = p.rows * p.cols;
-      AdamW(p.w, p.g, b.m.data() + p.offset, b.v.data() + p.offset, n, m.opt_step, m.cfg.lr, m.cfg.beta1,
-            m.cfg.beta2, m.cfg.adam_eps, p.decay ? m.cfg.weight_decay : 0.0f);
-    }
+  if (m.updates_deferred) {
+    // TrainStep: the next forward applies the updates (Impl::update_pending),
+    // and waits for the world all-reduce before the first it needs.
+    std::fill(m.update_pending.begin(), m.update_pending.end(), 1);
+    ++m.version;
+    m.has_grads = false;
+    if (stats != nullptr) stats->optimizer_seconds = Since(t0);
+    return;
   }
+  // Each tensor's update is independent of the others': the world-reduced
+  // ones (bucket 0) go last, after their all-reduce, which the others'
+  // updates hide when TrainStep left it running (defer_world_sync).
+  auto adamw = [&](bool world) {
+    trace::Scope adam("adamw", trace::Category::kCompute);
+    for (size_t pi = 0; pi < m.params.size(); ++pi) {
+      if ((m.buckets[m.params[pi].bucket].sync == Sync::kWorld) != world) continue;
+      m.AdamWUpdate(static_cast<int>(pi));
+    }
+  };
+  adamw(false);
+  double world_wait = 0;  // counted as gradient-sync wait, not optimizer time
+  {
+    auto w0 = Clock::now();
+    trace::Scope wait("grad_sync.wait", trace::Category::kWait);
+    m.world_sync.Wait();
+    m.world_sync = Work();
+    world_wait = Since(w0);
+  }
+  adamw(true);
   ++m.version;
   m.has_grads = false;
-  if (stats != nullptr) stats->optimizer_seconds = Since(t0);
+  if (stats != nullptr) {
+    stats->optimizer_seconds = Since(t0) - world_wait;
+    stats->sync_wait_seconds += world_wait;
+  }
 }
 
 StepStats Transformer::TrainStep(int step) {
   trace::MarkStep(step);
   StepStats st;
   auto t0 = Clock::now();
-  ForwardBackward(step, &st);
-  OptimizerStep(&st);
+  impl_->defer_world_sync = true;
+  try {
+    ForwardBackward(step, &st);
+  } catch (...) {
+    impl_->defer_world_sync = false;
+    throw;
+  }
+  impl_->defer_world_sync = false;
+  impl_->updates_deferred = true;
+  try {
+    OptimizerStep(&st);
+  } catch (...) {
+    impl_->updates_deferred = false;
+    throw;
+  }
+  impl_->updates_deferred = false;
   st.seconds = Since(t0);
   return st;
 }
 
 std::vector<ParamView> Transformer::Parameters() {
+  impl_->ApplyAllUpdates();  // the values TrainStep's optimizer left deferred
   std::vector<ParamView> out;
   for (const Param& p : impl_->params) {
     ParamView v;
@@ -1233,7 +1453,10 @@ std::vector<ParamView> Transformer::Parameters() {
   return out;
 }
 
-void Transformer::WeightsChanged() { ++impl_->version; }
+void Transformer::WeightsChanged() {
+  impl_->ApplyAllUpdates();
+  ++impl_->version;
+}
 
 const TransformerConfig& Transformer::config() const { return impl_->cfg; }
 const ProcessGrid& Transformer::grid() const { return impl_->grid; }
