@@ -14,6 +14,21 @@
 
 namespace mc2::internal {
 
+namespace {
+
+// What every wait of an operation reports on a timeout or a failure: the
+// operation, its sequence number, its deadline.
+transport::WaitContext WaitContextOf(OpContext& ctx) {
+  transport::WaitContext wc;
+  wc.op = ctx.name;
+  wc.seq = ctx.seq;
+  wc.deadline = &ctx.deadline;
+  wc.timeout = ctx.timeout;
+  return wc;
+}
+
+}  // namespace
+
 const char* OpKindName(OpKind kind) {
   switch (kind) {
     case OpKind::kInit: return "init";
@@ -135,11 +150,7 @@ uint64_t GroupImpl::HeapOffset(const void* p, size_t bytes) const {
 }
 
 void GroupImpl::WaitFlag(OpContext& ctx, int grank, uint64_t off, uint64_t value) const {
-  transport::WaitContext wc;
-  wc.op = ctx.name;
-  wc.seq = ctx.seq;
-  wc.deadline = &ctx.deadline;
-  wc.timeout = ctx.timeout;
+  transport::WaitContext wc = WaitContextOf(ctx);
   wc.describe_missing = [&] {
     return fmt::format("rank {} (world rank {}; it is at operation #{} of this group)", grank,
                        members_[grank], LastArrived(grank));
@@ -215,11 +226,7 @@ void GroupImpl::Arrive(OpContext& ctx, const Fingerprint& fp, const void* send,
   arrival_offsets_.assign(2 * size_, kPrivate);
   ctx.send_off = std::span<uint64_t>(arrival_offsets_.data(), size_);
   ctx.recv_off = std::span<uint64_t>(arrival_offsets_.data() + size_, size_);
-  transport::WaitContext wc;
-  wc.op = ctx.name;
-  wc.seq = ctx.seq;
-  wc.deadline = &ctx.deadline;
-  wc.timeout = ctx.timeout;
+  transport::WaitContext wc = WaitContextOf(ctx);
   wc.describe_missing = [&] { return DescribeNotArrived(ctx.seq); };
   std::string mismatch;
   for (int r = 0; r < size_; ++r) {
@@ -267,11 +274,7 @@ void GroupImpl::PublishArrival(OpContext& ctx, const Fingerprint& fp) {
 
 void GroupImpl::WaitArrival(OpContext& ctx, int grank, const Fingerprint& fp) {
   if (grank == rank_) return;
-  transport::WaitContext wc;
-  wc.op = ctx.name;
-  wc.seq = ctx.seq;
-  wc.deadline = &ctx.deadline;
-  wc.timeout = ctx.timeout;
+  transport::WaitContext wc = WaitContextOf(ctx);
   wc.describe_missing = [&] { return DescribeNotArrived(ctx.seq); };
   tx().WaitGE(members_[grank], area_[grank] + ArriveOff(ctx.seq), ctx.seq, wc);
   const auto* peer = reinterpret_cast<const ArrivalSlot*>(Ptr(grank, ArriveOff(ctx.seq)));
@@ -284,11 +287,7 @@ void GroupImpl::WaitArrival(OpContext& ctx, int grank, const Fingerprint& fp) {
 }
 
 void GroupImpl::WaitReleased(OpContext& ctx, int grank) {
-  transport::WaitContext wc;
-  wc.op = ctx.name;
-  wc.seq = ctx.seq;
-  wc.deadline = &ctx.deadline;
-  wc.timeout = ctx.timeout;
+  transport::WaitContext wc = WaitContextOf(ctx);
   wc.describe_missing = [&] {
     std::string missing = DescribeNotArrived(ctx.seq);
     if (!missing.empty()) return missing;

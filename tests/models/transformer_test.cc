@@ -19,27 +19,14 @@
 
 #include "mc2/mc2.h"
 #include "mc2/models.h"
+#include "common/reference_model.h"
 #include "models/data.h"
 
 namespace mc2::models {
 namespace {
 
 // A tiny model: 2 layers, 4 heads of width 4, every TP size 1, 2, 4 valid.
-TransformerConfig Tiny() {
-  TransformerConfig c;
-  c.vocab = 16;
-  c.hidden = 16;
-  c.heads = 4;
-  c.ffn = 32;
-  c.layers = 2;
-  c.seq_len = 8;
-  c.batch = 4;
-  c.task = Task::kModAdd;
-  c.task_param = 3;
-  c.seed = 7;
-  c.fused.pipeline = Pipeline::kSerial;
-  return c;
-}
+TransformerConfig Tiny() { return TinyConfig(); }
 
 // Runs `steps` training steps on `ranks` in-process ranks with the given
 // TP size and returns rank 0's losses (every rank checks it saw the same).
@@ -70,97 +57,8 @@ bool SameBits(const std::vector<double>& a, const std::vector<double>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
 }
 
-// ------------------------------------------------------------ reference
-
-// A straightforward double-precision forward of the whole model on ONE
-// rank's parameters (tp = 1), written independently of src/models: per
-// sequence, per position, textbook formulas.
-double ReferenceLoss(Transformer& model, int step) {
-  const TransformerConfig& c = model.config();
-  std::vector<ParamView> ps = model.Parameters();
-  auto P = [&](const std::string& name) -> const ParamView& {
-    for (auto& p : ps)
-      if (p.name == name) return p;
-    ADD_FAILURE() << "no parameter " << name;
-    return ps[0];
-  };
-  const int h = c.hidden, nh = c.heads, d = h / nh, f = c.ffn, T = c.seq_len, V = c.vocab;
-  auto rmsnorm = [&](const std::vector<double>& x, const ParamView& g) {
-    double ss = 0;
-    for (double v : x) ss += v * v;
-    double r = 1.0 / std::sqrt(ss / h + c.norm_eps);
-    std::vector<double> y(h);
-    for (int i = 0; i < h; ++i) y[i] = x[i] * r * g.value[i];
-    return y;
-  };
-  auto matvec = [](const std::vector<double>& x, const ParamView& w) {  // x [rows] * W
-    std::vector<double> y(w.cols, 0.0);
-    for (size_t r = 0; r < w.rows; ++r)
-      for (size_t k = 0; k < w.cols; ++k) y[k] += x[r] * w.value[r * w.cols + k];
-    return y;
-  };
-  auto rope = [&](double* v, int pos) {
-    for (int i = 0; i < d / 2; ++i) {
-      double th = pos * std::pow(static_cast<double>(c.rope_base), -2.0 * i / d);
-      double a = v[2 * i], b = v[2 * i + 1];
-      v[2 * i] = a * std::cos(th) - b * std::sin(th);
-      v[2 * i + 1] = a * std::sin(th) + b * std::cos(th);
-    }
-  };
-  double total = 0;
-  for (int seq = 0; seq < c.batch; ++seq) {
-    std::vector<std::vector<double>> x(T, std::vector<double>(h));
-    for (int t = 0; t < T; ++t) {
-      int tok = SequenceToken(c, step, seq, t);
-      for (int i = 0; i < h; ++i) x[t][i] = P("embed").value[tok * h + i];
-    }
-    for (int l = 0; l < c.layers; ++l) {
-      std::string b = "block" + std::to_string(l);
-      std::vector<std::vector<double>> qkv(T);
-      for (int t = 0; t < T; ++t) {
-        qkv[t] = matvec(rmsnorm(x[t], P(b + ".norm1")), P(b + ".attn.qkv"));
-        for (int j = 0; j < nh; ++j) {
-          rope(&qkv[t][j * d], t);
-          rope(&qkv[t][h + j * d], t);
-        }
-      }
-      for (int t = 0; t < T; ++t) {
-        std::vector<double> ctx(h, 0.0);
-        for (int j = 0; j < nh; ++j) {
-          std::vector<double> sc(t + 1);
-          double mx = -1e300;
-          for (int u = 0; u <= t; ++u) {
-            double dot = 0;
-            for (int e = 0; e < d; ++e) dot += qkv[t][j * d + e] * qkv[u][h + j * d + e];
-            sc[u] = dot / std::sqrt(static_cast<double>(d));
-            mx = std::max(mx, sc[u]);
-          }
-          double z = 0;
-          for (auto& v : sc) z += (v = std::exp(v - mx));
-          for (int u = 0; u <= t; ++u)
-            for (int e = 0; e < d; ++e) ctx[j * d + e] += sc[u] / z * qkv[u][2 * h + j * d + e];
-        }
-        std::vector<double> o = matvec(ctx, P(b + ".attn.o"));
-        for (int i = 0; i < h; ++i) x[t][i] += o[i];
-        std::vector<double> gu = matvec(rmsnorm(x[t], P(b + ".norm2")), P(b + ".mlp.gate_up"));
-        std::vector<double> a(f);
-        for (int i = 0; i < f; ++i) a[i] = gu[i] / (1 + std::exp(-gu[i])) * gu[f + i];
-        std::vector<double> dn = matvec(a, P(b + ".mlp.down"));
-        for (int i = 0; i < h; ++i) x[t][i] += dn[i];
-      }
-      // (The attention of position t reads only qkv, computed for every
-      // position before the residual updates, as in the model.)
-    }
-    for (int t = 0; t < T; ++t) {
-      std::vector<double> logits = matvec(rmsnorm(x[t], P("final_norm")), P("lm_head"));
-      double mx = *std::max_element(logits.begin(), logits.end()), z = 0;
-      for (double v : logits) z += std::exp(v - mx);
-      total += mx + std::log(z) - logits[SequenceToken(c, step, seq, t + 1)];
-    }
-  }
-  return total / (static_cast<double>(c.batch) * T);
-  (void)V;
-}
+// The double-precision reference (ReferenceLoss) is in
+// tests/common/reference_model.cc, shared with the MoE tests.
 
 TEST(Transformer, ForwardMatchesDoubleReference) {
   for (Task task : {Task::kModAdd, Task::kCopy}) {
