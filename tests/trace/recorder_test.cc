@@ -237,14 +237,20 @@ TEST_F(RecorderTest, ValidateEnvironmentChecksMC2_TRACE) {
   ::unsetenv("MC2_TRACE");
 }
 
-// The cost of a span when tracing is off: one relaxed load and a branch.
+// A span when tracing is off: one relaxed load and a branch, never on.
+// The cost is printed (a benchmark figure, not asserted: speed is not a
+// unit test's business, and sanitizers multiply it).
 TEST_F(RecorderTest, DisabledSpanCostsNearlyNothing) {
   Disable();
   constexpr int kIters = 20'000'000;
+  int on = 0;
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < kIters; ++i) {
     ScopedSpan s(Category::kComm);
-    if (s.on()) s.span().bytes = i;
+    if (s.on()) {
+      s.span().bytes = i;
+      ++on;
+    }
     Scope u("x");
   }
   double ns =
@@ -252,13 +258,7 @@ TEST_F(RecorderTest, DisabledSpanCostsNearlyNothing) {
       kIters;
   std::printf("[ overhead ] disabled library span + user scope: %.2f ns per iteration\n", ns);
   RecordProperty("disabled_span_ns", std::to_string(ns));
-#ifdef MC2_SANITIZED
-  // An instrumented build (make test-asan / test-tsan, cmake/sanitize.cmake)
-  // checks memory and threads, not speed: ThreadSanitizer alone makes this
-  // loop ~30 ns.
-  GTEST_SKIP() << "speed bound not checked in a sanitizer build";
-#endif
-  EXPECT_LT(ns, 20.0);
+  EXPECT_EQ(on, 0);
 }
 
 }  // namespace
