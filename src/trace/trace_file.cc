@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -230,7 +231,12 @@ uint64_t U64(const Json& args, const char* key) {
   if (it->is_number_unsigned()) return it->get<uint64_t>();
   if (it->is_number_integer())
     return static_cast<uint64_t>(std::max<int64_t>(0, it->get<int64_t>()));
-  return static_cast<uint64_t>(std::max(0.0, it->get<double>()));
+  // A double outside [0, 2^64) (or NaN) has no uint64 value: converting it
+  // is undefined behaviour (found by the trace file fuzzer with 4e96).
+  const double d = it->get<double>();
+  if (!(d > 0)) return 0;
+  if (d >= 18446744073709551616.0) return UINT64_MAX;
+  return static_cast<uint64_t>(d);
 }
 
 std::string Text(const Json& args, const char* key) {

@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+
 #include <string>
 
 #include "mc2/error.h"
@@ -84,6 +86,24 @@ TEST(TraceFuzzRegressionTest, LargeButSaneValuesStillParse) {
   EXPECT_EQ(t.ranks.at(1).clock_offset_ns, -5000000000);
   EXPECT_EQ(t.ranks.at(1).dropped, 7u);
   EXPECT_EQ(t.ranks.at(1).world_size, 2);
+}
+
+TEST(TraceFuzzRegressionTest, HugeOrNegativeByteCountsSaturate) {
+  // Found by trace_file_fuzz (make test-fuzz, 2026-12-01): "bytes": 4e96
+  // was converted from double to uint64 (UBSan: outside the range of
+  // representable values). Byte and flop counts are informational: out of
+  // range they saturate, negative or NaN-like ones read as 0.
+  const TraceData t = ParseChromeTrace(
+      R"({"traceEvents":[{"ph":"X","name":"a","cat":"comm","pid":0,"ts":1,"dur":1,
+                          "args":{"bytes":4e96,"flops":-3.5}},
+                         {"ph":"X","name":"b","cat":"comm","pid":0,"ts":2,"dur":1,
+                          "args":{"bytes":1.5e3,"flops":1e19}}]})",
+      "ok.trace.json");
+  ASSERT_EQ(t.spans.size(), 2u);
+  EXPECT_EQ(t.spans[0].bytes, UINT64_MAX);
+  EXPECT_EQ(t.spans[0].flops, 0u);
+  EXPECT_EQ(t.spans[1].bytes, 1500u);
+  EXPECT_EQ(t.spans[1].flops, 10000000000000000000u);
 }
 
 }  // namespace
