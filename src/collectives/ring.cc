@@ -54,6 +54,7 @@
 
 #include "collectives/algorithm.h"
 #include "core/copy.h"
+#include "core/scratch.h"
 #include "core/reduce.h"
 
 namespace mc2::collectives {
@@ -118,7 +119,7 @@ void RingReduce(OpContext& ctx, const CollArgs& a, size_t rounds, size_t ch, boo
   const uint64_t per_round = static_cast<uint64_t>(n - 1) * (all_gather ? 2 : 1);
   CheckSteps(ctx, rounds, per_round, "ring");
   // Deterministic mode: the raw contributions to my chunk, by origin.
-  std::vector<char> coll(det ? static_cast<size_t>(n) * ch * e : 0);
+  core::Scratch<char> coll(det ? static_cast<size_t>(n) * ch * e : 0);
   std::vector<const void*> srcs(n);
 
   for (size_t k = 0; k < rounds; ++k) {

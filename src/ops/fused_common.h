@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/scratch.h"
 #include "engine/group_impl.h"
 #include "engine/work_state.h"
 #include "mc2/collectives.h"
@@ -160,21 +161,10 @@ inline bool OverlapPays(double flops_per_rank, DType dtype, double port_bytes, u
   return saving > cost;
 }
 
-// A call's scratch buffer, not zeroed: every byte an operator reads from it
-// is written first, and zeroing megabytes per call would cost as much as a
-// small GEMM.
+// A call's scratch buffer, not zeroed (every byte an operator reads from
+// it is written first), from the thread's block cache (core/scratch.h).
 template <typename T>
-class Scratch {
- public:
-  explicit Scratch(size_t count = 0) { Resize(count); }
-  void Resize(size_t count) {
-    data_ = count ? std::make_unique_for_overwrite<T[]>(count) : nullptr;
-  }
-  T* data() const { return data_.get(); }
-
- private:
-  std::unique_ptr<T[]> data_;
-};
+using Scratch = core::Scratch<T>;
 
 // Outstanding works of a call: on failure every one is waited for (errors
 // ignored) before the buffers they use go away.

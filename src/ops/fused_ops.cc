@@ -122,6 +122,7 @@ using fused::ChunkLo;
 using fused::LocalChecks;
 using fused::PackPipelineSplits;
 using fused::Pending;
+using fused::Scratch;
 using internal::GroupImpl;
 using ops::FusedOpKind;
 
@@ -639,7 +640,7 @@ void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, cons
     most = std::max(most, (all_gather ? p.M : p.M - p.rows[r]) * ncol * sizeof(float));
   FusedCall call(g, p, most);
   float* mine = reinterpret_cast<float*>(call.Mine());
-  std::vector<float> own(p.rows[me] * ncol);
+  Scratch<float> own(p.rows[me] * ncol);
   float* my_out = all_gather ? out + p.offs[me] * ncol : out;
 
   // Progress that never blocks: reduce my chunks whose partials all landed
@@ -723,7 +724,7 @@ void RunMatmulReduceScatter(const Group& g, const Plan& p, const char* a, const 
   const int n = p.size, me = p.rank;
   const size_t row_bytes = p.k * p.esize;
   if (p.pipeline == Pipeline::kSerial || n == 1) {
-    std::vector<float> full(p.M * p.n);
+    Scratch<float> full(p.M * p.n);
     GemmOrZero(p, p.M, a, b, full.data());
     std::vector<size_t> counts(n);
     for (int r = 0; r < n; ++r) counts[r] = p.rows[r] * p.n;
@@ -733,7 +734,7 @@ void RunMatmulReduceScatter(const Group& g, const Plan& p, const char* a, const 
   }
   if (p.pipeline == Pipeline::kChunked) {
     const int s = p.splits;
-    std::vector<float> packed(p.M * p.n);
+    Scratch<float> packed(p.M * p.n);
     size_t base = 0;
     for (int j = 0; j < s; ++j) {
       std::vector<size_t> counts(n);
@@ -840,12 +841,12 @@ Work AllGatherMatmul(const Group& g, const void* a_shard, size_t m_local, size_t
   msg.want_gathered = gathered_a != nullptr;
   Plan p = MakePlan(g, op, msg, err, options, c == nullptr && n > 0);
   return Complete(g, p, report, [&](Pending& pend) {
-    std::vector<char> own;
+    Scratch<char> own;
     char* ag = static_cast<char*>(gathered_a);
     // Serial and chunked gather into Ag whatever the caller wants; fused
     // reads peers' shards in place and fills Ag only when asked.
     if (ag == nullptr && (p.pipeline != Pipeline::kFused || p.size == 1)) {
-      own.resize(p.M * p.k * p.esize);
+      own.Resize(p.M * p.k * p.esize);
       ag = own.data();
     }
     RunAllGatherMatmul(g, p, static_cast<const char*>(a_shard), static_cast<const char*>(b), c,

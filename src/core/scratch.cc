@@ -1,0 +1,112 @@
+#include "core/scratch.h"
+
+#include <algorithm>
+#include <bit>
+#include <new>
+#include <utility>
+#include <vector>
+
+namespace mc2::core {
+namespace {
+
+constexpr std::align_val_t kAlign{64};
+
+// Rounds up to 1/8 of the next power of two, so that calls whose sizes
+// differ a little (uneven MoE loads, the last chunk) reuse the same block,
+// wasting at most 1/8.
+size_t RoundUp(size_t bytes) {
+  if (bytes <= 4096) return 4096;
+  const size_t step = std::bit_ceil(bytes) / 8;
+  return (bytes + step - 1) / step * step;
+}
+
+struct Block {
+  size_t cap;
+  void* data;
+};
+
+// Free blocks of this thread, sorted by capacity.
+class Cache {
+ public:
+  ~Cache() { Trim(); }
+  void* Take(size_t& cap) {
+    auto it = std::lower_bound(free_.begin(), free_.end(), cap,
+                               [](const Block& b, size_t c) { return b.cap < c; });
+    if (it != free_.end() && it->cap <= 2 * cap) {
+      void* p = it->data;
+      cap = it->cap;
+      bytes_ -= it->cap;
+      free_.erase(it);
+      return p;
+    }
+    return ::operator new(cap, kAlign);
+  }
+  void Give(void* p, size_t cap) noexcept {
+    if (cap > kScratchCacheBytes) {
+      ::operator delete(p, kAlign);
+      return;
+    }
+    while (bytes_ + cap > kScratchCacheBytes && !free_.empty()) {
+      bytes_ -= free_.back().cap;
+      ::operator delete(free_.back().data, kAlign);
+      free_.pop_back();
+    }
+    try {
+      auto it = std::lower_bound(free_.begin(), free_.end(), cap,
+                                 [](const Block& b, size_t c) { return b.cap < c; });
+      free_.insert(it, Block{cap, p});
+      bytes_ += cap;
+    } catch (...) {  // no memory for the list entry: just free the block
+      ::operator delete(p, kAlign);
+    }
+  }
+  void Trim() noexcept {
+    for (Block& b : free_) ::operator delete(b.data, kAlign);
+    free_.clear();
+    bytes_ = 0;
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  std::vector<Block> free_;
+  size_t bytes_ = 0;
+};
+
+Cache& ThreadCache() {
+  thread_local Cache cache;
+  return cache;
+}
+
+}  // namespace
+
+ScratchBlock::ScratchBlock(size_t bytes) : cap_(RoundUp(bytes)) {
+  data_ = ThreadCache().Take(cap_);
+}
+
+ScratchBlock::ScratchBlock(ScratchBlock&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)), cap_(std::exchange(o.cap_, 0)) {}
+
+ScratchBlock& ScratchBlock::operator=(ScratchBlock&& o) noexcept {
+  if (this != &o) {
+    Release();
+    data_ = std::exchange(o.data_, nullptr);
+    cap_ = std::exchange(o.cap_, 0);
+  }
+  return *this;
+}
+
+ScratchBlock::~ScratchBlock() { Release(); }
+
+// A block may be released on another thread than the one that took it (a
+// Work's buffers freed by whoever drops it last); it then joins that
+// thread's cache, which is as good.
+void ScratchBlock::Release() noexcept {
+  if (data_) ThreadCache().Give(data_, cap_);
+  data_ = nullptr;
+  cap_ = 0;
+}
+
+size_t ScratchCachedBytes() { return ThreadCache().bytes(); }
+void ScratchTrim() { ThreadCache().Trim(); }
+
+}  // namespace mc2::core
