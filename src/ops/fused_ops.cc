@@ -25,7 +25,9 @@
 //            (queued) while chunk j+1 is multiplied.
 //   fused    chunk j of the partial for rank r+1, r+2, ... is multiplied
 //            into the workspace and handed to its owner while the next is
-//            multiplied; the own chunk last; the owner reduces the n
+//            multiplied; the own chunk j after those of chunk j+1 (so its
+//            peers' partials have landed when it is done); the owner
+//            reduces the n
 //            partials of a chunk with core::ReduceTree in rank order (the
 //            canonical order ReduceScatterV uses) as soon as all landed.
 // MatmulAllReduce (A [M x k_r], B [k_r x n] -> C [M x n]):
@@ -697,9 +699,20 @@ void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, cons
     }
   };
 
+  auto own_gemm = [&](int j) {
+    size_t lo = ChunkLo(p.rows[me], j, s), hi = ChunkLo(p.rows[me], j + 1, s);
+    GemmOrZero(p, hi - lo, a + (p.offs[me] + lo) * row_bytes, b, own.data() + lo * ncol);
+    computed = j + 1;
+    progress(false);
+  };
+  // Chunk j of the partials for r+1, r+2, ..., each handed over as soon as
+  // it is made; my own chunk j one round late, after the partials of chunk
+  // j+1. So when my chunk j is done, the peers' partials for it left them a
+  // whole round earlier and have landed: it is reduced (and, all_gather,
+  // handed out) at once, and after the last GEMM only the last chunk's
+  // reduction (and hand-off) remains, instead of also waiting for the
+  // peers' last transfers.
   for (int j = 0; j < s; ++j) {
-    // Chunk j of the partials for r+1, r+2, ..., each handed over as soon
-    // as it is made, then chunk j of my own.
     for (int i = 1; i < n; ++i) {
       const int d = collectives::Mod(me + i, n);
       size_t lo = ChunkLo(p.rows[d], j, s), hi = ChunkLo(p.rows[d], j + 1, s);
@@ -708,11 +721,9 @@ void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, cons
       call.Signal(0, d, (hi - lo) * ncol * sizeof(float));
       progress(false);
     }
-    size_t lo = ChunkLo(p.rows[me], j, s), hi = ChunkLo(p.rows[me], j + 1, s);
-    GemmOrZero(p, hi - lo, a + (p.offs[me] + lo) * row_bytes, b, own.data() + lo * ncol);
-    computed = j + 1;
-    progress(false);
+    if (j > 0) own_gemm(j - 1);
   }
+  own_gemm(s - 1);
   progress(true);
   pend.WaitAll();
   call.Consumed(0, s);
