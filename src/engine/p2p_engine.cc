@@ -15,6 +15,13 @@ namespace {
 constexpr size_t kChunkHeader = 64;
 constexpr size_t kChunkPayload = 256 * 1024;
 constexpr size_t kSlotBytes = kChunkHeader + kChunkPayload;
+// Slots per channel: how many chunks may be in flight towards a peer. With
+// two, each chunk past the second waited for the receiver to wake, copy out
+// and acknowledge, and the sender to wake again; on a host whose cores are
+// busy computing those wake-ups take up to milliseconds, so a large message
+// moved at a fraction of the (emulated) link rate. Eight keep the link busy
+// through such gaps, for 2 MiB of heap per peer that a rank sends to.
+constexpr uint64_t kSlots = 8;
 struct ChunkHeader {
   int64_t tag;
   uint64_t total;
@@ -60,8 +67,9 @@ Work P2PEngine::Post(std::shared_ptr<GroupImpl> group, bool send, char* data, si
 bool P2PEngine::CanSend(const Op& op) const {
   GroupImpl* g = op.group.get();
   uint64_t c = g->channels()[op.peer].sent_chunks;
-  return c < 2 || g->tx().Peek(g->world_rank(op.peer),
-                               g->Abs(op.peer, g->P2POff(g->rank()) + kAckWord)) >= c - 1;
+  return c < kSlots || g->tx().Peek(g->world_rank(op.peer),
+                                    g->Abs(op.peer, g->P2POff(g->rank()) + kAckWord)) >=
+                           c - kSlots + 1;
 }
 
 bool P2PEngine::StepSend(Op& op) {
@@ -73,18 +81,18 @@ bool P2PEngine::StepSend(Op& op) {
     size_t off = op.next * kChunkPayload;
     size_t n = std::min(kChunkPayload, op.bytes - std::min(op.bytes, off));
     if (ch.chan_off == kPrivate) {
-      auto o = g->world().heap->Allocate(2 * kSlotBytes);
+      auto o = g->world().heap->Allocate(kSlots * kSlotBytes);
       if (!o)
         throw Error(ErrorCode::kShmExhausted,
                     fmt::format("Send: no room in the symmetric heap for a {}-byte channel to "
                                 "rank {}; raise MC2_HEAP_BYTES",
-                                2 * kSlotBytes, op.peer),
+                                kSlots * kSlotBytes, op.peer),
                     me, "send");
       ch.chan_off = *o;
       *reinterpret_cast<uint64_t*>(g->Ptr(me, g->P2POff(op.peer) + kChanWord)) = *o;
     }
     uint64_t c = ch.sent_chunks;
-    char* slot = g->HeapPtr(me, ch.chan_off + (c % 2) * kSlotBytes);
+    char* slot = g->HeapPtr(me, ch.chan_off + (c % kSlots) * kSlotBytes);
     auto* h = reinterpret_cast<ChunkHeader*>(slot);
     h->tag = op.tag;
     h->total = op.bytes;
@@ -147,7 +155,7 @@ bool P2PEngine::StepInbound(Inbound& in) {
     auto& ch = g->channels()[peer];
     uint64_t c = ch.recv_chunks;
     uint64_t chan = *reinterpret_cast<volatile uint64_t*>(g->Ptr(peer, g->P2POff(me) + kChanWord));
-    const char* slot = g->HeapPtr(peer, chan + (c % 2) * kSlotBytes);
+    const char* slot = g->HeapPtr(peer, chan + (c % kSlots) * kSlotBytes);
     const auto* h = reinterpret_cast<const ChunkHeader*>(slot);
     if (!in.current && !in.current_unexpected) {
       // A new message: the earliest Recv with its tag takes it.

@@ -1,11 +1,11 @@
 // Point-to-point progress: tagged Send/Recv between two ranks of a group.
 //
-// Works as follows. The sender owns a channel buffer of two slots in its
-// heap for each peer; a message is cut into slot-sized chunks, each with a
-// small header (tag, total size, index). Per peer the sender publishes how
+// Works as follows. The sender owns a channel buffer of kSlots (8) slots in
+// its heap for each peer; a message is cut into slot-sized chunks, each with
+// a small header (tag, total size, index). Per peer the sender publishes how
 // many chunks it wrote and the receiver how many it consumed; the sender
-// reuses slot c % 2 once chunk c - 2 is consumed, and each side wakes the
-// other after publishing. A Send completes once its last chunk is in the
+// reuses slot c % kSlots once chunk c - kSlots is consumed, and each side
+// wakes the other after publishing. A Send completes once its last chunk is in the
 // channel.
 //
 // Matching, as in MPI: a message from rank p with tag t goes to the earliest
