@@ -396,9 +396,10 @@ MoeRouting MoeRoute(const Group& g, const int32_t* expert_ids, size_t num_tokens
 // as it arrives while chunks > j move; fused = the own rows first, then the
 // block from rank r-1, r-2, ..., cut into `splits` chunks, each multiplied
 // as soon as it arrives while the next moves (rank r sends to r+i at step
-// i); auto = as AllGatherBatchMatmul's (chunked 4 when overlap pays, from
-// the busiest rank's rows and port bytes, else serial; the count matrix
-// and link settings are the same everywhere, so is the choice).
+// i); auto = fused with 4 chunks when overlap pays (judged as
+// AllGatherBatchMatmul's, from the busiest rank's rows and port bytes),
+// else serial; the count matrix and link settings are the same
+// everywhere, so is the choice.
 // FusedOptions::timeout does not apply
 // to the point-to-point messages (they use the group's timeout).
 Work AllToAllMatmul(const Group& g, const MoeRouting& routing, const void* x, size_t d,
