@@ -49,9 +49,9 @@ struct CollectiveOptions {
   Algorithm algorithm = Algorithm::kAuto;
   // 0 = the group's timeout (MC2_TIMEOUT, default 300 s).
   std::chrono::nanoseconds timeout{0};
-  // Latency-bound calls (up to 256 KiB per rank) run to completion on the
-  // calling thread when the rank's progress thread is idle: the returned
-  // Work is then already complete, and a thread hand-off is saved. Set to
+  // Calls of up to 4 MiB per rank run to completion on the calling thread
+  // when the rank's progress thread is idle: the returned Work is then
+  // already complete, and a thread hand-off is saved. Set to
   // false when the call must proceed in the background while the caller
   // computes (overlap), whatever its size.
   bool may_run_inline = true;

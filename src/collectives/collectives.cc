@@ -44,7 +44,7 @@ const AlgorithmTable& Algorithms() {
 
 namespace {
 
-constexpr size_t kInlineMaxBytes = 256 * 1024;
+constexpr size_t kInlineMaxBytes = 4 * 1024 * 1024;
 
 uint64_t HashCounts(const std::vector<size_t>& a, const std::vector<size_t>& b = {}) {
   uint64_t h = 1469598103934665603ull;
@@ -194,9 +194,11 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
     expose_bytes = a.counts[gi->rank()] * a.esize;
   const void* expose_recv = a.recv;
 
-  // Latency-bound calls run on the caller when the engine is idle: a
-  // hand-off to the progress thread and back costs two thread wake-ups,
-  // more than moving 256 KiB here. Larger calls stay asynchronous.
+  // Calls up to kInlineMaxBytes run on the caller when the engine is idle:
+  // a hand-off to the progress thread and back costs two thread wake-ups
+  // and a queued task, measured 20-45% of a 512 KiB - 2 MiB call-and-wait
+  // here (docs/architecture.md). Larger calls stay asynchronous; callers
+  // that overlap set may_run_inline = false.
   bool small = opts.may_run_inline && select_bytes <= kInlineMaxBytes;
   const char* name = internal::OpKindName(a.kind);
   const Plan plan{fn, algo, fp, expose_send, expose_bytes, expose_recv, opts.timeout, n, eager};
