@@ -25,9 +25,9 @@
 //            (queued) while chunk j+1 is multiplied.
 //   fused    chunk j of the partial for rank r+1, r+2, ... is multiplied
 //            into the workspace and handed to its owner while the next is
-//            multiplied; the own chunk j after those of chunk j+1 (so its
-//            peers' partials have landed when it is done); the owner
-//            reduces the n
+//            multiplied; the own chunk j after them (with 2 ranks after
+//            the partial of chunk j+1, so that the peer's partial has
+//            landed when it is done); the owner reduces the n
 //            partials of a chunk with core::ReduceTree in rank order (the
 //            canonical order ReduceScatterV uses) as soon as all landed.
 // MatmulAllReduce (A [M x k_r], B [k_r x n] -> C [M x n]):
@@ -706,12 +706,16 @@ void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, cons
     progress(false);
   };
   // Chunk j of the partials for r+1, r+2, ..., each handed over as soon as
-  // it is made; my own chunk j one round late, after the partials of chunk
-  // j+1. So when my chunk j is done, the peers' partials for it left them a
-  // whole round earlier and have landed: it is reduced (and, all_gather,
-  // handed out) at once, and after the last GEMM only the last chunk's
-  // reduction (and hand-off) remains, instead of also waiting for the
-  // peers' last transfers.
+  // it is made, then my own chunk. With 2 ranks my own chunk j comes one
+  // round late, after the partial of chunk j+1: when it is done the peer's
+  // partial for it left a whole GEMM earlier and has landed, so it is
+  // reduced (and handed out) at once, and the call ends with the last
+  // chunk's reduction and hand-off only, not also the peer's last transfer
+  // (matmul_all_reduce, emulated balanced link, s=4: 58.7 ms against 64.5
+  // ms in order). With more ranks the delay piles the all-gather hand-offs
+  // (to n-1 peers each) into the end of the call instead: at 4 ranks, s=2,
+  // in order was 125-136 ms against 124-148 ms delayed, so they go in order.
+  const bool own_late = n == 2;
   for (int j = 0; j < s; ++j) {
     for (int i = 1; i < n; ++i) {
       const int d = collectives::Mod(me + i, n);
@@ -721,9 +725,10 @@ void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, cons
       call.Signal(0, d, (hi - lo) * ncol * sizeof(float));
       progress(false);
     }
-    if (j > 0) own_gemm(j - 1);
+    if (!own_late) own_gemm(j);
+    else if (j > 0) own_gemm(j - 1);
   }
-  own_gemm(s - 1);
+  if (own_late) own_gemm(s - 1);
   progress(true);
   pend.WaitAll();
   call.Consumed(0, s);
