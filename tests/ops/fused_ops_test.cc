@@ -14,55 +14,19 @@
 #include <vector>
 
 #include "engine/group_impl.h"
+#include "common/operands.h"
 #include "mc2/mc2.h"
 #include "transport/link_emulation.h"
 
 namespace mc2 {
 namespace {
 
-// Bitwise equality of two float vectors (memcmp, but defined for empty ones).
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-
+using test::Close;
+using test::Mat;
+using test::Random;
+using test::SameBits;
 
 constexpr int kSplits[] = {1, 2, 3, 4, 7};
-
-// Values of one operand, generated identically on every rank from (seed,
-// owner), stored as `dtype` bytes, with their exact values as doubles.
-struct Mat {
-  std::vector<char> bytes;
-  std::vector<double> value;
-};
-
-Mat Random(size_t count, DType dtype, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> f(count);
-  for (auto& x : f) x = dist(rng);
-  Mat m;
-  m.value.resize(count);
-  if (dtype == DType::kF32) {
-    m.bytes.resize(count * 4);
-    if (count) std::memcpy(m.bytes.data(), f.data(), count * 4);
-    for (size_t i = 0; i < count; ++i) m.value[i] = f[i];
-  } else {
-    std::vector<bf16> h(count);
-    ConvertF32ToBF16(f.data(), h.data(), count);
-    std::vector<float> back(count);
-    ConvertBF16ToF32(h.data(), back.data(), count);
-    m.bytes.resize(count * 2);
-    if (count) std::memcpy(m.bytes.data(), h.data(), count * 2);
-    for (size_t i = 0; i < count; ++i) m.value[i] = back[i];
-  }
-  return m;
-}
-
-// |c - ref| small against the sum of |products| (f32 accumulation).
-bool Close(float c, double ref, double abs_sum) {
-  return std::fabs(double(c) - ref) <= 1e-5 * abs_sum + 1e-6;
-}
 
 struct Counters {
   std::atomic<int> runs{0}, not_bitwise{0}, not_close{0}, wrong_report{0};

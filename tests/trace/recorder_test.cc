@@ -122,7 +122,8 @@ TEST_F(RecorderTest, CollectivesAndScopesAreRecordedPerRank) {
 TEST_F(RecorderTest, BackgroundCollectivesRunOnTheProgressThread) {
   Enable(dir_.string());
   Group::RunInProcess(2, [](Group& g) {
-    std::vector<float> x(1 << 18, 1.0f), y(1 << 18);
+    // 8 MiB: above the size that runs inline on an idle engine (4 MiB).
+    std::vector<float> x(1 << 21, 1.0f), y(1 << 21);
     Work w = AllReduce(g, x.data(), y.data(), x.size(), DType::kF32, ReduceOp::kSum);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // "compute"
     w.Wait();
