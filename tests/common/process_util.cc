@@ -211,4 +211,23 @@ std::vector<pid_t> TaggedProcesses() {
   return out;
 }
 
+void LeakCheckedTest::SetUp() { shm_before_ = ShmEntries(); }
+
+void LeakCheckedTest::TearDown() {
+  // Names exist for microseconds while a concurrent test's launcher creates
+  // a job; only a name that stays is a leak.
+  std::set<std::string> leaked;
+  for (const auto& name : ShmEntries())
+    if (shm_before_.count(name) == 0) leaked.insert(name);
+  if (!leaked.empty()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const std::set<std::string> now = ShmEntries();
+    std::erase_if(leaked, [&](const std::string& name) { return now.count(name) == 0; });
+  }
+  EXPECT_TRUE(leaked.empty()) << "files left in /dev/shm";
+  auto left = TaggedProcesses();
+  EXPECT_TRUE(left.empty()) << left.size() << " process(es) outlived the test's jobs";
+  for (pid_t p : left) kill(p, SIGKILL);
+}
+
 }  // namespace mc2::testing

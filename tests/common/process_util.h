@@ -4,6 +4,7 @@
 #ifndef MC2_TESTS_COMMON_PROCESS_UTIL_H_
 #define MC2_TESTS_COMMON_PROCESS_UTIL_H_
 
+#include <gtest/gtest.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -65,6 +66,17 @@ Launch Spawn(const std::vector<std::string>& args, EnvOverrides env = {});
 // running after `timeout` seconds (then timed_out is set).
 Result Wait(Launch& launch, double timeout = 10);
 Result RunMc2(const std::vector<std::string>& args, EnvOverrides env = {}, double timeout = 10);
+
+// A fixture that fails a test which leaves an mc2-* entry in /dev/shm or a
+// process of its jobs running (and kills such processes).
+class LeakCheckedTest : public ::testing::Test {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
+
+ private:
+  std::set<std::string> shm_before_;
+};
 
 }  // namespace mc2::testing
 

@@ -25,20 +25,7 @@ namespace {
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
-class FaultsTest : public ::testing::Test {
- protected:
-  void SetUp() override { shm_before_ = ShmEntries(); }
-  void TearDown() override {
-    std::set<std::string> leaked;
-    for (const auto& name : ShmEntries())
-      if (shm_before_.count(name) == 0) leaked.insert(name);
-    EXPECT_TRUE(leaked.empty()) << "files left in /dev/shm";
-    auto left = TaggedProcesses();
-    EXPECT_TRUE(left.empty()) << left.size() << " process(es) outlived the job";
-    for (pid_t p : left) kill(p, SIGKILL);
-  }
-  std::set<std::string> shm_before_;
-};
+class FaultsTest : public LeakCheckedTest {};
 
 struct FaultRun {
   Result result;

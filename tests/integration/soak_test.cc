@@ -19,20 +19,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-class SoakTest : public ::testing::Test {
- protected:
-  void SetUp() override { shm_before_ = ShmEntries(); }
-  void TearDown() override {
-    std::set<std::string> leaked;
-    for (const auto& name : ShmEntries())
-      if (shm_before_.count(name) == 0) leaked.insert(name);
-    EXPECT_TRUE(leaked.empty()) << "files left in /dev/shm";
-    auto left = TaggedProcesses();
-    EXPECT_TRUE(left.empty()) << left.size() << " process(es) outlived the soak";
-    for (pid_t p : left) kill(p, SIGKILL);
-  }
-  std::set<std::string> shm_before_;
-};
+class SoakTest : public LeakCheckedTest {};
 
 struct Summary {
   long ops = -1, wrong = -1, hangs = -1, errors = -1, injected = -1, reported = -1;
