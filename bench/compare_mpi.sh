@@ -33,6 +33,7 @@ colls=()
 
 usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 die() { echo "compare_mpi.sh: $*" >&2; exit 2; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -60,25 +61,17 @@ done
 [[ $stat == avg || $stat == median ]] || die "--stat $stat: expected avg or median"
 progress() { [[ -t 2 ]] && printf "$@" >&2; return 0; }
 
-mc2=$build/tools/mc2
+require_mc2 "$build"
 mpib=$build/bench/mpi_coll_bench
-[[ -x $mc2 ]] || die "$mc2 not found: build mc2_cli, or pass --build DIR"
 [[ -x $mpib ]] || die "$mpib not found: build mpi_coll_bench (needs MPI), or pass --build DIR"
 command -v mpirun >/dev/null || die "mpirun not found"
-command -v python3 >/dev/null || die "python3 not found (used to join the JSON outputs)"
 
 mpirun_args=(--oversubscribe -np "$nranks" --bind-to none --mca btl self,vader)
 if [[ $(id -u) -eq 0 ]]; then
   mpirun_args=(--allow-run-as-root "${mpirun_args[@]}")
 fi
 
-if [[ -n $keep ]]; then
-  out=$keep
-  mkdir -p "$out"
-else
-  out=$(mktemp -d /tmp/mc2-compare.XXXXXX)
-  trap 'rm -rf "$out"' EXIT
-fi
+make_output_dir "$keep" compare
 
 if (( mpich )); then
   if ! command -v mpicc.mpich >/dev/null || ! command -v mpiexec.mpich >/dev/null; then

@@ -26,6 +26,7 @@ demo_args=()
 
 usage() { sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 die() { echo "demo_table.sh: $*" >&2; exit 2; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -40,16 +41,8 @@ while [[ $# -gt 0 ]]; do
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
-mc2=$build/tools/mc2
-[[ -x $mc2 ]] || die "$mc2 not found: build mc2_cli, or pass --build DIR"
-command -v python3 >/dev/null || die "python3 not found (used to join the JSON outputs)"
-if [[ -n $keep ]]; then
-  out=$keep
-  mkdir -p "$out"
-else
-  out=$(mktemp -d /tmp/mc2-demo-table.XXXXXX)
-  trap 'rm -rf "$out"' EXIT
-fi
+require_mc2 "$build"
+make_output_dir "$keep" demo-table
 
 runs=()
 for n in $ranks; do

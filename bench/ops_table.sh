@@ -25,6 +25,7 @@ keep=""
 
 usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 die() { echo "ops_table.sh: $*" >&2; exit 2; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -n) ranks=$2; shift 2 ;;
@@ -38,16 +39,8 @@ while [[ $# -gt 0 ]]; do
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
-mc2=$build/tools/mc2
-[[ -x $mc2 ]] || die "$mc2 not found: build mc2_cli, or pass --build DIR"
-command -v python3 >/dev/null || die "python3 not found (used to join the JSON outputs)"
-if [[ -n $keep ]]; then
-  out=$keep
-  mkdir -p "$out"
-else
-  out=$(mktemp -d /tmp/mc2-ops-table.XXXXXX)
-  trap 'rm -rf "$out"' EXIT
-fi
+require_mc2 "$build"
+make_output_dir "$keep" ops-table
 
 runs=()
 for regime in $regimes; do

@@ -27,6 +27,7 @@ ops=()
 
 usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 die() { echo "trace_overhead.sh: $*" >&2; exit 2; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -46,12 +47,8 @@ while [[ $# -gt 0 ]]; do
 done
 [[ ${#ops[@]} -gt 0 ]] || ops=(all_gather_matmul matmul_reduce_scatter matmul_all_reduce)
 [[ $reps =~ ^[1-9][0-9]*$ ]] || die "-r $reps: expected a positive count"
-mc2=$build/tools/mc2
-[[ -x $mc2 ]] || die "$mc2 not found: build mc2_cli, or pass --build DIR"
-command -v python3 >/dev/null || die "python3 not found (used to join the JSON outputs)"
-
-out=$(mktemp -d /tmp/mc2-trace-overhead.XXXXXX)
-trap 'rm -rf "$out"' EXIT
+require_mc2 "$build"
+make_output_dir "" trace-overhead
 
 for op in "${ops[@]}"; do
   shape=(bench ops -n "$nranks" --op "$op" -m "$m" -k "$k" -N "$n" --dtype "$dtype")
