@@ -142,7 +142,8 @@ inline uint64_t LinkBytesPerSecond(const Group& g) {
 }
 
 // `auto` for the operators the measured cost model (cost_model.h) does not
-// cover yet: whether chunked with 4 chunks is expected to beat serial. It
+// cover yet: whether a 4-chunk pipeline (AllGatherBatchMatmul: chunked;
+// MoE: fused) is expected to beat serial. It
 // hides at most 3/4 of the smaller of compute (flops at ~100 GF/s f32,
 // ~200 GF/s bf16 per core, shared when ranks outnumber cores) and
 // communication (the busiest port's bytes at the link's bandwidth, or
