@@ -129,6 +129,7 @@ class LinkEmulationTransport final : public Transport {
   void CheckHealth(bool thorough = true) override { inner_->CheckHealth(thorough); }
   void Abort(const Error& error) override { inner_->Abort(error); }
   LinkModel* link() override { return &model_; }
+  bool ranks_are_threads() const override { return inner_->ranks_are_threads(); }
   // Waits (sleeping) until everything queued is delivered; if the world has
   // failed meanwhile, delivers the rest at once.
   void Drain() override;

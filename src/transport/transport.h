@@ -116,6 +116,9 @@ class Transport {
   // visible to the other ranks (immediate without link emulation). Called
   // before this rank's flag memory is freed or reused.
   virtual void Drain() {}
+  // True when the ranks are threads of one process (in-process worlds), so
+  // that every rank's memory is already mapped in this process.
+  virtual bool ranks_are_threads() const { return false; }
 };
 
 // The transports of the local process's world, chosen by the environment:

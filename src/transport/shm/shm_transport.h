@@ -48,6 +48,7 @@ class ShmTransport final : public transport::Transport {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* name() const override { return threads_ ? "threads" : "shm"; }
+  bool ranks_are_threads() const override { return threads_; }
   char* HeapBase(int r) override { return mem_->heaps[r]; }
   size_t HeapBytes() const override { return mem_->heap_bytes; }
   void Publish(uint64_t off, uint64_t value, size_t payload_bytes) override;
