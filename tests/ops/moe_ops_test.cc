@@ -307,7 +307,11 @@ TEST(MoeOps, UnderEmulatedLinkBitwise) {
 // runs it after the call's communication: its result is then complete.
 TEST(MoeOps, OverlapWorkRunsOnceUnderTheTransfers) {
   WorldOptions wo;
-  wo.link = "bw=1MB/s,lat=20us";
+  // Slow enough (a block of 32 KB takes 160 ms) that a rank descheduled
+  // for a while under ThreadSanitizer on a busy host still starts its
+  // overlap work before the peer's call can end (at 1 MB/s, 32 ms, it once
+  // did not).
+  wo.link = "bw=200KB/s,lat=20us";
   std::atomic<int> wrong_count{0}, not_bitwise{0}, serial_incomplete{0}, not_overlapped{0};
   std::atomic<int> finished[2] = {0, 0};  // calls each rank has returned from
   Group::RunInProcess(2, [&](Group& g) {
