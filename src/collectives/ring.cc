@@ -54,8 +54,8 @@
 
 #include "collectives/algorithm.h"
 #include "core/copy.h"
-#include "core/scratch.h"
 #include "core/reduce.h"
+#include "core/scratch.h"
 
 namespace mc2::collectives {
 namespace {

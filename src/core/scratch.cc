@@ -30,8 +30,7 @@ class Cache {
  public:
   ~Cache() { Trim(); }
   void* Take(size_t& cap) {
-    auto it = std::lower_bound(free_.begin(), free_.end(), cap,
-                               [](const Block& b, size_t c) { return b.cap < c; });
+    auto it = FirstAtLeast(cap);
     if (it != free_.end() && it->cap <= 2 * cap) {
       void* p = it->data;
       cap = it->cap;
@@ -52,9 +51,7 @@ class Cache {
       free_.pop_back();
     }
     try {
-      auto it = std::lower_bound(free_.begin(), free_.end(), cap,
-                                 [](const Block& b, size_t c) { return b.cap < c; });
-      free_.insert(it, Block{cap, p});
+      free_.insert(FirstAtLeast(cap), Block{cap, p});
       bytes_ += cap;
     } catch (...) {  // no memory for the list entry: just free the block
       ::operator delete(p, kAlign);
@@ -68,6 +65,11 @@ class Cache {
   size_t bytes() const { return bytes_; }
 
  private:
+  std::vector<Block>::iterator FirstAtLeast(size_t cap) {
+    return std::lower_bound(free_.begin(), free_.end(), cap,
+                            [](const Block& b, size_t c) { return b.cap < c; });
+  }
+
   std::vector<Block> free_;
   size_t bytes_ = 0;
 };

@@ -12,7 +12,7 @@
 #define MC2_CORE_SCRATCH_H_
 
 #include <cstddef>
-#include <memory>
+#include <type_traits>
 
 namespace mc2::core {
 
@@ -20,9 +20,8 @@ namespace mc2::core {
 // would exceed it is freed (the largest blocks go first).
 inline constexpr size_t kScratchCacheBytes = size_t{1} << 30;
 
-// A block of at least `count` T, not zeroed, 64-byte aligned, returned to
-// the calling thread's cache on destruction. Moves but does not copy. T must
-// be trivially copyable (the block holds raw bytes).
+// A block of at least `bytes` bytes, not zeroed, 64-byte aligned, returned
+// to the calling thread's cache on destruction. Moves but does not copy.
 class ScratchBlock {
  public:
   ScratchBlock() = default;
@@ -39,8 +38,11 @@ class ScratchBlock {
   size_t cap_ = 0;
 };
 
+// A block for `count` T (raw bytes, so T must be trivially copyable).
 template <typename T>
 class Scratch {
+  static_assert(std::is_trivially_copyable_v<T>);
+
  public:
   explicit Scratch(size_t count = 0) { Resize(count); }
   // Discards the contents: the buffer is for `count` T afterwards.

@@ -5,8 +5,8 @@
 // a small header (tag, total size, index). Per peer the sender publishes how
 // many chunks it wrote and the receiver how many it consumed; the sender
 // reuses slot c % kSlots once chunk c - kSlots is consumed, and each side
-// wakes the other after publishing. A Send completes once its last chunk is in the
-// channel.
+// wakes the other after publishing. A Send completes once its last chunk is
+// in the channel.
 //
 // Matching, as in MPI: a message from rank p with tag t goes to the earliest
 // posted Recv(p, t) still unmatched; messages with the same (source, tag)

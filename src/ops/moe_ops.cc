@@ -354,9 +354,9 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
     bool overlap =
         fused::OverlapPays(GemmFlops(size_t(rows), d, h), dtype, port, all[0].link_bw, P);
     // Fused rather than chunked: it sends one block per port at a time in
-    // step order, so the first blocks arrive early (ops_table, emulated
-    // balanced link: fused s=4 64 ms against chunked s=4 68 ms at np=2,
-    // 91 against 98 ms at np=4).
+    // step order, so the first blocks arrive early (bench ops, emulated
+    // balanced link, side by side: fused s=4 62 ms against chunked s=4 63 ms
+    // at np=2, 78 against 84 ms at np=4).
     p.pipeline = overlap ? Pipeline::kFused : Pipeline::kSerial;
     p.splits = overlap ? 4 : 1;
   }
