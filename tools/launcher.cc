@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
@@ -164,7 +165,25 @@ struct ChildSetup {
   char* const* envp;
   const sigset_t* mask;
   const struct sigaction* sigpipe_action;
+  const cpu_set_t* cpus;  // null: the launcher's own
 };
+
+// Each rank's CPU set under `bind`, or none to leave every rank unbound.
+std::vector<cpu_set_t> RankBindings(Bind bind, int nranks) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (bind == Bind::kNone || sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return {};
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+  if (cpus.empty() || (bind == Bind::kAuto && nranks <= static_cast<int>(cpus.size()))) return {};
+  std::vector<cpu_set_t> sets(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    CPU_ZERO(&sets[r]);
+    CPU_SET(cpus[r % cpus.size()], &sets[r]);
+  }
+  return sets;
+}
 
 [[noreturn]] void ExecRank(const ChildSetup& c) {
   // Own process group: a terminal's Ctrl-C reaches only the launcher, which
@@ -187,6 +206,8 @@ struct ChildSetup {
   // would both survive exec.
   sigaction(SIGPIPE, c.sigpipe_action, nullptr);
   sigprocmask(SIG_SETMASK, c.mask, nullptr);
+  // Binding is a placement hint: a rank that cannot be bound runs unbound.
+  if (c.cpus) sched_setaffinity(0, sizeof(cpu_set_t), c.cpus);
   execvpe(c.argv[0], c.argv, c.envp);
   const int err = errno;
   char message[1024];
@@ -347,6 +368,8 @@ void Launcher::StartRanks() {
   // which run in background process groups (reading it would stop them).
   const bool stdin_is_tty = isatty(STDIN_FILENO);
 
+  const std::vector<cpu_set_t> bindings = RankBindings(options_.bind, options_.nranks);
+
   ranks_.resize(options_.nranks);
   for (int r = 0; r < options_.nranks; ++r) {
     const std::vector<std::string> env = ChildEnvironment(r);
@@ -370,7 +393,8 @@ void Launcher::StartRanks() {
       break;
     }
     const ChildSetup setup{launcher_pid, out[1],      err[1],     r != 0 || stdin_is_tty,
-                           argv.data(),  envp.data(), &old_mask_, &old_sigpipe_};
+                           argv.data(),  envp.data(), &old_mask_, &old_sigpipe_,
+                           bindings.empty() ? nullptr : &bindings[r]};
     const pid_t pid = fork();
     if (pid == 0) ExecRank(setup);
     const int fork_errno = errno;

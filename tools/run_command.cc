@@ -17,6 +17,7 @@ void RegisterRun(CLI::App& app) {
   struct State {
     LaunchOptions options;
     std::string heap;
+    std::string bind = "auto";
   };
   auto state = std::make_shared<State>();
   CLI::App* run =
@@ -25,6 +26,11 @@ void RegisterRun(CLI::App& app) {
   run->add_flag("!--no-prefix", state->options.prefix_output,
                 "Pass the ranks' output through unchanged instead of "
                 "prefixing each line with \"[rank] \"");
+  run->add_option("--bind", state->bind,
+                  "Where ranks run: core (rank r on the launcher's (r mod C)-th CPU), none "
+                  "(anywhere), or auto (core when there are more ranks than CPUs)")
+      ->check(CLI::IsMember({"auto", "none", "core"}))
+      ->default_str("auto");
   run->add_option("--heap", state->heap,
                   "Shared heap bytes per rank, e.g. 268435456 or 512M "
                   "(default: $MC2_HEAP_BYTES, else 256M)");
@@ -37,6 +43,9 @@ void RegisterRun(CLI::App& app) {
   run->positionals_at_end();
   run->callback([state] {
     LaunchOptions& options = state->options;
+    options.bind = state->bind == "core"   ? Bind::kCore
+                   : state->bind == "none" ? Bind::kNone
+                                           : Bind::kAuto;
     if (!state->heap.empty()) {
       size_t bytes = 0;
       try {
