@@ -179,10 +179,17 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
   // ones; record the choice so such a mix is reported, not run.
   fp.algorithm = static_cast<uint8_t>(algo);
 
-  // What the peers may read in place: reducing collectives never expose an
-  // in-place buffer (it is overwritten while others still read it).
-  bool reducing = a.kind == OpKind::kAllReduce || a.kind == OpKind::kReduce;
-  const void* expose_send = (a.in_place && reducing) ? nullptr : a.send;
+  // What the peers may read in place: reducing collectives do not expose an
+  // in-place buffer (it is overwritten while others still read it), except
+  // Rabenseifner's all-reduce: there a rank writes only the chunk it owns
+  // until every rank has reduced (rabenseifner.cc), so its peers read their
+  // chunks of the input undisturbed, and in place needs no staged copy
+  // (2 MiB: 192 us in place against 82 us out of place, 2 ranks, before).
+  const bool reducing = a.kind == OpKind::kAllReduce || a.kind == OpKind::kReduce;
+  const bool owner_writes_only_its_chunk =
+      a.kind == OpKind::kAllReduce && algo == Algorithm::kRabenseifner;
+  const void* expose_send =
+      (a.in_place && reducing && !owner_writes_only_its_chunk) ? nullptr : a.send;
   if (a.kind == OpKind::kAllGather || a.kind == OpKind::kAllGatherV ||
       a.kind == OpKind::kGather) {
     if (a.in_place) expose_send = a.recv + a.displs[gi->rank()] * a.esize;

@@ -7,6 +7,10 @@
 // Phase 2: every rank copies the other N-1 reduced chunks from their owners.
 // Private buffers go through scratch in windows (double-buffered); symmetric
 // send and recv buffers need one window and no copies beyond the two phases.
+// In place, a symmetric buffer is read by the peers in place too: in phase 1
+// a rank writes only its own chunk (reduced over itself: ReduceTree allows
+// that alias), which no peer reads, and phase 2 overwrites the other chunks
+// only after every rank has finished phase 1 (the step-1 flags).
 //
 // On a switched fabric this is the recursive-halving/doubling schedule; on a
 // shared-memory node every rank reaches every other, so both phases take a
