@@ -168,7 +168,7 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
     a.send = a.owned_send->data();
   }
   internal::Fingerprint fp;
-  fp.kind = static_cast<uint8_t>(a.kind);
+  fp.kind = static_cast<uint16_t>(a.kind);
   fp.dtype = static_cast<uint8_t>(a.dtype);
   fp.op = static_cast<uint8_t>(a.op);
   fp.root = a.root;

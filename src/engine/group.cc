@@ -82,7 +82,7 @@ std::shared_ptr<GroupImpl> MakeWorldGroup(std::shared_ptr<World> world) {
   // The first operation doubles as the start-up barrier.
   g->RunSync("init", [](OpContext& ctx) {
     Fingerprint fp;
-    fp.kind = static_cast<uint8_t>(OpKind::kInit);
+    fp.kind = static_cast<uint16_t>(OpKind::kInit);
     fp.count = static_cast<uint64_t>(ctx.g->size());
     // Algorithms plan their windows from these settings: every rank must
     // use the same (MC2_SCRATCH_BYTES, MC2_DETERMINISTIC).
@@ -96,7 +96,7 @@ std::shared_ptr<GroupImpl> MakeWorldGroup(std::shared_ptr<World> world) {
 
 Fingerprint ExchangeFingerprint(uint64_t what, uint64_t count) {
   Fingerprint fp;
-  fp.kind = static_cast<uint8_t>(OpKind::kExchange);
+  fp.kind = static_cast<uint16_t>(OpKind::kExchange);
   fp.aux = what;
   fp.count = count;
   return fp;

@@ -52,18 +52,18 @@ const char* OpKindName(OpKind kind) {
 
 std::string Fingerprint::Describe() const {
   std::string s = OpKindName(static_cast<OpKind>(kind));
-  if (kind >= static_cast<uint8_t>(OpKind::kAllReduce) &&
-      kind < static_cast<uint8_t>(OpKind::kFused)) {
+  if (kind >= static_cast<uint16_t>(OpKind::kAllReduce) &&
+      kind < static_cast<uint16_t>(OpKind::kFused)) {
     s += fmt::format("(count={}, dtype={}", count, DTypeName(static_cast<DType>(dtype)));
-    if (kind == static_cast<uint8_t>(OpKind::kAllReduce) ||
-        kind == static_cast<uint8_t>(OpKind::kReduce) ||
-        kind == static_cast<uint8_t>(OpKind::kReduceScatter) ||
-        kind == static_cast<uint8_t>(OpKind::kReduceScatterV))
+    if (kind == static_cast<uint16_t>(OpKind::kAllReduce) ||
+        kind == static_cast<uint16_t>(OpKind::kReduce) ||
+        kind == static_cast<uint16_t>(OpKind::kReduceScatter) ||
+        kind == static_cast<uint16_t>(OpKind::kReduceScatterV))
       s += fmt::format(", op={}", ReduceOpName(static_cast<ReduceOp>(op)));
     if (root >= 0) s += fmt::format(", root={}", root);
     if (aux) s += fmt::format(", layout={:#x}", aux);
     s += fmt::format(", algo={})", AlgorithmName(static_cast<Algorithm>(algorithm)));
-  } else if (kind == static_cast<uint8_t>(OpKind::kInit)) {
+  } else if (kind == static_cast<uint16_t>(OpKind::kInit)) {
     s += fmt::format("(ranks={}, MC2_SCRATCH_BYTES={}, MC2_CHECK={}, MC2_DETERMINISTIC={})",
                      count, aux >> 2, (aux >> 1) & 1, aux & 1);
   } else {
@@ -237,8 +237,8 @@ void GroupImpl::Arrive(OpContext& ctx, const Fingerprint& fp, const void* send,
   AwaitReuse(ctx);
   auto* slot = reinterpret_cast<ArrivalSlot*>(Ptr(rank_, ArriveOff(ctx.seq)));
   slot->fp = fp;
-  slot->buffers.send_off = send ? HeapOffset(send, send_bytes) : kPrivate;
-  slot->buffers.recv_off = recv ? HeapOffset(recv, recv_bytes) : kPrivate;
+  slot->send_off = send ? HeapOffset(send, send_bytes) : kPrivate;
+  slot->recv_off = recv ? HeapOffset(recv, recv_bytes) : kPrivate;
   Publish(ArriveOff(ctx.seq), ctx.seq);
 
   arrival_offsets_.assign(2 * size_, kPrivate);
@@ -253,8 +253,8 @@ void GroupImpl::Arrive(OpContext& ctx, const Fingerprint& fp, const void* send,
     if (!(peer->fp == fp) && mismatch.empty())
       mismatch = fmt::format("rank {} called {} but rank {} called {}", rank_, fp.Describe(), r,
                              peer->fp.Describe());
-    ctx.send_off[r] = peer->buffers.send_off;
-    ctx.recv_off[r] = peer->buffers.recv_off;
+    ctx.send_off[r] = peer->send_off;
+    ctx.recv_off[r] = peer->recv_off;
   }
   // A member that arrived at seq has finished seq - 1.
   peers_done_through_ = std::max(peers_done_through_, ctx.seq - 1);
@@ -285,6 +285,8 @@ void GroupImpl::AwaitReuse(OpContext& ctx) {
 void GroupImpl::PublishArrival(OpContext& ctx, const Fingerprint& fp) {
   auto* slot = reinterpret_cast<ArrivalSlot*>(Ptr(rank_, ArriveOff(ctx.seq)));
   slot->fp = fp;
+  slot->send_off = kPrivate;
+  slot->recv_off = kPrivate;
   Publish(ArriveOff(ctx.seq), ctx.seq);
 }
 

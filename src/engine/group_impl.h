@@ -57,7 +57,7 @@ namespace mc2::internal {
 using transport::Clock;
 
 // What kind of operation a rank is in; part of the fingerprint.
-enum class OpKind : uint8_t {
+enum class OpKind : uint16_t {
   kInit = 1,
   kExchange,
   kBarrier,
@@ -79,20 +79,17 @@ const char* OpKindName(OpKind kind);
 // Identifies an operation across ranks: every member must publish the same
 // fingerprint for the same sequence number, or the operation fails with
 // kMismatch on every rank before any data moves.
-// 24 bytes, so that it shares the arrival flag's cache line with the flag
-// and with an eager operation's whole payload (ArrivalSlot).
 struct Fingerprint {
-  uint8_t kind = 0;
+  uint16_t kind = 0;
   uint8_t dtype = 0;
   uint8_t op = 0;
-  uint8_t algorithm = 0;  // mc2::Algorithm that runs it (ranks must agree)
   int32_t root = -1;
   uint64_t count = 0;  // elements (or bytes for byte-oriented operations)
   uint64_t aux = 0;    // operation-specific (e.g. a hash of per-rank counts)
+  uint8_t algorithm = 0;  // mc2::Algorithm that runs it (ranks must agree)
   bool operator==(const Fingerprint&) const = default;
   std::string Describe() const;
 };
-static_assert(sizeof(Fingerprint) == 24);
 
 // Marks a buffer that is not in the symmetric heap.
 inline constexpr uint64_t kPrivate = ~uint64_t{0};
@@ -113,23 +110,15 @@ struct World {
   ~World();
 };
 
-// Published by each rank at the start of every operation, in one cache
-// line: a peer that sees the flag has the fingerprint, and for an eager
-// operation of at most kPayloadBytes the data too, without a second
-// cache-line transfer (collectives/eager.cc).
+// Published by each rank at the start of every operation.
 struct alignas(64) ArrivalSlot {
-  static constexpr size_t kPayloadBytes = 32;
   uint64_t seq;  // the flag: seq of the operation this slot describes
+  uint64_t send_off;
+  uint64_t recv_off;
+  uint64_t pad;
   Fingerprint fp;
-  union {
-    struct {  // Arrive(): where the user buffers are
-      uint64_t send_off;
-      uint64_t recv_off;
-    } buffers;
-    alignas(16) unsigned char payload[kPayloadBytes];  // eager operations
-  };
 };
-static_assert(sizeof(ArrivalSlot) == 64);
+static_assert(sizeof(ArrivalSlot) <= 128);
 
 class GroupImpl;
 
@@ -279,13 +268,8 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // Free when an earlier Arrive or wait already proved it.
   void AwaitReuse(OpContext& ctx);
   // Fingerprint of operation ctx.seq published in its arrive slot with no
-  // buffer offsets, for eager operations (after AwaitReuse). Whatever the
-  // operation wrote to ArrivalPayload(rank(), ctx.seq) is published with it.
+  // buffer offsets, for eager operations (after AwaitReuse).
   void PublishArrival(OpContext& ctx, const Fingerprint& fp);
-  // The payload bytes of member `grank`'s arrive slot for operation `seq`.
-  unsigned char* ArrivalPayload(int grank, uint64_t seq) const {
-    return reinterpret_cast<ArrivalSlot*>(Ptr(grank, ArriveOff(seq)))->payload;
-  }
   // Waits until member `grank` published operation ctx.seq and checks its
   // fingerprint against `fp`; throws kMismatch naming both sides.
   void WaitArrival(OpContext& ctx, int grank, const Fingerprint& fp);
