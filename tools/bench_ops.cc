@@ -331,8 +331,8 @@ std::vector<int32_t> MoeIds(const OpsConfig& c, int rank, int n) {
   return ids;
 }
 
-// The bytes the busiest port carries in the serial pipeline (the dispatch in
-// dtype, the combine in f32), for --link auto.
+// The bytes the busiest port carries in the serial pipeline (the dispatch
+// and the combine both in dtype), for --link auto.
 double MoePortBytes(const OpsConfig& c, int n) {
   std::vector<std::vector<size_t>> sent(n, std::vector<size_t>(n, 0));
   for (int r = 0; r < n; ++r)
@@ -342,7 +342,7 @@ double MoePortBytes(const OpsConfig& c, int n) {
     double bytes = 0;
     for (int q = 0; q < n; ++q) {
       if (q == r) continue;
-      bytes += double(sent[r][q]) * c.k * DTypeSize(c.dtype) + double(sent[q][r]) * c.k * 4;
+      bytes += double(sent[r][q] + sent[q][r]) * c.k * DTypeSize(c.dtype);
     }
     worst = std::max(worst, bytes);
   }
@@ -399,7 +399,7 @@ class MoeCase : public OpCase {
            w1_.data() + le * c_.k * c_.n * es, DType::kF32, all_.data() + at * c_.n,
            OpGemm(g_, c_.dtype));
       Gemm(rows, c_.k, c_.n, c_.dtype, hidden_.data() + at * c_.n * es,
-           w2_.data() + le * c_.n * c_.k * es, DType::kF32, ye_.data() + at * c_.k,
+           w2_.data() + le * c_.n * c_.k * es, c_.dtype, ye_.data() + at * c_.k,
            OpGemm(g_, c_.dtype));
       at += rows;
     }
@@ -409,7 +409,7 @@ class MoeCase : public OpCase {
   void CommOnly(const CollectiveOptions&) override {
     Exchange(xs_.data(), send_, xe_.data(), recv_, c_.k * DTypeSize(c_.dtype));
     Exchange(reinterpret_cast<char*>(ye_.data()), recv_, reinterpret_cast<char*>(yr_.data()),
-             send_, c_.k * sizeof(float));
+             send_, c_.k * DTypeSize(c_.dtype));
   }
   std::span<const float> Output() const override { return all_; }
 

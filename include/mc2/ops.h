@@ -409,7 +409,8 @@ Work AllToAllMatmul(const Group& g, const MoeRouting& routing, const void* x, si
 // Expert GEMM + combine. hidden [R x h] (dtype), in expert-grouped order (as
 // AllToAllMatmul's y), is multiplied by this rank's experts' w
 // [E/P x h x d] (dtype) and each row is returned to the rank and slot it
-// came from; out [T x d] f32 receives, per token t,
+// came from, in dtype (bf16 operands: the f32-accumulated row rounded to
+// bf16, half the bytes of f32); out [T x d] f32 receives, per token t,
 //   out[t] = sum over j = 0..topk-1 with expert_ids[t, j] != -1, in that
 //            order, of probs[t * topk + j] * (row of slot (t, j))
 // (probs: f32 [T x topk], e.g. the router's gate values; null = 1). A token

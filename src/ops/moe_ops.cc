@@ -57,14 +57,19 @@
 //             block last, straight into Yr.
 //   combine   out[t] = sum over j of probs[t, j] * Yr[row of slot (t, j)],
 //             j ascending, in f32.
-// Bytes per rank: the routed rows, once each way (d elements of dtype in the
-// dispatch, d f32 in the combine), in every pipeline.
+// Bytes per rank: the routed rows, once each way, d elements of dtype each
+// way, in every pipeline. The expert GEMM accumulates in f32; for bf16
+// operands its rows are rounded to bf16 to travel back (as DeepEP's combine
+// sends bf16), which halves the combine's bytes: with f32 rows it carried
+// two thirds of the traffic, and at 4 ranks its transfers outlasted the
+// GEMMs they were to hide behind.
 //
 // Determinism: every pipeline computes each output row with the same GEMM
 // shape (k, n, the same expert's weights); with one thread a oneDNN row
 // does not depend on the other rows computed with it, and the combine sums
 // in a fixed order, so all pipelines and split counts agree bit for bit.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -238,6 +243,10 @@ struct MoePlan {
   size_t E = 0;
   DType dtype = DType::kF32;
   size_t esize = 4;
+  // The combine returns the experts' rows in dtype (f32 products rounded to
+  // bf16 for bf16 operands, as DeepEP's combine): half the bytes of f32.
+  DType wire = DType::kF32;
+  size_t wsize = 4;
   size_t d = 0, h = 0;
   Pipeline pipeline = Pipeline::kSerial;
   int splits = 1;
@@ -298,6 +307,8 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
   const int P = p.size, me = p.rank;
   p.dtype = dtype;
   p.esize = DTypeSize(dtype);
+  p.wire = dtype;
+  p.wsize = p.esize;
   p.d = d;
   p.h = h;
   p.E = static_cast<size_t>(r.num_experts);
@@ -334,8 +345,8 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
   p.splits = static_cast<int>(all[0].pipeline_splits & 0xffffffff);
   if (p.pipeline == Pipeline::kAuto) {
     // From the count matrix, d, h and the link: the same on every rank. The
-    // busiest rank's GEMM rows and port bytes (the dispatch sends tokens in
-    // dtype, the combine returns results in f32).
+    // busiest rank's GEMM rows and port bytes (both directions move rows in
+    // dtype).
     const bool dispatch = op == kDispatchName;
     double rows = 0, port = 0;
     for (int a = 0; a < P; ++a) {
@@ -349,7 +360,7 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
         }
       }
       rows = std::max(rows, in);
-      port = std::max(port, out * d * (dispatch ? p.esize : sizeof(float)));
+      port = std::max(port, out * d * p.esize);
     }
     bool overlap =
         fused::OverlapPays(GemmFlops(size_t(rows), d, h), dtype, port, all[0].link_bw, P);
@@ -387,17 +398,18 @@ std::vector<Work> PostBlocks(const Group& g, const MoePlan& p, bool send, int ta
   return works;
 }
 
-// rows x n (f32) = A (rows x k, dtype) * W (k x n); zeros when k == 0.
+// rows x n (c_type: f32, or bf16 rounded from f32 sums) = A (rows x k,
+// dtype) * W (k x n); zeros when k == 0.
 void ExpertGemm(const MoePlan& p, const char* name, size_t rows, size_t n, size_t k, const char* a,
-                const char* w, float* c) {
+                const char* w, void* c, DType c_type = DType::kF32) {
   if (rows == 0 || n == 0) return;
   OpSpan span(name, trace::Category::kCompute, p.pipeline,
               static_cast<uint64_t>(GemmFlops(rows, n, k)));
   if (k == 0) {
-    std::fill(c, c + rows * n, 0.0f);
+    std::memset(c, 0, rows * n * DTypeSize(c_type));  // 0.0 in f32 and bf16
     return;
   }
-  Gemm(rows, n, k, p.dtype, a, w, DType::kF32, c, p.gemm);
+  Gemm(rows, n, k, p.dtype, a, w, c_type, c, p.gemm);
 }
 
 // Calls fn(le, a, b, at) for each expert sub-block of block p that rows
@@ -543,8 +555,8 @@ void DispatchFused(const Group& g, const MoePlan& p, const DispatchArgs& x, Pend
 struct CombineArgs {
   const char* hidden;  // expert-grouped
   const char* w;
-  float* ys;  // results for other ranks, source-major
-  float* yr;  // results back home, in send order
+  char* ys;  // results for other ranks (rows of p.wire), source-major
+  char* yr;  // results back home, in send order
   // As DispatchArgs::overlap: chunked and fused run it once every chunk is
   // multiplied and sent, under the transfers, before waiting for them.
   fused::OverlapWork* overlap;
@@ -552,11 +564,11 @@ struct CombineArgs {
 
 // Rows [lo, hi) of the block for rank q: their experts' products into
 // `block` (the block's first row; rows in source-major order).
-void CombineRows(const MoePlan& p, const CombineArgs& x, int q, float* block, size_t lo,
+void CombineRows(const MoePlan& p, const CombineArgs& x, int q, char* block, size_t lo,
                  size_t hi) {
   ForSubBlocks(p, q, lo, hi, [&](int le, size_t a, size_t b, size_t at) {
     ExpertGemm(p, "matmul_all_to_all.expert_gemm", b - a, p.d, p.h, x.hidden + at * p.h * p.esize,
-               x.w + le * p.h * p.d * p.esize, block + a * p.d);
+               x.w + le * p.h * p.d * p.esize, block + a * p.d * p.wsize, p.wire);
   });
 }
 
@@ -568,51 +580,46 @@ void RunOverlapBeforeWait(const CombineArgs& x, Pending& pend) {
 
 void CombineSerial(const Group& g, const MoePlan& p, const CombineArgs& x, Pending& pend) {
   const int P = p.size;
-  fused::Scratch<float> ye(p.R * p.d);
+  const size_t rb = p.d * p.wsize;
+  fused::Scratch<char> ye(p.R * rb);
   for (int le = 0; le < p.El; ++le) {
     size_t first = p.in_exp[le], rows = 0;
     for (int q = 0; q < P; ++q) rows += p.in_cnt[q * p.El + le];
     ExpertGemm(p, "matmul_all_to_all.expert_gemm", rows, p.d, p.h, x.hidden + first * p.h * p.esize,
-               x.w + le * p.h * p.d * p.esize, ye.data() + first * p.d);
+               x.w + le * p.h * p.d * p.esize, ye.data() + first * rb, p.wire);
   }
   {
     OpSpan sort("matmul_all_to_all.sort", trace::Category::kHost, p.pipeline);
     for (int q = 0; q < P; ++q) {
       ForSubBlocks(p, q, 0, p.in_blk[q], [&](int, size_t a, size_t b, size_t at) {
-        std::copy(ye.data() + at * p.d, ye.data() + (at + b - a) * p.d,
-                  x.ys + (p.in_blk_off[q] + a) * p.d);
+        if (b > a) std::memcpy(x.ys + (p.in_blk_off[q] + a) * rb, ye.data() + at * rb, (b - a) * rb);
       });
     }
   }
-  const size_t rb = p.d * sizeof(float);
-  char* ys = reinterpret_cast<char*>(x.ys);
-  char* yr = reinterpret_cast<char*>(x.yr);
-  PostBlocks(g, p, false, kCombineTag, yr, p.out_blk, p.out_blk_off, rb, 0, 1, pend);
-  PostBlocks(g, p, true, kCombineTag, ys, p.in_blk, p.in_blk_off, rb, 0, 1, pend);
+  PostBlocks(g, p, false, kCombineTag, x.yr, p.out_blk, p.out_blk_off, rb, 0, 1, pend);
+  PostBlocks(g, p, true, kCombineTag, x.ys, p.in_blk, p.in_blk_off, rb, 0, 1, pend);
   const int me = p.rank;
-  std::copy(x.ys + p.in_blk_off[me] * p.d, x.ys + (p.in_blk_off[me] + p.in_blk[me]) * p.d,
-            x.yr + p.out_blk_off[me] * p.d);
+  if (p.in_blk[me])
+    std::memcpy(x.yr + p.out_blk_off[me] * rb, x.ys + p.in_blk_off[me] * rb, p.in_blk[me] * rb);
   OpSpan wait("matmul_all_to_all.wait", trace::Category::kWait, p.pipeline);
   pend.WaitAll();
 }
 
 void CombineChunked(const Group& g, const MoePlan& p, const CombineArgs& x, Pending& pend) {
   const int P = p.size, me = p.rank, s = p.splits;
-  const size_t rb = p.d * sizeof(float);
-  char* ys = reinterpret_cast<char*>(x.ys);
-  char* yr = reinterpret_cast<char*>(x.yr);
+  const size_t rb = p.d * p.wsize;
   for (int j = 0; j < s; ++j) {
-    PostBlocks(g, p, false, kCombineTag, yr, p.out_blk, p.out_blk_off, rb, j, s, pend);
+    PostBlocks(g, p, false, kCombineTag, x.yr, p.out_blk, p.out_blk_off, rb, j, s, pend);
   }
   for (int j = 0; j < s; ++j) {
     for (int i = 1; i < P; ++i) {
       int q = collectives::Mod(me + i, P);
-      CombineRows(p, x, q, x.ys + p.in_blk_off[q] * p.d, ChunkLo(p.in_blk[q], j, s),
+      CombineRows(p, x, q, x.ys + p.in_blk_off[q] * rb, ChunkLo(p.in_blk[q], j, s),
                   ChunkLo(p.in_blk[q], j + 1, s));
     }
-    PostBlocks(g, p, true, kCombineTag, ys, p.in_blk, p.in_blk_off, rb, j, s, pend);
+    PostBlocks(g, p, true, kCombineTag, x.ys, p.in_blk, p.in_blk_off, rb, j, s, pend);
   }
-  CombineRows(p, x, me, x.yr + p.out_blk_off[me] * p.d, 0, p.in_blk[me]);
+  CombineRows(p, x, me, x.yr + p.out_blk_off[me] * rb, 0, p.in_blk[me]);
   RunOverlapBeforeWait(x, pend);
   OpSpan wait("matmul_all_to_all.wait", trace::Category::kWait, p.pipeline);
   pend.WaitAll();
@@ -620,33 +627,41 @@ void CombineChunked(const Group& g, const MoePlan& p, const CombineArgs& x, Pend
 
 void CombineFused(const Group& g, const MoePlan& p, const CombineArgs& x, Pending& pend) {
   const int P = p.size, me = p.rank, s = p.splits;
-  const size_t rb = p.d * sizeof(float);
+  const size_t rb = p.d * p.wsize;
   for (int i = 1; i < P; ++i) {
     int src = collectives::Mod(me - i, P);
     for (int j = 0; j < s; ++j) {
       size_t lo = ChunkLo(p.out_blk[src], j, s), hi = ChunkLo(p.out_blk[src], j + 1, s);
       if ((hi - lo) * rb == 0) continue;
-      pend.Add(g.Recv(x.yr + (p.out_blk_off[src] + lo) * p.d, (hi - lo) * rb, src, kCombineTag));
+      pend.Add(g.Recv(x.yr + (p.out_blk_off[src] + lo) * rb, (hi - lo) * rb, src, kCombineTag));
     }
   }
   for (int i = 1; i < P; ++i) {
     int dst = collectives::Mod(me + i, P);
-    float* block = x.ys + p.in_blk_off[dst] * p.d;
+    char* block = x.ys + p.in_blk_off[dst] * rb;
     for (int j = 0; j < s; ++j) {
       size_t lo = ChunkLo(p.in_blk[dst], j, s), hi = ChunkLo(p.in_blk[dst], j + 1, s);
       if ((hi - lo) * rb == 0) continue;
       CombineRows(p, x, dst, block, lo, hi);
-      pend.Add(g.Send(block + lo * p.d, (hi - lo) * rb, dst, kCombineTag));
+      pend.Add(g.Send(block + lo * rb, (hi - lo) * rb, dst, kCombineTag));
     }
   }
-  CombineRows(p, x, me, x.yr + p.out_blk_off[me] * p.d, 0, p.in_blk[me]);
+  CombineRows(p, x, me, x.yr + p.out_blk_off[me] * rb, 0, p.in_blk[me]);
   RunOverlapBeforeWait(x, pend);
   OpSpan wait("matmul_all_to_all.wait", trace::Category::kWait, p.pipeline);
   pend.WaitAll();
 }
 
-// out[t] = sum over j ascending of probs[t, j] * Yr[row of slot (t, j)].
-void Combine(const MoePlan& p, const MoeRouting& r, const float* yr, const float* probs,
+inline float WidenBF16(uint16_t v) {
+  uint32_t bits = uint32_t{v} << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// out[t] = sum over j ascending of probs[t, j] * Yr[row of slot (t, j)]
+// (Yr rows in p.wire, widened to f32).
+void Combine(const MoePlan& p, const MoeRouting& r, const char* yr, const float* probs,
              float* out) {
   if (p.d == 0) return;
   OpSpan span("matmul_all_to_all.combine", trace::Category::kHost, p.pipeline);
@@ -659,9 +674,14 @@ void Combine(const MoePlan& p, const MoeRouting& r, const float* yr, const float
     for (size_t j = 0; j < topk; ++j) {
       int64_t row = row_of[t * topk + j];
       if (row < 0) continue;
-      const float* y = yr + row * p.d;
       const float wgt = probs ? probs[t * topk + j] : 1.0f;
-      for (size_t c = 0; c < p.d; ++c) o[c] += wgt * y[c];
+      if (p.wire == DType::kBF16) {
+        const auto* y = reinterpret_cast<const uint16_t*>(yr) + row * p.d;
+        for (size_t c = 0; c < p.d; ++c) o[c] += wgt * WidenBF16(y[c]);
+      } else {
+        const auto* y = reinterpret_cast<const float*>(yr) + row * p.d;
+        for (size_t c = 0; c < p.d; ++c) o[c] += wgt * y[c];
+      }
     }
   }
 }
@@ -725,7 +745,7 @@ Work MatmulAllToAll(const Group& g, const MoeRouting& routing, const void* hidde
   fused::OverlapWork overlap(options.overlap_work);
   return fused::CompleteOp(kCombineName, p.pipeline, p.splits, report, overlap,
                            [&](Pending& pend) {
-    fused::Scratch<float> ys(p.R * p.d), yr(p.S * p.d);
+    fused::Scratch<char> ys(p.R * p.d * p.wsize), yr(p.S * p.d * p.wsize);
     CombineArgs a{static_cast<const char*>(hidden), static_cast<const char*>(w), ys.data(),
                   yr.data(), &overlap};
     if (p.pipeline == Pipeline::kSerial) {
