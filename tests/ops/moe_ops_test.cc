@@ -307,7 +307,7 @@ TEST(MoeOps, UnderEmulatedLinkBitwise) {
 
 // FusedOptions::overlap_work of the MoE operators runs exactly once and
 // leaves the results bitwise unchanged. Over a slow emulated link (each
-// rank's 64 KiB for its peer take ~65 ms, the GEMMs well under one: a rank
+// rank's 32 KB for its peer take 640 ms, the GEMMs well under one: a rank
 // descheduled that long on a loaded host or under a sanitizer is what it
 // would take to see the peer finish first), chunked
 // and fused run it under their transfers: at the first wait for a message
@@ -319,11 +319,12 @@ TEST(MoeOps, UnderEmulatedLinkBitwise) {
 // runs it after the call's communication: its result is then complete.
 TEST(MoeOps, OverlapWorkRunsOnceUnderTheTransfers) {
   WorldOptions wo;
-  // Slow enough (a block of 32 KB takes 160 ms) that a rank descheduled
+  // Slow enough (a block of 32 KB takes 640 ms) that a rank descheduled
   // for a while under ThreadSanitizer on a busy host still starts its
   // overlap work before the peer's call can end (at 1 MB/s, 32 ms, it once
-  // did not).
-  wo.link = "bw=200KB/s,lat=20us";
+  // did not; at 200 KB/s, 160 ms, it failed once more in a fresh-clone
+  // TSan stage with both cores running tests).
+  wo.link = "bw=50KB/s,lat=20us";
   std::atomic<int> wrong_count{0}, not_bitwise{0}, serial_incomplete{0}, not_overlapped{0};
   std::atomic<int> finished[2] = {0, 0};  // calls each rank has returned from
   Group::RunInProcess(2, [&](Group& g) {
