@@ -120,8 +120,8 @@ MC2_REDUCE_INLINE uint16_t FloatToHalf(float f) {
 }
 
 MC2_REDUCE_INLINE float BFloatToFloat(uint16_t h) {
-  // Exact; a signalling NaN stays signalling here (quieted on the way back).
-  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+  // A signalling NaN is quieted on the way back (FloatToBFloat).
+  return BF16ToF32(h);
 }
 
 MC2_REDUCE_INLINE uint16_t FloatToBFloat(float f) {
@@ -139,7 +139,6 @@ MC2_REDUCE_INLINE uint16_t FloatToBFloat(float f) {
 
 float F16ToF32(uint16_t h) { return HalfToFloat(h); }
 uint16_t F32ToF16(float f) { return FloatToHalf(f); }
-float BF16ToF32(uint16_t h) { return BFloatToFloat(h); }
 uint16_t F32ToBF16(float f) { return FloatToBFloat(f); }
 
 namespace internal {

@@ -20,6 +20,7 @@
 #ifndef MC2_CORE_REDUCE_H_
 #define MC2_CORE_REDUCE_H_
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 
@@ -50,7 +51,9 @@ void FinishAvg(DType t, ReduceOp op, void* dst, size_t count, int divisor);
 // quiet. Exposed for operators and tests.
 float F16ToF32(uint16_t h);
 uint16_t F32ToF16(float f);
-float BF16ToF32(uint16_t h);
+// Exact (a signalling NaN stays signalling); inline, as combines widen
+// whole rows with it.
+inline float BF16ToF32(uint16_t h) { return std::bit_cast<float>(uint32_t{h} << 16); }
 uint16_t F32ToBF16(float f);
 
 // Name of the instruction set the kernels dispatched to ("avx512", "avx2" or

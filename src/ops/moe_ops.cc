@@ -75,6 +75,7 @@
 #include <vector>
 
 #include "collectives/algorithm.h"
+#include "core/reduce.h"
 #include "mc2/collectives.h"
 #include "mc2/error.h"
 #include "mc2/ops.h"
@@ -241,12 +242,10 @@ struct MoePlan {
   int rank = 0, size = 1;
   int El = 0;  // local experts
   size_t E = 0;
+  // Both directions move rows of dtype: the combine's expert products are
+  // rounded to bf16 for bf16 operands (see the top of this file).
   DType dtype = DType::kF32;
   size_t esize = 4;
-  // The combine returns the experts' rows in dtype (f32 products rounded to
-  // bf16 for bf16 operands, as DeepEP's combine): half the bytes of f32.
-  DType wire = DType::kF32;
-  size_t wsize = 4;
   size_t d = 0, h = 0;
   Pipeline pipeline = Pipeline::kSerial;
   int splits = 1;
@@ -307,8 +306,6 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
   const int P = p.size, me = p.rank;
   p.dtype = dtype;
   p.esize = DTypeSize(dtype);
-  p.wire = dtype;
-  p.wsize = p.esize;
   p.d = d;
   p.h = h;
   p.E = static_cast<size_t>(r.num_experts);
@@ -555,7 +552,7 @@ void DispatchFused(const Group& g, const MoePlan& p, const DispatchArgs& x, Pend
 struct CombineArgs {
   const char* hidden;  // expert-grouped
   const char* w;
-  char* ys;  // results for other ranks (rows of p.wire), source-major
+  char* ys;  // results for other ranks (rows of dtype), source-major
   char* yr;  // results back home, in send order
   // As DispatchArgs::overlap: chunked and fused run it once every chunk is
   // multiplied and sent, under the transfers, before waiting for them.
@@ -568,7 +565,7 @@ void CombineRows(const MoePlan& p, const CombineArgs& x, int q, char* block, siz
                  size_t hi) {
   ForSubBlocks(p, q, lo, hi, [&](int le, size_t a, size_t b, size_t at) {
     ExpertGemm(p, "matmul_all_to_all.expert_gemm", b - a, p.d, p.h, x.hidden + at * p.h * p.esize,
-               x.w + le * p.h * p.d * p.esize, block + a * p.d * p.wsize, p.wire);
+               x.w + le * p.h * p.d * p.esize, block + a * p.d * p.esize, p.dtype);
   });
 }
 
@@ -580,13 +577,13 @@ void RunOverlapBeforeWait(const CombineArgs& x, Pending& pend) {
 
 void CombineSerial(const Group& g, const MoePlan& p, const CombineArgs& x, Pending& pend) {
   const int P = p.size;
-  const size_t rb = p.d * p.wsize;
+  const size_t rb = p.d * p.esize;
   fused::Scratch<char> ye(p.R * rb);
   for (int le = 0; le < p.El; ++le) {
     size_t first = p.in_exp[le], rows = 0;
     for (int q = 0; q < P; ++q) rows += p.in_cnt[q * p.El + le];
     ExpertGemm(p, "matmul_all_to_all.expert_gemm", rows, p.d, p.h, x.hidden + first * p.h * p.esize,
-               x.w + le * p.h * p.d * p.esize, ye.data() + first * rb, p.wire);
+               x.w + le * p.h * p.d * p.esize, ye.data() + first * rb, p.dtype);
   }
   {
     OpSpan sort("matmul_all_to_all.sort", trace::Category::kHost, p.pipeline);
@@ -607,7 +604,7 @@ void CombineSerial(const Group& g, const MoePlan& p, const CombineArgs& x, Pendi
 
 void CombineChunked(const Group& g, const MoePlan& p, const CombineArgs& x, Pending& pend) {
   const int P = p.size, me = p.rank, s = p.splits;
-  const size_t rb = p.d * p.wsize;
+  const size_t rb = p.d * p.esize;
   for (int j = 0; j < s; ++j) {
     PostBlocks(g, p, false, kCombineTag, x.yr, p.out_blk, p.out_blk_off, rb, j, s, pend);
   }
@@ -627,7 +624,7 @@ void CombineChunked(const Group& g, const MoePlan& p, const CombineArgs& x, Pend
 
 void CombineFused(const Group& g, const MoePlan& p, const CombineArgs& x, Pending& pend) {
   const int P = p.size, me = p.rank, s = p.splits;
-  const size_t rb = p.d * p.wsize;
+  const size_t rb = p.d * p.esize;
   for (int i = 1; i < P; ++i) {
     int src = collectives::Mod(me - i, P);
     for (int j = 0; j < s; ++j) {
@@ -652,15 +649,8 @@ void CombineFused(const Group& g, const MoePlan& p, const CombineArgs& x, Pendin
   pend.WaitAll();
 }
 
-inline float WidenBF16(uint16_t v) {
-  uint32_t bits = uint32_t{v} << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
 // out[t] = sum over j ascending of probs[t, j] * Yr[row of slot (t, j)]
-// (Yr rows in p.wire, widened to f32).
+// (Yr rows of dtype, widened to f32).
 void Combine(const MoePlan& p, const MoeRouting& r, const char* yr, const float* probs,
              float* out) {
   if (p.d == 0) return;
@@ -675,9 +665,9 @@ void Combine(const MoePlan& p, const MoeRouting& r, const char* yr, const float*
       int64_t row = row_of[t * topk + j];
       if (row < 0) continue;
       const float wgt = probs ? probs[t * topk + j] : 1.0f;
-      if (p.wire == DType::kBF16) {
+      if (p.dtype == DType::kBF16) {
         const auto* y = reinterpret_cast<const uint16_t*>(yr) + row * p.d;
-        for (size_t c = 0; c < p.d; ++c) o[c] += wgt * WidenBF16(y[c]);
+        for (size_t c = 0; c < p.d; ++c) o[c] += wgt * core::BF16ToF32(y[c]);
       } else {
         const auto* y = reinterpret_cast<const float*>(yr) + row * p.d;
         for (size_t c = 0; c < p.d; ++c) o[c] += wgt * y[c];
@@ -745,7 +735,7 @@ Work MatmulAllToAll(const Group& g, const MoeRouting& routing, const void* hidde
   fused::OverlapWork overlap(options.overlap_work);
   return fused::CompleteOp(kCombineName, p.pipeline, p.splits, report, overlap,
                            [&](Pending& pend) {
-    fused::Scratch<char> ys(p.R * p.d * p.wsize), yr(p.S * p.d * p.wsize);
+    fused::Scratch<char> ys(p.R * p.d * p.esize), yr(p.S * p.d * p.esize);
     CombineArgs a{static_cast<const char*>(hidden), static_cast<const char*>(w), ys.data(),
                   yr.data(), &overlap};
     if (p.pipeline == Pipeline::kSerial) {
