@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "common/operands.h"
-#include "mc2/mc2.h"
 #include "core/reduce.h"
+#include "mc2/mc2.h"
 #include "trace/recorder.h"
 
 namespace mc2 {
@@ -204,16 +204,15 @@ void RunProblem(const Problem& pr, Counters& cnt, const WorldOptions& wo = {}) {
                   v += hid.value[q] * pr.w2[e].value[q * d + c];
                   va += std::fabs(hid.value[q] * pr.w2[e].value[q * d + c]);
                 }
+                as += std::fabs(wgt) * va;
                 if (pr.dtype == DType::kBF16) {
                   // The row travels rounded to bf16 (ops.h): the f32 sum may
                   // round to the neighbour of the exact sum's bf16, one ulp
                   // (2^-7 relative) away.
                   ref += wgt * core::BF16ToF32(core::F32ToBF16(static_cast<float>(v)));
-                  as += std::fabs(wgt) * va;
                   rounding += std::fabs(wgt * v) * 0x1p-7;
                 } else {
                   ref += wgt * v;
-                  as += std::fabs(wgt) * va;
                 }
               }
               // Close() plus the bf16 rounding of the rows.
