@@ -57,6 +57,7 @@ Work P2PEngine::Post(std::shared_ptr<GroupImpl> group, bool send, char* data, si
         std::chrono::steady_clock::now() + world_->timeout, work};
   {
     std::lock_guard<std::mutex> lock(mu_);
+    op.seq = posted_++;
     incoming_.push_back(std::move(op));
   }
   cv_.notify_one();
@@ -241,6 +242,7 @@ void P2PEngine::Loop() {
     return false;
   };
   int idle_passes = 0;
+  std::vector<decltype(sends_)::iterator> send_order;
   for (;;) {
     std::vector<Op> fresh;
     {
@@ -262,7 +264,13 @@ void P2PEngine::Loop() {
             Error(ErrorCode::kAborted, "the world was shut down with messages pending")));
         return;
       }
-      for (auto it = sends_.begin(); it != sends_.end();) {
+      // Peers' queues in the posting order of their first message.
+      send_order.clear();
+      for (auto it = sends_.begin(); it != sends_.end(); ++it) send_order.push_back(it);
+      std::sort(send_order.begin(), send_order.end(), [](const auto& a, const auto& b) {
+        return a->second.front().seq < b->second.front().seq;
+      });
+      for (auto it : send_order) {
         auto& q = it->second;
         while (!q.empty()) {
           moved |= StepSend(q.front());
@@ -272,7 +280,7 @@ void P2PEngine::Loop() {
           q.pop_front();
           moved = true;
         }
-        it = q.empty() ? sends_.erase(it) : std::next(it);
+        if (q.empty()) sends_.erase(it);
       }
       for (auto it = inbound_.begin(); it != inbound_.end();) {
         Inbound& in = it->second;

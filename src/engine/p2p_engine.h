@@ -20,7 +20,12 @@
 // sleeps on the rank's doorbell when none can move, so any pattern in which
 // every Send has a matching Recv completes (exchanges included), as with
 // MPI's non-blocking operations. Operations on the same (group, peer,
-// direction) run in the order they were posted.
+// direction) run in the order they were posted, and sends to different
+// peers are advanced in the order they were posted: a sender's earlier
+// message takes the slots (and, under link emulation, the egress port)
+// first, as far as its receiver's acknowledgements allow, so a caller can
+// rank its messages by urgency (the MoE dispatch sends the busiest
+// receiver's block first).
 //
 // Thread safety: Post may be called from any thread.
 #ifndef MC2_ENGINE_P2P_ENGINE_H_
@@ -66,6 +71,7 @@ class P2PEngine {
     size_t chunks;
     std::chrono::steady_clock::time_point deadline;
     std::shared_ptr<WorkState> work;
+    uint64_t seq = 0;  // posting order, across peers
   };
   using Key = std::pair<GroupImpl*, int>;  // (group, peer)
 
@@ -111,6 +117,7 @@ class P2PEngine {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Op> incoming_;  // guarded by mu_
+  uint64_t posted_ = 0;       // guarded by mu_
   bool stop_ = false;         // guarded by mu_
   std::map<Key, std::deque<Op>> sends_;   // progress thread only
   std::map<Key, Inbound> inbound_;        // progress thread only

@@ -39,12 +39,16 @@
 //             multiplied first (it needs no transfer), then chunk j of every
 //             other block as it arrives, while chunks > j move.
 //   fused     every block cut into s chunks, every receive posted up
-//             front; own block first, then at step i the block of rank r-i,
-//             each chunk multiplied as soon as it arrived; rank r sends
-//             block r+i once the block of step i-1 arrived, so each egress
-//             port carries one block at a time in step order (posting all
-//             sends at once would interleave them and make every block
-//             arrive late).
+//             front; each rank sends its blocks one at a time, the busiest
+//             receiver's (most expert rows) first, so each egress port
+//             carries one block at a time (posting all sends at once would
+//             interleave them and make every block arrive late) and the
+//             rank whose GEMMs are longest gets its rows earliest. A rank
+//             multiplies its own block first, then the chunks as they
+//             arrive, the earliest due first.
+//             (Until 2026-12 the order was a ring, block r+i at step i: at
+//             4 ranks with skewed experts the busiest rank waited 9 of its
+//             37 ms dispatch for rows from ranks that reached it late.)
 // MatmulAllToAll (hidden [R x h] expert-grouped -> out [T x d]):
 //   serial    one GEMM per expert, sort to source-major, the all-to-all-v
 //             back to send order (Yr), combine.
@@ -69,9 +73,11 @@
 // does not depend on the other rows computed with it, and the combine sums
 // in a fixed order, so all pipelines and split counts agree bit for bit.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "collectives/algorithm.h"
@@ -259,6 +265,9 @@ struct MoePlan {
   // in send order.
   std::vector<size_t> out_blk, out_blk_off;
   size_t S = 0;
+  // Every rank's view: flow[a P + b] rows go from rank a to rank b's
+  // experts; load[b] rows in all go to rank b's experts.
+  std::vector<size_t> flow, load;
 };
 
 MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType dtype, size_t d,
@@ -330,6 +339,14 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
     p.out_blk_off[q] = p.S;
     for (size_t le = 0; le < El; ++le) p.out_blk[q] += r.counts[me * p.E + q * El + le];
     p.S += p.out_blk[q];
+  }
+  p.flow.assign(size_t(P) * P, 0);
+  p.load.assign(P, 0);
+  for (int a = 0; a < P; ++a) {
+    for (int b = 0; b < P; ++b) {
+      for (size_t le = 0; le < El; ++le) p.flow[a * P + b] += r.counts[a * p.E + b * El + le];
+      p.load[b] += p.flow[a * P + b];
+    }
   }
   size_t at = 0;
   for (size_t le = 0; le < El; ++le) {
@@ -507,43 +524,107 @@ void DispatchChunked(const Group& g, const MoePlan& p, const DispatchArgs& x, Pe
   pend.WaitAll();
 }
 
+// The ranks `from` sends its blocks to, busiest receiver first (most
+// expert rows: its GEMMs are the longest, so its first rows are the most
+// urgent), ties in step order (from+1, from+2, ...). Every rank computes
+// every rank's order alike.
+std::vector<int> DispatchSendOrder(const MoePlan& p, int from) {
+  const int P = p.size;
+  std::vector<int> order;
+  for (int i = 1; i < P; ++i) order.push_back(collectives::Mod(from + i, P));
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return p.load[a] > p.load[b]; });
+  return order;
+}
+
 void DispatchFused(const Group& g, const MoePlan& p, const DispatchArgs& x, Pending& pend) {
   const int P = p.size, me = p.rank, s = p.splits;
   const size_t rb = p.d * p.esize;
-  // recv[i][j]: chunk j of the block of step i (from rank r-i).
-  std::vector<std::vector<Work>> recv(P, std::vector<Work>(s));
+  // Every chunk's receive up front, listed in the order they are due:
+  // chunk j of the block from rank q after the rows q sends before its end
+  // (every port moves rows at the same rate).
+  struct Due {
+    size_t row;  // rows its sender sends before its end
+    int step, q, j;
+    Work work;
+    bool done = false;
+  };
+  std::vector<Due> due;
   for (int i = 1; i < P; ++i) {
-    int src = collectives::Mod(me - i, P);
+    const int q = collectives::Mod(me - i, P);
+    size_t before = 0;
+    for (int dst : DispatchSendOrder(p, q)) {
+      if (dst == me) break;
+      before += p.flow[q * P + dst];
+    }
     for (int j = 0; j < s; ++j) {
-      size_t lo = ChunkLo(p.in_blk[src], j, s), hi = ChunkLo(p.in_blk[src], j + 1, s);
+      size_t lo = ChunkLo(p.in_blk[q], j, s), hi = ChunkLo(p.in_blk[q], j + 1, s);
       if ((hi - lo) * rb == 0) continue;
-      recv[i][j] = g.Recv(x.xr + (p.in_blk_off[src] + lo) * rb, (hi - lo) * rb, src, kDispatchTag);
-      pend.Add(recv[i][j]);
+      Work w = g.Recv(x.xr + (p.in_blk_off[q] + lo) * rb, (hi - lo) * rb, q, kDispatchTag);
+      pend.Add(w);
+      due.push_back({before + hi, i, q, j, std::move(w)});
     }
   }
-  auto post_send = [&](int i) {
-    if (i >= P) return;
-    int dst = collectives::Mod(me + i, P);
-    for (int j = 0; j < s; ++j) {
-      size_t lo = ChunkLo(p.out_blk[dst], j, s), hi = ChunkLo(p.out_blk[dst], j + 1, s);
-      if ((hi - lo) * rb == 0) continue;
-      pend.Add(g.Send(x.xs + (p.out_blk_off[dst] + lo) * rb, (hi - lo) * rb, dst, kDispatchTag));
+  std::stable_sort(due.begin(), due.end(), [](const Due& a, const Due& b) {
+    return std::tie(a.row, a.step) < std::tie(b.row, b.step);
+  });
+  // One block at a time on this rank's port, in DispatchSendOrder: the next
+  // block is posted once the last one is all in the channel (the engine
+  // sends in posting order, but a block larger than the channel would
+  // otherwise let the next one in between its chunks).
+  const std::vector<int> order = DispatchSendOrder(p, me);
+  size_t next = 0;
+  std::vector<Work> sending;
+  auto post_ready = [&] {
+    while (next < order.size() &&
+           std::all_of(sending.begin(), sending.end(), [](const Work& w) { return w.Test(); })) {
+      const int dst = order[next++];
+      sending.clear();
+      for (int j = 0; j < s; ++j) {
+        size_t lo = ChunkLo(p.out_blk[dst], j, s), hi = ChunkLo(p.out_blk[dst], j + 1, s);
+        if ((hi - lo) * rb == 0) continue;
+        sending.push_back(
+            g.Send(x.xs + (p.out_blk_off[dst] + lo) * rb, (hi - lo) * rb, dst, kDispatchTag));
+        pend.Add(sending.back());
+      }
     }
   };
-  post_send(1);
+  // The first chunk in due order that has arrived, or due.size().
+  auto arrived = [&] {
+    for (size_t c = 0; c < due.size(); ++c)
+      if (!due[c].done && due[c].work.Test()) return c;
+    return due.size();
+  };
+  post_ready();
   DispatchRows(p, x, me, x.xs + p.out_blk_off[me] * rb, 0, p.in_blk[me]);
-  for (int i = 1; i < P; ++i) {
-    int src = collectives::Mod(me - i, P);
-    for (int j = 0; j < s; ++j) {
-      x.overlap->RunBefore(recv[i][j]);
-      {
-        OpSpan wait("all_to_all_matmul.wait", trace::Category::kWait, p.pipeline);
-        recv[i][j].Wait();
+  // Chunks are multiplied as they arrive, the earliest due first: a
+  // sender that started late (descheduled, on a shared core) holds up only
+  // its own chunks. Results do not depend on the order (see the top).
+  for (size_t left = due.size(); left > 0; --left) {
+    post_ready();
+    size_t c = arrived();
+    if (c == due.size()) {
+      size_t first = 0;
+      while (due[first].done) ++first;
+      x.overlap->RunBefore(due[first].work);
+      OpSpan wait("all_to_all_matmul.wait", trace::Category::kWait, p.pipeline);
+      // Wakes every millisecond to post the next block and to look for a
+      // chunk that came in before the first due.
+      while (!due[first].work.Wait(std::chrono::milliseconds(1))) {
+        post_ready();
+        if ((c = arrived()) != due.size()) break;
       }
-      if (j == s - 1) post_send(i + 1);
-      DispatchRows(p, x, src, x.xr + p.in_blk_off[src] * rb, ChunkLo(p.in_blk[src], j, s),
-                   ChunkLo(p.in_blk[src], j + 1, s));
+      if (c == due.size()) c = first;
     }
+    due[c].work.Wait();  // throws its error, if it failed
+    due[c].done = true;
+    DispatchRows(p, x, due[c].q, x.xr + p.in_blk_off[due[c].q] * rb,
+                 ChunkLo(p.in_blk[due[c].q], due[c].j, s),
+                 ChunkLo(p.in_blk[due[c].q], due[c].j + 1, s));
+  }
+  while (next < order.size()) {
+    for (const Work& w : sending) w.Wait();
+    post_ready();
   }
   pend.WaitAll();
 }

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <numeric>
 #include <vector>
 
@@ -36,6 +37,38 @@ TEST(P2P, AllPairsExchangeOfLargeMessages) {
       }
     });
   }
+}
+
+// Sends to different peers take the (emulated) egress port in the order
+// they were posted: rank 0 sends 768 KiB to rank 2, then 256 KiB to rank 1,
+// over a 4 MB/s link, so rank 2's message is done at ~200 ms and rank 1's at
+// ~260 ms. Advancing peers in rank order instead delivers rank 1's first.
+TEST(P2P, SendsToDifferentPeersTakeThePortInPostingOrder) {
+  WorldOptions o;
+  o.link = "bw=4MB/s,lat=0";
+  std::atomic<bool> rank2_done{false};
+  std::atomic<int> rank2_first{-1};
+  Group::RunInProcess(
+      3,
+      [&](Group& g) {
+        const size_t big = (768 << 10) / 4, small = (256 << 10) / 4;
+        if (g.rank() == 0) {
+          auto a = Pattern(big, 0, 2), b = Pattern(small, 0, 1);
+          Work wa = g.Send(a.data(), big * 4, 2, 0);
+          Work wb = g.Send(b.data(), small * 4, 1, 0);
+          wa.Wait();
+          wb.Wait();
+        } else {
+          const size_t n = g.rank() == 2 ? big : small;
+          std::vector<int32_t> in(n, -1);
+          g.Recv(in.data(), n * 4, 0, 0).Wait();
+          EXPECT_EQ(in, Pattern(n, 0, g.rank()));
+          if (g.rank() == 2) rank2_done = true;
+          else rank2_first = rank2_done ? 1 : 0;
+        }
+      },
+      o);
+  EXPECT_EQ(rank2_first.load(), 1) << "rank 1's later-posted message arrived first";
 }
 
 TEST(P2P, MessagesArriveInOrderIncludingEmptyOnes) {
