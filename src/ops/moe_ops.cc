@@ -77,6 +77,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -85,6 +86,7 @@
 #include "mc2/collectives.h"
 #include "mc2/error.h"
 #include "mc2/ops.h"
+#include "ops/cost_model.h"
 #include "ops/fused_common.h"
 
 namespace mc2 {
@@ -213,6 +215,7 @@ struct MoeMsg {
   uint64_t fingerprint;
   uint64_t pipeline_splits;
   uint64_t link_bw;  // emulated link bytes/s (0: none): auto depends on it
+  uint64_t model_hash;  // the operator tuning in effect: auto depends on it
   uint64_t error;
 };
 
@@ -270,6 +273,34 @@ struct MoePlan {
   std::vector<size_t> flow, load;
 };
 
+// The fused pipeline's chunks per block for `auto`: the s in 1..16 that
+// minimises the busiest rank's predicted time of one phase,
+//   T(s) = max(Tc, Tl) + min(Tc, Tl) / stages + stages * step,
+// the cost model's form (ops/cost_model.h) for (P - 1) blocks of s chunks:
+// Tc the GEMMs of `rows` rows, each of its El ((P - 1) s + 1) calls losing
+// the tuned half-efficiency rows; Tl the busiest port's bytes over the link
+// (or the copy rate on raw shared memory); step what one chunk's message
+// costs beyond its bytes (under emulation the delayed flag's wake-ups,
+// link_hop_s). It picks s = 8 at 2 ranks and 2-4 at 4 ranks for the
+// bench's shapes, as measured best (docs/benchmarks.md).
+int FusedSplits(const ops::CostParams& cp, double rows, double port_bytes, size_t d, size_t h,
+                DType dtype, uint64_t link_bw, int P, int El) {
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  const auto& gemm = cp.Gemm(dtype);
+  const double rate = gemm.flops_per_s * std::min(1.0, cores / P);
+  const double tl = port_bytes / (link_bw > 0 ? double(link_bw) : cp.copy_bytes_per_s);
+  const double step = link_bw > 0 ? cp.link_hop_s : cp.alpha_fused_s;
+  int best = 1;
+  double best_t = 0;
+  for (int s = 1; s <= 16; ++s) {
+    const double stages = double(P - 1) * s, calls = double(El) * (stages + 1);
+    const double tc = 2.0 * double(d) * double(h) * (rows + calls * gemm.half_rows) / rate;
+    const double t = std::max(tc, tl) + std::min(tc, tl) / stages + stages * step;
+    if (s == 1 || t < best_t) best = s, best_t = t;
+  }
+  return best;
+}
+
 MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType dtype, size_t d,
                     size_t h, const std::string& local_error, const FusedOptions& o) {
   MoeMsg mine{};
@@ -286,6 +317,8 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
       local_error.empty() ? RoutingFingerprint(r.ranks, r.num_experts, r.topk, r.counts) : 0;
   mine.pipeline_splits = fused::PackPipelineSplits(o);
   mine.link_bw = g.valid() ? fused::LinkBytesPerSecond(g) : 0;
+  const ops::CostParams& params = ops::LoadedCostParams();
+  mine.model_hash = params.Hash();
   std::vector<MoeMsg> all =
       fused::ExchangeArgs(g, op, mine, local_error, &MoeMsg::error, o.timeout);
   MoePlan p;
@@ -311,6 +344,8 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
   same("pipeline", [](const MoeMsg& m) { return m.pipeline_splits >> 32; });
   same("splits", [](const MoeMsg& m) { return m.pipeline_splits & 0xffffffff; });
   same("emulated link bandwidth (bytes/s)", [](const MoeMsg& m) { return m.link_bw; });
+  same("operator tuning (MC2_OPS_TUNING_FILE: `auto` could choose differently)",
+       [](const MoeMsg& m) { return m.model_hash; });
 
   const int P = p.size, me = p.rank;
   p.dtype = dtype;
@@ -378,12 +413,12 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
     }
     bool overlap =
         fused::OverlapPays(GemmFlops(size_t(rows), d, h), dtype, port, all[0].link_bw, P);
-    // Fused rather than chunked: it sends one block per port at a time in
-    // step order, so the first blocks arrive early (bench ops, emulated
-    // balanced link, side by side: fused s=4 62 ms against chunked s=4 63 ms
-    // at np=2, 78 against 84 ms at np=4).
+    // Fused rather than chunked: it sends one block per port at a time, so
+    // the first blocks arrive early (bench ops, emulated balanced link, side
+    // by side: fused s=4 62 ms against chunked s=4 63 ms at np=2, 78
+    // against 84 ms at np=4).
     p.pipeline = overlap ? Pipeline::kFused : Pipeline::kSerial;
-    p.splits = overlap ? 4 : 1;
+    p.splits = overlap ? FusedSplits(params, rows, port, d, h, dtype, all[0].link_bw, P, p.El) : 1;
   }
   if (p.pipeline == Pipeline::kSerial) p.splits = 1;
   p.gemm = fused::OperatorGemmOptions(g, dtype, o);
