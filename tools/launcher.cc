@@ -176,7 +176,7 @@ std::vector<cpu_set_t> RankBindings(Bind bind, int nranks) {
   std::vector<int> cpus;
   for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
     if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
-  if (cpus.empty() || (bind == Bind::kAuto && nranks <= static_cast<int>(cpus.size()))) return {};
+  if (cpus.empty() || (bind == Bind::kAuto && nranks < static_cast<int>(cpus.size()))) return {};
   std::vector<cpu_set_t> sets(nranks);
   for (int r = 0; r < nranks; ++r) {
     CPU_ZERO(&sets[r]);

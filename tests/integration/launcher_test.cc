@@ -213,9 +213,11 @@ TEST_F(LauncherTest, BindPlacesRanksRoundRobinOnTheLaunchersCpus) {
   const int over = static_cast<int>(cpus.size()) + 1;
   check(RunMc2({"run", "-n", n, "--bind", "core", "sh", "-c", script}), over, round_robin);
   check(RunMc2({"run", "-n", n, "--bind", "none", "sh", "-c", script}), over, anywhere);
-  // auto binds only when there are more ranks than CPUs.
+  // auto binds only when there are at least as many ranks as CPUs.
   check(RunMc2({"run", "-n", n, "sh", "-c", script}), over, round_robin);
-  check(RunMc2({"run", "-n", "1", "sh", "-c", script}), 1, anywhere);
+  const int as_many = static_cast<int>(cpus.size());
+  check(RunMc2({"run", "-n", std::to_string(as_many), "sh", "-c", script}), as_many, round_robin);
+  if (as_many > 1) check(RunMc2({"run", "-n", "1", "sh", "-c", script}), 1, anywhere);
   const Result bad = RunMc2({"run", "-n", "1", "--bind", "socket", "true"});
   EXPECT_EQ(bad.status, 2);
   EXPECT_THAT(bad.err, HasSubstr("--bind"));
