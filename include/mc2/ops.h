@@ -393,13 +393,14 @@ MoeRouting MoeRoute(const Group& g, const int32_t* expert_ids, size_t num_tokens
 // token, then one GEMM per expert (the classic dispatch, sort by expert,
 // grouped GEMM); chunked = the rows each rank sends to each other rank are
 // cut into `splits` chunks, the own rows are multiplied first and chunk j
-// as it arrives while chunks > j move; fused = the own rows first, then the
-// block from rank r-1, r-2, ..., cut into `splits` chunks, each multiplied
-// as soon as it arrives while the next moves (rank r sends to r+i at step
-// i); auto = fused with 4 chunks when overlap pays (judged as
+// as it arrives while chunks > j move; fused = every rank sends its blocks
+// (cut into `splits` chunks) one at a time, the rank with the most expert
+// rows first, and multiplies the own rows first, then each chunk as it
+// arrives while the others move; auto = fused when overlap pays (judged as
 // AllGatherBatchMatmul's, from the busiest rank's rows and port bytes),
-// else serial; the count matrix and link settings are the same
-// everywhere, so is the choice.
+// with the chunk count that the cost model's T(s) favours for those rows
+// and bytes, else serial; the count matrix, link settings and operator
+// tuning are the same everywhere (checked), so is the choice.
 // FusedOptions::timeout does not apply
 // to the point-to-point messages (they use the group's timeout).
 Work AllToAllMatmul(const Group& g, const MoeRouting& routing, const void* x, size_t d,
