@@ -38,6 +38,7 @@
 #include "mc2/collectives.h"
 #include "mc2/error.h"
 #include "mc2/ops.h"
+#include "ops/cost_model.h"
 #include "ops/fused_common.h"
 
 namespace mc2 {
@@ -63,6 +64,7 @@ struct BatchMsg {
   uint64_t pipeline_splits;
   uint64_t c_null;   // C is null with n > 0: an error only if M > 0
   uint64_t link_bw;  // emulated link bytes/s (0: none): auto depends on it
+  uint64_t model_hash;  // the operator tuning in effect: auto depends on it
   uint64_t error;
 };
 
@@ -96,6 +98,8 @@ BatchPlan MakeBatchPlan(const Group& g, const BatchMsg& mine, const std::string&
   same("pipeline", [](const BatchMsg& m) { return m.pipeline_splits >> 32; });
   same("splits", [](const BatchMsg& m) { return m.pipeline_splits & 0xffffffff; });
   same("emulated link bandwidth (bytes/s)", [](const BatchMsg& m) { return m.link_bw; });
+  same("operator tuning (MC2_OPS_TUNING_FILE: `auto` could choose differently)",
+       [](const BatchMsg& m) { return m.model_hash; });
   p.dtype = static_cast<DType>(all[0].dtype);
   p.esize = DTypeSize(p.dtype);
   p.batch = all[0].batch;
@@ -129,8 +133,26 @@ BatchPlan MakeBatchPlan(const Group& g, const BatchMsg& mine, const std::string&
     double port = double(p.size - 1) * p.batch * max_rows * p.k * p.esize;
     bool overlap = fused::OverlapPays(GemmFlops(p.batch * p.M, max_n, p.k), p.dtype, port,
                                       all[0].link_bw, p.size);
-    p.pipeline = overlap ? Pipeline::kChunked : Pipeline::kSerial;
-    p.splits = overlap ? 4 : 1;
+    // Fused, with the chunks per shard from the cost model: chunked gathers
+    // each chunk with a collective whose steps wait on one another, and hid
+    // next to nothing (bench ops, emulated balanced link, 2048 x 1024 x 1024
+    // bf16: chunked s=4 1.01x serial at 2 ranks and 0.89x at 4, fused s=4
+    // 1.64x and 1.28x; it was auto's choice until 2026-12).
+    ops::SplitProblem sp;
+    sp.dtype = p.dtype;
+    sp.ranks = p.size;
+    sp.rows = double(p.batch * p.M);
+    sp.n = double(max_n);
+    sp.k = double(p.k);
+    // A GEMM per entry of each shard (one per shard when B is shared), and
+    // one more per chunk where a chunk boundary splits an entry.
+    sp.fixed_calls = double(p.size) * (p.shared_b ? 1.0 : double(p.batch));
+    sp.calls_per_stage = 1;
+    sp.blocks = p.size - 1;
+    sp.port_bytes = port;
+    sp.link_bytes_per_second = double(all[0].link_bw);
+    p.pipeline = overlap ? Pipeline::kFused : Pipeline::kSerial;
+    p.splits = overlap ? ops::ChooseFusedSplits(ops::LoadedCostParams(), sp) : 1;
   }
   if (p.pipeline == Pipeline::kSerial) p.splits = 1;
   p.gemm = fused::OperatorGemmOptions(g, p.dtype, o);
@@ -324,6 +346,7 @@ Work AllGatherBatchMatmul(const Group& g, const void* a_shard, size_t batch, siz
   mine.pipeline_splits = fused::PackPipelineSplits(options);
   mine.c_null = c == nullptr && n > 0;
   mine.link_bw = g.valid() ? fused::LinkBytesPerSecond(g) : 0;
+  mine.model_hash = ops::LoadedCostParams().Hash();
   BatchPlan p = MakeBatchPlan(g, mine, err, options);
   fused::OverlapWork overlap(options.overlap_work);
   return fused::CompleteOp(kOpName, p.pipeline, p.splits, report, overlap, [&](Pending& pend) {

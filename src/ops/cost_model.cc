@@ -367,6 +367,25 @@ Estimate Predict(const CostParams& params, const Environment& env, const Problem
   return e;
 }
 
+int ChooseFusedSplits(const CostParams& params, const SplitProblem& p) {
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  const CostParams::GemmRate& gemm = params.Gemm(p.dtype);
+  const double rate = gemm.flops_per_s * std::min(1.0, cores / std::max(1, p.ranks));
+  const double tl = p.port_bytes / (p.link_bytes_per_second > 0 ? p.link_bytes_per_second
+                                                                : params.copy_bytes_per_s);
+  const double step = p.link_bytes_per_second > 0 ? params.link_hop_s : params.alpha_fused_s;
+  int best = 1;
+  double best_t = 0;
+  for (int s = 1; s <= 16; ++s) {
+    const double stages = double(std::max(1, p.blocks)) * s;
+    const double calls = p.fixed_calls + p.calls_per_stage * stages;
+    const double tc = 2.0 * p.n * p.k * (p.rows + calls * gemm.half_rows) / rate;
+    const double t = std::max(tc, tl) + std::min(tc, tl) / stages + stages * step;
+    if (s == 1 || t < best_t) best = s, best_t = t;
+  }
+  return best;
+}
+
 Choice ChoosePipeline(const CostParams& params, const Environment& env, const Problem& p) {
   Choice best;
   best.serial = Predict(params, env, p, Pipeline::kSerial, 1);

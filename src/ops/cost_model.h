@@ -168,6 +168,28 @@ Estimate Predict(const CostParams& params, const Environment& env, const Problem
 // The fastest candidate (see the top of the file).
 Choice ChoosePipeline(const CostParams& params, const Environment& env, const Problem& p);
 
+// For the operators outside FusedOpKind (AllGatherBatchMatmul, the MoE
+// pair), which run their fused pipeline when overlap pays: the chunks per
+// block s in 1..16 that minimise the busiest rank's
+//   T(s) = max(Tc, Tl) + min(Tc, Tl) / stages + stages * step,
+// the form above for `blocks` blocks of s chunks (stages = blocks s):
+//   Tc   2 n k (rows + calls(s) half_rows) / rate, calls(s) = fixed_calls
+//        + calls_per_stage stages (each call loses the half-efficiency
+//        rows), the rate scaled by cores / ranks when ranks outnumber cores;
+//   Tl   port_bytes over the link (over the copy rate on raw shm);
+//   step what a chunk's message costs beyond its bytes: link_hop_s under
+//        emulation (delayed flags' wake-ups), else alpha_fused_s.
+struct SplitProblem {
+  DType dtype = DType::kF32;
+  int ranks = 1;
+  double rows = 0, n = 0, k = 0;
+  double fixed_calls = 0, calls_per_stage = 1;
+  int blocks = 1;
+  double port_bytes = 0;
+  double link_bytes_per_second = 0;  // 0: raw shared memory
+};
+int ChooseFusedSplits(const CostParams& params, const SplitProblem& p);
+
 // The parameters in effect: MC2_OPS_TUNING_FILE (an error if unreadable or
 // invalid), else ~/.cache/mc2/ops_tuning.json if present (an error if
 // invalid), else Defaults(). Loaded once per process.

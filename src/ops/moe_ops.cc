@@ -77,7 +77,6 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -273,34 +272,6 @@ struct MoePlan {
   std::vector<size_t> flow, load;
 };
 
-// The fused pipeline's chunks per block for `auto`: the s in 1..16 that
-// minimises the busiest rank's predicted time of one phase,
-//   T(s) = max(Tc, Tl) + min(Tc, Tl) / stages + stages * step,
-// the cost model's form (ops/cost_model.h) for (P - 1) blocks of s chunks:
-// Tc the GEMMs of `rows` rows, each of its El ((P - 1) s + 1) calls losing
-// the tuned half-efficiency rows; Tl the busiest port's bytes over the link
-// (or the copy rate on raw shared memory); step what one chunk's message
-// costs beyond its bytes (under emulation the delayed flag's wake-ups,
-// link_hop_s). It picks s = 8 at 2 ranks and 2-4 at 4 ranks for the
-// bench's shapes, as measured best (docs/benchmarks.md).
-int FusedSplits(const ops::CostParams& cp, double rows, double port_bytes, size_t d, size_t h,
-                DType dtype, uint64_t link_bw, int P, int El) {
-  const double cores = std::max(1u, std::thread::hardware_concurrency());
-  const auto& gemm = cp.Gemm(dtype);
-  const double rate = gemm.flops_per_s * std::min(1.0, cores / P);
-  const double tl = port_bytes / (link_bw > 0 ? double(link_bw) : cp.copy_bytes_per_s);
-  const double step = link_bw > 0 ? cp.link_hop_s : cp.alpha_fused_s;
-  int best = 1;
-  double best_t = 0;
-  for (int s = 1; s <= 16; ++s) {
-    const double stages = double(P - 1) * s, calls = double(El) * (stages + 1);
-    const double tc = 2.0 * double(d) * double(h) * (rows + calls * gemm.half_rows) / rate;
-    const double t = std::max(tc, tl) + std::min(tc, tl) / stages + stages * step;
-    if (s == 1 || t < best_t) best = s, best_t = t;
-  }
-  return best;
-}
-
 MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType dtype, size_t d,
                     size_t h, const std::string& local_error, const FusedOptions& o) {
   MoeMsg mine{};
@@ -418,7 +389,22 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
     // by side: fused s=4 62 ms against chunked s=4 63 ms at np=2, 78
     // against 84 ms at np=4).
     p.pipeline = overlap ? Pipeline::kFused : Pipeline::kSerial;
-    p.splits = overlap ? FusedSplits(params, rows, port, d, h, dtype, all[0].link_bw, P, p.El) : 1;
+    // Chunks per block from the cost model (ops/cost_model.h): s = 6 at 2
+    // ranks and 2 at 4 for the bench's shapes, near the measured best
+    // (docs/benchmarks.md, session 6); a fixed 4 ran 1.04-1.09x the best
+    // at 2 ranks. Calls: a GEMM per local expert per chunk.
+    ops::SplitProblem sp;
+    sp.dtype = dtype;
+    sp.ranks = P;
+    sp.rows = rows;
+    sp.n = double(h);
+    sp.k = double(d);
+    sp.fixed_calls = p.El;
+    sp.calls_per_stage = p.El;
+    sp.blocks = P - 1;
+    sp.port_bytes = port;
+    sp.link_bytes_per_second = double(all[0].link_bw);
+    p.splits = overlap ? ops::ChooseFusedSplits(params, sp) : 1;
   }
   if (p.pipeline == Pipeline::kSerial) p.splits = 1;
   p.gemm = fused::OperatorGemmOptions(g, dtype, o);

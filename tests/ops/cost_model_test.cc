@@ -103,6 +103,41 @@ TEST(CostModel, SmallChunksLoseGemmEfficiency) {
   EXPECT_NEAR(one.compute_s, 2e6 * 900 / 1e11, 1e-9);
 }
 
+// ChooseFusedSplits (AllGatherBatchMatmul, MoE) on inputs worked out by
+// hand: Tc = Tl = 50 ms, so T(s) = 50 ms + 50 ms / stages + stages * step.
+TEST(CostModel, FusedSplitsBalanceFillAgainstPerStepCost) {
+  CostParams params = Simple();
+  SplitProblem p;
+  p.ranks = 1;  // no core sharing, whatever this host has
+  p.rows = 2500;
+  p.n = p.k = 1000;  // 2e6 flop per row at 100 GF/s: 50 ms
+  p.fixed_calls = 1;
+  p.calls_per_stage = 1;
+  p.port_bytes = 50e6;
+  p.link_bytes_per_second = 1e9;  // 50 ms on the port
+  // 2 ms a step: 10 ms / s + 2 s ms is least at s = 5.
+  params.link_hop_s = 2e-3;
+  EXPECT_EQ(ChooseFusedSplits(params, p), 5);
+  // Three blocks per pipeline: stages = 3 s; 1 ms a step is least at 3 s ~ 7.
+  params.link_hop_s = 1e-3;
+  p.blocks = 3;
+  EXPECT_EQ(ChooseFusedSplits(params, p), 2);
+  // Small chunks that lose GEMM efficiency push s down: each call costs
+  // half_rows rows more.
+  p.blocks = 1;
+  EXPECT_EQ(ChooseFusedSplits(params, p), 7);
+  params.f32.half_rows = 500;  // +10 ms of Tc per call
+  EXPECT_LT(ChooseFusedSplits(params, p), 7);
+  // Raw shared memory: the copy rate instead of the link, alpha_fused_s a
+  // step; with neither costing anything the deepest pipeline wins.
+  params.f32.half_rows = 0;
+  p.link_bytes_per_second = 0;
+  params.copy_bytes_per_s = 1e9;
+  EXPECT_EQ(ChooseFusedSplits(params, p), 16);
+  params.alpha_fused_s = 2e-3;
+  EXPECT_EQ(ChooseFusedSplits(params, p), 5);
+}
+
 TEST(CostModel, AutoChoosesByRegime) {
   CostParams params = Simple();
   params.f32.half_rows = 16;
