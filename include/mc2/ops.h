@@ -300,13 +300,13 @@ enum class BatchB : uint8_t {
 // small), the own shard is multiplied first and chunk j of the others while
 // chunks > j move; fused = a point-to-point ring: the own shard first, then
 // the shards of ranks r-1, r-2, ..., each cut into `splits` chunks and
-// multiplied chunk by chunk as they arrive; auto = chunked with 4 chunks
-// when a rough estimate says overlap pays (3/4 of min(compute, comm) beats
-// ~5% GEMM efficiency plus ~30 us per chunk and peer; comm at the emulated
-// link's bandwidth, else ~4 GB/s), else serial (src/ops/fused_common.h
-// OverlapPays: the measured cost model of the other operators does not
-// cover this one yet). Under link emulation serial and chunked gather with
-// the ring algorithm (charged by the link).
+// multiplied chunk by chunk as they arrive; auto = fused when a rough
+// estimate says overlap pays (3/4 of min(compute, comm) beats ~5% GEMM
+// efficiency plus ~30 us per chunk and peer; comm at the emulated link's
+// bandwidth, else ~4 GB/s; src/ops/fused_common.h OverlapPays), with the
+// chunk count the cost model's T(s) favours (ops::ChooseFusedSplits), else
+// serial. Under link emulation serial and chunked gather with the ring
+// algorithm (charged by the link).
 Work AllGatherBatchMatmul(const Group& g, const void* a_shard, size_t batch, size_t m_local,
                           size_t k, const void* b, BatchB b_layout, size_t n, DType dtype,
                           float* c, void* gathered_a = nullptr, const FusedOptions& options = {},
