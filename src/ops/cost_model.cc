@@ -376,7 +376,9 @@ int ChooseFusedSplits(const CostParams& params, const SplitProblem& p) {
   const double step = p.link_bytes_per_second > 0 ? params.link_hop_s : params.alpha_fused_s;
   int best = 1;
   double best_t = 0;
+  const int align = std::max(1, p.align);
   for (int s = 1; s <= 16; ++s) {
+    if (s % align != 0 && align % s != 0) continue;
     const double stages = double(std::max(1, p.blocks)) * s;
     const double calls = p.fixed_calls + p.calls_per_stage * stages;
     const double tc = 2.0 * p.n * p.k * (p.rows + calls * gemm.half_rows) / rate;

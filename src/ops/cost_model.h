@@ -187,6 +187,9 @@ struct SplitProblem {
   int blocks = 1;
   double port_bytes = 0;
   double link_bytes_per_second = 0;  // 0: raw shared memory
+  // Only s that divide `align` or that it divides (a batch of `align`
+  // entries: other counts cut entries into two smaller GEMMs).
+  int align = 1;
 };
 int ChooseFusedSplits(const CostParams& params, const SplitProblem& p);
 

@@ -136,6 +136,12 @@ TEST(CostModel, FusedSplitsBalanceFillAgainstPerStepCost) {
   EXPECT_EQ(ChooseFusedSplits(params, p), 16);
   params.alpha_fused_s = 2e-3;
   EXPECT_EQ(ChooseFusedSplits(params, p), 5);
+  // A batch of 4 entries: s divides 4 or 4 divides s; 4 (T 70.5 ms) beats
+  // 2 (79 ms) and 8 (72.3 ms).
+  p.align = 4;
+  EXPECT_EQ(ChooseFusedSplits(params, p), 4);
+  p.align = 3;  // 6 (T 70.3 ms) beats 3 (72.7 ms)
+  EXPECT_EQ(ChooseFusedSplits(params, p), 6);
 }
 
 TEST(CostModel, AutoChoosesByRegime) {
