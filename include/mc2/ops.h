@@ -298,9 +298,10 @@ enum class BatchB : uint8_t {
 // cut into `splits` chunks gathered by separate AllGatherV calls (so the
 // split runs along M when batch is 1 and along the batch when m_local is
 // small), the own shard is multiplied first and chunk j of the others while
-// chunks > j move; fused = a point-to-point ring: the own shard first, then
-// the shards of ranks r-1, r-2, ..., each cut into `splits` chunks and
-// multiplied chunk by chunk as they arrive; auto = fused when a rough
+// chunks > j move; fused = point-to-point transfers all posted at once (each
+// rank sends its shard to r+1, r+2, ... in that order): the own shard
+// first, then the shards of ranks r-1, r-2, ..., each cut into `splits`
+// chunks and multiplied chunk by chunk as they arrive; auto = fused when a rough
 // estimate says overlap pays (3/4 of min(compute, comm) beats ~5% GEMM
 // efficiency plus ~30 us per chunk and peer; comm at the emulated link's
 // bandwidth, else ~4 GB/s; src/ops/fused_common.h OverlapPays), with the

@@ -177,8 +177,11 @@ Choice ChoosePipeline(const CostParams& params, const Environment& env, const Pr
 //        + calls_per_stage stages (each call loses the half-efficiency
 //        rows), the rate scaled by cores / ranks when ranks outnumber cores;
 //   Tl   port_bytes over the link (over the copy rate on raw shm);
-//   step what a chunk's message costs beyond its bytes: link_hop_s under
-//        emulation (delayed flags' wake-ups), else alpha_fused_s.
+//   step what a chunk's message costs beyond its bytes: alpha_fused_s on
+//        raw shm; under emulation anywhere from alpha_fused_s (idle cores)
+//        to link_hop_s (cores busy with GEMMs delay the delayed flags'
+//        wake-ups), so the s whose worse ratio to the best s under either
+//        step cost is least wins.
 struct SplitProblem {
   DType dtype = DType::kF32;
   int ranks = 1;

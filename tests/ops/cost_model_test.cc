@@ -105,6 +105,8 @@ TEST(CostModel, SmallChunksLoseGemmEfficiency) {
 
 // ChooseFusedSplits (AllGatherBatchMatmul, MoE) on inputs worked out by
 // hand: Tc = Tl = 50 ms, so T(s) = 50 ms + 50 ms / stages + stages * step.
+// Under emulation a step costs between alpha_fused_s (here 0) and
+// link_hop_s, and the s with the least worse ratio to the best of each wins.
 TEST(CostModel, FusedSplitsBalanceFillAgainstPerStepCost) {
   CostParams params = Simple();
   SplitProblem p;
@@ -115,19 +117,28 @@ TEST(CostModel, FusedSplitsBalanceFillAgainstPerStepCost) {
   p.calls_per_stage = 1;
   p.port_bytes = 50e6;
   p.link_bytes_per_second = 1e9;  // 50 ms on the port
-  // 2 ms a step: 10 ms / s + 2 s ms is least at s = 5.
+  // 2 ms a step: least at s = 5 (70 ms); free steps: least at s = 16
+  // (53.1 ms). s = 9 is 1.051x / 1.046x those, s = 8 1.032x / 1.059x,
+  // s = 10 1.071x / 1.035x: 9 is never far from either.
   params.link_hop_s = 2e-3;
-  EXPECT_EQ(ChooseFusedSplits(params, p), 5);
-  // Three blocks per pipeline: stages = 3 s; 1 ms a step is least at 3 s ~ 7.
+  EXPECT_EQ(ChooseFusedSplits(params, p), 9);
+  // Three blocks per pipeline: stages = 3 s. 1 ms a step: s = 4 is 1.029x
+  // the best (s = 2, 64.3 ms) and 1.061x the free-step best (51.0 ms);
+  // s = 3 1.004x / 1.088x, s = 5 1.062x / 1.045x.
   params.link_hop_s = 1e-3;
   p.blocks = 3;
-  EXPECT_EQ(ChooseFusedSplits(params, p), 2);
+  EXPECT_EQ(ChooseFusedSplits(params, p), 4);
+  // One block, 1 ms a step: s = 11 (1.022x / 1.027x).
+  p.blocks = 1;
+  EXPECT_EQ(ChooseFusedSplits(params, p), 11);
+  // Steps that cost the same either way: the plain minimum, s = 7.
+  params.alpha_fused_s = 1e-3;
+  EXPECT_EQ(ChooseFusedSplits(params, p), 7);
+  params.alpha_fused_s = 0;
   // Small chunks that lose GEMM efficiency push s down: each call costs
   // half_rows rows more.
-  p.blocks = 1;
-  EXPECT_EQ(ChooseFusedSplits(params, p), 7);
   params.f32.half_rows = 500;  // +10 ms of Tc per call
-  EXPECT_LT(ChooseFusedSplits(params, p), 7);
+  EXPECT_LT(ChooseFusedSplits(params, p), 11);
   // Raw shared memory: the copy rate instead of the link, alpha_fused_s a
   // step; with neither costing anything the deepest pipeline wins.
   params.f32.half_rows = 0;
