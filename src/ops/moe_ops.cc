@@ -365,21 +365,16 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
   p.splits = static_cast<int>(all[0].pipeline_splits & 0xffffffff);
   if (p.pipeline == Pipeline::kAuto) {
     // From the count matrix, d, h and the link: the same on every rank. The
-    // busiest rank's GEMM rows and port bytes (both directions move rows in
-    // dtype).
+    // busiest rank's GEMM rows (load) and port bytes (the rows it sends to
+    // others: flow out in the dispatch, flow in for the combine; both
+    // directions move rows in dtype).
     const bool dispatch = op == kDispatchName;
     double rows = 0, port = 0;
     for (int a = 0; a < P; ++a) {
-      double in = 0, out = 0;
-      for (int b = 0; b < P; ++b) {
-        for (size_t le = 0; le < El; ++le) {
-          in += r.counts[b * p.E + a * El + le];
-          if (b != a) {
-            out += dispatch ? r.counts[a * p.E + b * El + le] : r.counts[b * p.E + a * El + le];
-          }
-        }
-      }
-      rows = std::max(rows, in);
+      double out = 0;
+      for (int b = 0; b < P; ++b)
+        if (b != a) out += dispatch ? p.flow[a * P + b] : p.flow[b * P + a];
+      rows = std::max(rows, double(p.load[a]));
       port = std::max(port, out * d * p.esize);
     }
     bool overlap =
