@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <system_error>
+#include <thread>
 
 #include <unistd.h>
 
@@ -130,6 +131,11 @@ bool EnvBool(const char* name, bool dflt) {
 long EnvInt(const char* name, long dflt, long lo, long hi) {
   auto v = GetEnv(name);
   return v ? ParseInt(*v, name, lo, hi) : dflt;
+}
+
+int HostCpus() {
+  static const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return cpus;
 }
 
 void CheckWritableDirectory(const std::string& dir, std::string_view what) {

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
-#include <thread>
 #include <vector>
 
 #include "core/env.h"
@@ -251,7 +250,7 @@ Estimate Predict(const CostParams& params, const Environment& env, const Problem
   Estimate e;
   const int n = std::max(1, p.ranks);
   const int s = std::max(1, splits);
-  const int cores = env.cores > 0 ? env.cores : int(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = env.cores > 0 ? env.cores : core::HostCpus();
   // More ranks than cores share them: each rank's GEMMs and copies run at
   // cores / ranks of a core's rate (the link, which is not CPU, does not).
   const double share = std::max(1.0, double(n) / cores);
@@ -369,7 +368,7 @@ Estimate Predict(const CostParams& params, const Environment& env, const Problem
 }
 
 int ChooseFusedSplits(const CostParams& params, const SplitProblem& p) {
-  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  const double cores = core::HostCpus();
   const CostParams::GemmRate& gemm = params.Gemm(p.dtype);
   const double rate = gemm.flops_per_s * std::min(1.0, cores / std::max(1, p.ranks));
   const double tl = p.port_bytes / (p.link_bytes_per_second > 0 ? p.link_bytes_per_second

@@ -18,9 +18,9 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "core/env.h"
 #include "core/scratch.h"
 #include "engine/group_impl.h"
 #include "engine/work_state.h"
@@ -153,7 +153,7 @@ inline uint64_t LinkBytesPerSecond(const Group& g) {
 inline bool OverlapPays(double flops_per_rank, DType dtype, double port_bytes, uint64_t link_bw,
                         int ranks) {
   if (ranks <= 1) return false;
-  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  const double cores = core::HostCpus();
   const double rate = (dtype == DType::kBF16 ? 2e11 : 1e11) * std::min(1.0, cores / ranks);
   const double tc = flops_per_rank / rate;
   const double tm = port_bytes / (link_bw > 0 ? double(link_bw) : 4e9);

@@ -117,7 +117,7 @@ ShmTransport::ShmTransport(std::shared_ptr<WorldMemory> mem, int rank, int size,
       pidfds_(std::move(pidfds)) {
   // Ranks that are processes compete for the cores; threads of one process
   // (tests) are judged the same way.
-  oversubscribed_ = size_ > static_cast<int>(std::thread::hardware_concurrency());
+  oversubscribed_ = size_ > core::HostCpus();
   // MC2_SPIN_US, when set, is the budget as given (0: sleep at once, to
   // save CPU); unset, the budgets measured to keep small collectives out of
   // the sleep/wake cycle (see WaitGE).
