@@ -86,8 +86,10 @@ class LinkModel {
 //
 // Works as follows. Publish(off, v, S) with S > 0 posts S bytes on the port
 // and queues "store v at off" for the completion time; a delivery thread
-// sleeps (condition variable, no spinning) until the earliest due entry and
-// performs the real Publish then, which also rings the doorbell. The data
+// sleeps (a timerfd armed for the earliest due entry, no spinning) and
+// performs the real Publish then, which also rings the doorbell. Posting
+// re-arms the timer rather than waking the thread, so a rank's hand-off
+// never gives its CPU away. The data
 // itself was already copied by the caller. Publish with S == 0 goes through
 // at once unless a delayed publish of the same flag word is still queued: it
 // is then queued behind it, so a flag's values appear in the order they were
@@ -161,6 +163,10 @@ class LinkEmulationTransport final : public Transport {
   // Queues (or, when nothing of `word` is queued and payload == 0, performs
   // at once) one update.
   void Submit(Kind kind, int owner, uint64_t off, uint64_t value, size_t payload);
+  // Sets the delivery thread's timer to `due` (mu_ held).
+  void ArmLocked(Clock::time_point due);
+  // Wakes the delivery thread at once (stop, flush).
+  void Kick();
   void Deliver(const Entry& e);
   void Loop();
 
@@ -169,7 +175,8 @@ class LinkEmulationTransport final : public Transport {
   LinkModel model_;
 
   std::mutex mu_;
-  std::condition_variable cv_;       // the delivery thread waits here
+  int timer_fd_ = -1;  // the delivery thread sleeps until it fires...
+  int event_fd_ = -1;  // ...or this is written (stop, flush)
   std::condition_variable drained_;  // Drain() waits here
   std::priority_queue<Entry, std::vector<Entry>, Later> queue_;
   std::map<Word, WordState> words_;
