@@ -106,10 +106,12 @@ TEST(BenchOpsLink, EmulatedLinkIsLabelledAndResultsStayExact) {
 }
 
 TEST(BenchOpsLink, LinkAutoCalibratesAgainstCompute) {
-  // Compute (~2 x 512 x 1024 x 512 flops) well above the raw all-gather of
-  // 2 MiB, so a balancing link exists.
+  // Compute (~2 x 512 x 1024 x 2048 flops, ~13 ms) well above the raw
+  // all-gather of 2 MiB (~1 ms; with N = 512 the two came within noise of
+  // each other under sanitizers and parallel tests), so a balancing link
+  // exists.
   Result r = RunMc2({"bench", "ops", "-n", "2", "--op", "all_gather_matmul", "-m", "512", "-k",
-                     "1024", "-N", "512", "--pipeline", "chunked", "--link", "auto", "--iters",
+                     "1024", "-N", "2048", "--pipeline", "chunked", "--link", "auto", "--iters",
                      "2", "--warmup", "1"},
                     {{"MC2_HEAP_BYTES", "64M"}}, 180);
   ASSERT_EQ(r.status, 0) << r.out << r.err;
