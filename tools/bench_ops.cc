@@ -57,7 +57,6 @@
 #include <span>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -65,6 +64,7 @@
 
 #include "bench.h"
 #include "commands.h"
+#include "core/env.h"
 #include "core/link_config.h"
 #include "launcher.h"
 #include "mc2/mc2.h"
@@ -817,7 +817,7 @@ int RunTuneRankImpl(const OpsConfig& cfg, const std::string& path) {
   if (lead) fmt::print("# mc2 bench ops --tune: {} ranks, raw shm\n", n);
   // GEMM rate and efficiency loss: t(rows) = 2 N K (rows + h) / G, every
   // rank multiplying at once (as in the operators).
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = core::HostCpus();
   const double share = std::max(1.0, double(n) / cores);
   const size_t gk = cfg.k, gn = cfg.n;
   for (DType dt : {DType::kF32, DType::kBF16}) {

@@ -128,7 +128,7 @@ struct Environment {
   double link_bytes_per_second = 0;  // 0: no link emulation
   double link_latency_s = 0;
   size_t heap_bytes = 0;  // symmetric heap per rank (0: unknown, no limit)
-  int cores = 0;          // 0: std::thread::hardware_concurrency()
+  int cores = 0;          // 0: core::HostCpus()
   uint64_t Hash() const;
 };
 
