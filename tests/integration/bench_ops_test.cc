@@ -87,6 +87,24 @@ TEST_P(BenchOpsTest, EveryPipelineMatchesSerialAndColumnsExist) {
   }
   EXPECT_GT(j["compute_ms"].get<double>(), 0);
   EXPECT_GT(j["comm_ms"].get<double>(), 0);
+  // --confirm defaults to --iters: the best fixed row (auto excluded) and
+  // auto are re-timed next to compute-only, comm-only and serial.
+  EXPECT_THAT(r.out, HasSubstr("# confirmed (2 fresh round-robin iterations"));
+  ASSERT_TRUE(j.contains("confirm")) << j.dump(2);
+  const auto& c = j["confirm"];
+  EXPECT_EQ(c["iters"], 2);
+  const nlohmann::json* best = nullptr;
+  for (const auto& row : j["rows"])
+    if (row["pipeline"] != "auto" &&
+        (!best || row["time_ms"].get<double>() < (*best)["time_ms"].get<double>()))
+      best = &row;
+  ASSERT_NE(best, nullptr);
+  EXPECT_EQ(c["best_pipeline"], (*best)["pipeline"]);
+  EXPECT_EQ(c["best_splits"], (*best)["splits"]);
+  EXPECT_EQ(c["auto_ran"], j["rows"].back()["ran"]);
+  for (const char* key : {"compute_ms", "comm_ms", "serial_ms", "best_ms", "auto_ms",
+                          "best_ideal_ms"})
+    EXPECT_GT(c[key].get<double>(), 0) << key;
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, BenchOpsTest,
@@ -135,7 +153,8 @@ TEST(BenchOpsUsage, BadArgumentsExitTwo) {
         {"bench", "ops", "-n", "2", "--op", "matmul_all_reduce", "--splits", "17"},
         {"bench", "ops", "-n", "2", "--op", "matmul_all_reduce", "--pipeline", "ring"},
         {"bench", "ops", "-n", "2", "--op", "matmul_all_reduce", "--link", "bw=fast"},
-        {"bench", "ops", "-n", "2", "--op", "matmul_all_reduce", "--dtype", "f64"}}) {
+        {"bench", "ops", "-n", "2", "--op", "matmul_all_reduce", "--dtype", "f64"},
+        {"bench", "ops", "-n", "2", "--op", "matmul_all_reduce", "--confirm", "-2"}}) {
     Result r = RunMc2(args, {}, 30);
     EXPECT_EQ(r.status, 2) << args.back() << "\n" << r.out << r.err;
     EXPECT_THAT(r.err, HasSubstr("mc2 bench ops:")) << r.err;
