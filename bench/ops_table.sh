@@ -28,7 +28,7 @@ ranks="2 4" ops="all_gather_matmul matmul_reduce_scatter matmul_all_reduce"
 regimes="balanced comm<<compute compute<<comm" iters=5 confirm=7 splits=2,3,4,6,8,12,16 build=${MC2_BUILD_DIR:-$repo/build}
 keep=""
 
-usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 die() { echo "ops_table.sh: $*" >&2; exit 2; }
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 while [[ $# -gt 0 ]]; do
@@ -45,6 +45,7 @@ while [[ $# -gt 0 ]]; do
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
+[[ $confirm =~ ^[1-9][0-9]*$ ]] || die "--confirm $confirm is invalid: the table's figures come from it, expected 1 or more"
 require_mc2 "$build"
 make_output_dir "$keep" ops-table
 
