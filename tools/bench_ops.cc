@@ -587,6 +587,13 @@ struct Row {
   std::string chosen;  // auto: what it ran
 };
 
+// The ideal time of a pipeline of `stages` overlapped stages: max(Tc, Tm) +
+// min(Tc, Tm) / stages; 0 stages is serial, Tc + Tm.
+double IdealBound(double tc, double tm, int stages) {
+  if (stages == 0) return tc + tm;
+  return std::max(tc, tm) + std::min(tc, tm) / stages;
+}
+
 int RunOpsRank(const OpsConfig& cfg) {
   const OpRunner* runner = FindRunner(cfg.op);
   WorldOptions wo;
@@ -715,9 +722,6 @@ int RunOpsRank(const OpsConfig& cfg) {
                  "pipeline", "splits", "stages", "time_ms", "ideal_ms", "vs_ideal", "overlap",
                  "speedup", "#wrong", "ran");
     }
-    auto ideal = [&](int stages) {
-      return std::max(tc, tm) + std::min(tc, tm) / std::max(1, stages);
-    };
     std::vector<Row> rows;
     for (size_t i = serial_idx; i < cands.size(); ++i) {
       const Candidate& c = cands[i];
@@ -731,7 +735,7 @@ int RunOpsRank(const OpsConfig& cfg) {
       r.stages = rep.pipeline == Pipeline::kFused     ? n * rep.splits
                  : rep.pipeline == Pipeline::kChunked ? rep.splits
                                                       : 1;
-      r.ideal_s = rep.pipeline == Pipeline::kSerial ? tc + tm : ideal(r.stages);
+      r.ideal_s = IdealBound(tc, tm, rep.pipeline == Pipeline::kSerial ? 0 : r.stages);
       r.chosen = fmt::format("{} s={}", PipelineName(rep.pipeline), rep.splits);
       rows.push_back(r);
       if (!lead) continue;
@@ -747,26 +751,27 @@ int RunOpsRank(const OpsConfig& cfg) {
     for (const Row& r : rows) wrong += r.wrong;
     // The best fixed configuration (auto is what is judged against it).
     // Every rank holds the same (max-reduced) times, so all pick the same.
-    size_t best_row = 0;
-    for (size_t i = 0; i < rows.size(); ++i)
-      if (cands[serial_idx + i].options.pipeline != Pipeline::kAuto &&
-          rows[i].time_s < rows[best_row].time_s)
-        best_row = i;
-    const Row* best = &rows[best_row];
+    size_t best_row = 0;  // serial's
     std::optional<size_t> auto_row;
-    for (size_t i = 0; i < rows.size(); ++i)
+    for (size_t i = 0; i < rows.size(); ++i) {
       if (cands[serial_idx + i].options.pipeline == Pipeline::kAuto) auto_row = i;
+      else if (rows[i].time_s < rows[best_row].time_s) best_row = i;
+    }
+    const Row* best = &rows[best_row];
     // Confirmation: fresh round-robin iterations of the figures the
     // verdicts rest on (see OpsConfig::confirm).
     struct Confirmed {
       double tc = 0, tm = 0, serial = 0, best = 0, automatic = 0;
+      double best_ideal = 0;     // IdealBound of the best, from the confirmed tc and tm
+      double hide = 0;           // min(tc, tm): what overlap can hide
+      double best_overlap = 0;   // (serial - best) / hide, 0 if nothing to hide
     };
     std::optional<Confirmed> confirmed;
     if (cfg.confirm > 0 && !ab) {
       std::vector<size_t> set = {0};
       if (n > 1) set.push_back(1);
       set.push_back(serial_idx);
-      if (serial_idx + best_row != serial_idx) set.push_back(serial_idx + best_row);
+      if (best_row != 0) set.push_back(serial_idx + best_row);
       if (auto_row) set.push_back(serial_idx + *auto_row);
       for (size_t idx : set) cands[idx].times.clear();
       for (int i = 0; i < cfg.confirm; ++i)
@@ -777,6 +782,9 @@ int RunOpsRank(const OpsConfig& cfg) {
       c.serial = bench::Median(cands[serial_idx].times);
       c.best = bench::Median(cands[serial_idx + best_row].times);
       if (auto_row) c.automatic = bench::Median(cands[serial_idx + *auto_row].times);
+      c.hide = std::min(c.tc, c.tm);
+      c.best_ideal = IdealBound(c.tc, c.tm, best_row == 0 ? 0 : best->stages);
+      c.best_overlap = c.hide > 0 ? (c.serial - c.best) / c.hide : 0.0;
       confirmed = c;
     }
     if (lead) {
@@ -784,17 +792,12 @@ int RunOpsRank(const OpsConfig& cfg) {
                  best->chosen, t_serial / best->time_s, best->time_s / best->ideal_s);
       if (confirmed) {
         const Confirmed& c = *confirmed;
-        const double hide = std::min(c.tc, c.tm);
-        const double ideal_best =
-            best->pipeline == "serial"
-                ? c.tc + c.tm
-                : std::max(c.tc, c.tm) + hide / std::max(1, best->stages);
         fmt::print("# confirmed ({} fresh round-robin iterations; the sweep's minimum is biased "
                    "low): compute-only {:.2f} ms, comm-only {:.2f} ms, serial {:.2f} ms, best "
                    "{:.2f} ms = {:.2f}x serial, {:.2f}x the ideal bound, overlap {}",
                    cfg.confirm, c.tc * 1e3, c.tm * 1e3, c.serial * 1e3, c.best * 1e3,
-                   c.serial / c.best, c.best / ideal_best,
-                   hide > 0 ? fmt::format("{:.0f}%", 100 * (c.serial - c.best) / hide) : "-");
+                   c.serial / c.best, c.best / c.best_ideal,
+                   c.hide > 0 ? fmt::format("{:.0f}%", 100 * c.best_overlap) : "-");
         if (auto_row)
           fmt::print("; auto ({}) {:.2f} ms = {:.2f}x the best, {:.2f}x serial",
                      rows[*auto_row].chosen, c.automatic * 1e3, c.automatic / c.best,
@@ -848,7 +851,6 @@ int RunOpsRank(const OpsConfig& cfg) {
         }
         if (confirmed) {
           const Confirmed& c = *confirmed;
-          const double hide = std::min(c.tc, c.tm);
           json cj = {{"iters", cfg.confirm},
                      {"compute_ms", c.tc * 1e3},
                      {"comm_ms", c.tm * 1e3},
@@ -857,12 +859,8 @@ int RunOpsRank(const OpsConfig& cfg) {
                      {"best_splits", best->splits},
                      {"best_stages", best->stages},
                      {"best_ms", c.best * 1e3},
-                     {"best_ideal_ms",
-                      (best->pipeline == "serial"
-                           ? c.tc + c.tm
-                           : std::max(c.tc, c.tm) + hide / std::max(1, best->stages)) *
-                          1e3},
-                     {"best_overlap_efficiency", hide > 0 ? (c.serial - c.best) / hide : 0.0}};
+                     {"best_ideal_ms", c.best_ideal * 1e3},
+                     {"best_overlap_efficiency", c.best_overlap}};
           if (auto_row) {
             cj["auto_ran"] = rows[*auto_row].chosen;
             cj["auto_ms"] = c.automatic * 1e3;
