@@ -46,6 +46,7 @@
 #include "mc2/ops.h"
 #include "ops/cost_model.h"
 #include "ops/fused_common.h"
+#include "ops/gemm.h"
 
 namespace mc2 {
 namespace {
@@ -84,6 +85,9 @@ struct BatchPlan {
   bool shared_b = false;
   std::vector<size_t> rows, offs;  // per rank m_q and M_q
   GemmOptions gemm;
+  // Runs the call's GEMMs (on the calling thread), each B packed at its
+  // first product (ops::PackedGemmB).
+  mutable ops::PackedGemmBSet gemms;
   CollectiveOptions coll;
 };
 
@@ -166,6 +170,7 @@ BatchPlan MakeBatchPlan(const Group& g, const BatchMsg& mine, const std::string&
   }
   if (p.pipeline == Pipeline::kSerial) p.splits = 1;
   p.gemm = fused::OperatorGemmOptions(g, p.dtype, o);
+  p.gemms = ops::PackedGemmBSet(p.dtype, p.gemm);
   p.coll = fused::OperatorCollectiveOptions(g, o);
   return p;
 }
@@ -198,7 +203,7 @@ void MultiplyRows(const BatchPlan& p, const BatchArgs& x, int q, const char* src
         std::fill(c, c + rows * p.n, 0.0f);
       } else {
         const char* b = x.b + (p.shared_b ? 0 : e * p.k * p.n * p.esize);
-        Gemm(rows, p.n, p.k, p.dtype, a, b, DType::kF32, c, p.gemm);
+        p.gemms.Gemm(rows, p.n, p.k, a, b, DType::kF32, c);
       }
     }
     // (When batch is 1 the gather buffer is the gathered A: nothing to copy.)
@@ -244,8 +249,8 @@ void RunSerial(const Group& g, const BatchPlan& p, const BatchArgs& x, Pending& 
       std::fill(c, c + rows * p.n, 0.0f);
       continue;
     }
-    Gemm(rows, p.n, p.k, p.dtype, x.ag + e * p.M * row_bytes, x.b + e * p.k * p.n * p.esize,
-         DType::kF32, c, p.gemm);
+    p.gemms.Gemm(rows, p.n, p.k, x.ag + e * p.M * row_bytes, x.b + e * p.k * p.n * p.esize,
+                 DType::kF32, c);
   }
 }
 

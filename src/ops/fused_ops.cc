@@ -73,6 +73,12 @@
 // bytes, and copies (M - m_r) n 4 bytes into C. s chunks per block, so
 // n s GEMM calls and n s signals per rank.
 //
+// GEMMs. Every pipeline multiplies by B packed once per call
+// (ops::PackedGemmB): given plain B, oneDNN re-lays all of B out on every
+// call (2048 x 1024 f32, k = 2048, one core: 64-row chunks took 56 ms in
+// all, packed 46 ms, one 2048-row GEMM 48 ms), which made fused s=8 at 4
+// ranks (32 GEMMs of 64 rows) 25% slower than serial on raw shm.
+//
 // Determinism: row blocks of a oneDNN product (one thread) are bitwise the
 // rows of the full product, and every reduction is ReduceTree over ranks
 // (in the collectives or here), so all pipelines and split counts agree bit
@@ -96,6 +102,7 @@
 #include "mc2/ops.h"
 #include "ops/cost_model.h"
 #include "ops/fused_common.h"
+#include "ops/gemm.h"
 #include "trace/recorder.h"
 #include "transport/link_emulation.h"
 
@@ -167,6 +174,8 @@ struct Plan {
   std::vector<size_t> rows;  // per rank block rows
   std::vector<size_t> offs;  // per rank block first row
   GemmOptions gemm;
+  // Runs the call's GEMMs (on the calling thread): B packed at the first.
+  mutable ops::PackedGemmBSet gemms;
   CollectiveOptions coll;
   std::chrono::nanoseconds timeout{};
   // FusedOptions::overlap_work (the caller's, alive for the call) and
@@ -315,6 +324,10 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, std::string l
   if (p.pipeline == Pipeline::kSerial) p.splits = 1;
   p.gemm.threads = o.gemm_threads;
   if (g.deterministic() && p.dtype == DType::kF32) p.gemm.backend = GemmBackend::kOneDNN;
+  // Every pipeline multiplies by B packed once (ops::PackedGemmB): chunks
+  // of a few rows run at the full-size rate, and all pipelines and split
+  // counts run the same kernels.
+  p.gemms = ops::PackedGemmBSet(p.dtype, p.gemm);
   p.coll = co;
   // The pipelines' collectives must run beside the GEMMs, however small.
   p.coll.may_run_inline = false;
@@ -348,7 +361,7 @@ void RunGemm(const Plan& p, size_t m, size_t k, const char* a, const char* b, fl
     span.span().name = "gemm";
     span.span().flops = static_cast<uint64_t>(GemmFlops(m, p.n, k));
   }
-  Gemm(m, p.n, k, p.dtype, a, b, DType::kF32, c, p.gemm);
+  p.gemms.Gemm(m, p.n, k, a, b, DType::kF32, c);
 }
 
 // The product of `rows` rows of A with B into dst; zeros when k == 0 (an

@@ -42,6 +42,7 @@
 #include "core/env.h"
 #include "core/log.h"
 #include "core/reduce.h"
+#include "trace/recorder.h"
 
 namespace mc2::ops {
 namespace {
@@ -56,6 +57,7 @@ struct Key {
   uint32_t beta;   // bit pattern of beta (0: no sum post-op)
   bool bias;
   int threads;
+  bool packed_b = false;  // B in PackedLayout (ldb, tb unused)
   bool operator==(const Key&) const = default;
 };
 
@@ -69,7 +71,7 @@ struct KeyHash {
     mix(k.lda);
     mix(k.ldb);
     mix(k.ldc);
-    mix(uint64_t{k.ta} | uint64_t{k.tb} << 1 | uint64_t{k.bias} << 3 |
+    mix(uint64_t{k.ta} | uint64_t{k.tb} << 1 | uint64_t{k.bias} << 3 | uint64_t{k.packed_b} << 4 |
         static_cast<uint64_t>(k.c_type) << 8 | static_cast<uint64_t>(k.ab_type) << 16);
     mix(k.alpha);
     mix(k.beta);
@@ -95,6 +97,9 @@ struct Entry {
   int bias_post_op_index = -1;
   size_t scratch_bytes = 0;
   std::string impl;
+  // A packed_b entry whose kernel is not the plain call's for the same
+  // shape: not used (see PackedGemmB), the plain call runs instead.
+  bool usable = true;
 };
 
 dnnl::engine& Engine() {
@@ -131,6 +136,26 @@ void MakeOperand(Operand* op, const memory::desc& user, const memory::desc& dens
   }
 }
 
+// The blocked layout oneDNN's matmul reads B (k x n, type `ab`) in, for
+// the current thread count: the weights layout it picks for a 256-row
+// product given the choice ("any"). The same for every m here (checked for
+// 16-2048 rows, f32 and bf16), and an m whose kernel would read another one
+// falls back to the plain call (Entry::usable). Throws dnnl::error.
+memory::desc PackedLayout(memory::dim k, memory::dim n, memory::data_type ab) {
+  constexpr memory::dim kRefRows = 256;
+  const auto f32 = memory::data_type::f32;
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  dnnl::matmul::primitive_desc pd(
+      dnnl::matmul::desc(memory::desc({kRefRows, k}, ab, memory::dims{k, 1}),
+                         memory::desc({k, n}, ab, memory::format_tag::any),
+                         memory::desc({kRefRows, n}, f32, memory::dims{n, 1})),
+      attr, Engine());
+  return pd.weights_desc();
+}
+
+std::shared_ptr<const Entry> Lookup(const Key& key);
+
 std::shared_ptr<const Entry> MakeEntry(const Key& key) {
   auto e = std::make_shared<Entry>();
   const auto bf16 = memory::data_type::bf16;
@@ -142,10 +167,14 @@ std::shared_ptr<const Entry> MakeEntry(const Key& key) {
               memory::desc({m, k}, ab,
                            key.ta ? memory::dims{1, Dim(key.lda)} : memory::dims{Dim(key.lda), 1}),
               memory::desc({m, k}, ab, memory::dims{k, 1}));
-  MakeOperand(&e->b,
-              memory::desc({k, n}, ab,
-                           key.tb ? memory::dims{1, Dim(key.ldb)} : memory::dims{Dim(key.ldb), 1}),
-              memory::desc({k, n}, ab, key.tb ? memory::dims{1, k} : memory::dims{n, 1}));
+  if (key.packed_b) {
+    MakeOperand(&e->b, PackedLayout(k, n, ab), PackedLayout(k, n, ab));
+  } else {
+    MakeOperand(&e->b,
+                memory::desc({k, n}, ab,
+                             key.tb ? memory::dims{1, Dim(key.ldb)} : memory::dims{Dim(key.ldb), 1}),
+                memory::desc({k, n}, ab, key.tb ? memory::dims{1, k} : memory::dims{n, 1}));
+  }
   MakeOperand(&e->c, memory::desc({m, n}, ct, memory::dims{Dim(key.ldc), 1}),
               memory::desc({m, n}, ct, memory::dims{n, 1}));
   e->read_c = key.beta != 0;
@@ -172,6 +201,14 @@ std::shared_ptr<const Entry> MakeEntry(const Key& key) {
   e->scratch_md = pd.scratchpad_desc();
   e->scratch_bytes = e->scratch_md.get_size();
   e->prim = dnnl::matmul(pd);
+  if (key.packed_b) {
+    // Bitwise the plain call's rows only on the plain call's kernel.
+    Key plain = key;
+    plain.packed_b = false;
+    plain.ldb = key.n;
+    plain.tb = false;
+    e->usable = Lookup(plain)->impl == e->impl;
+  }
   return e;
 }
 
@@ -318,11 +355,23 @@ std::string DnnlMessage(const dnnl::error& e) {
   return fmt::format("{} (status {})", e.what(), static_cast<int>(e.status));
 }
 
+// `packed`: B as PackedGemmB laid it out (`b` is then its source, used
+// when the packed call would run another kernel than the plain one).
 void GemmOneDNN(size_t m, size_t n, size_t k, DType ab, const void* a, const void* b, DType c_type,
-                void* c, const GemmOptions& o, const Resolved& r) {
+                void* c, const GemmOptions& o, const Resolved& r, const void* packed = nullptr) {
   Key key = MakeKey(m, n, k, ab, c_type, o, r);
   try {
-    auto e = Lookup(key);
+    std::shared_ptr<const Entry> e;
+    if (packed) {
+      Key pk = key;
+      pk.packed_b = true;
+      pk.ldb = 0;
+      pk.tb = false;
+      e = Lookup(pk);
+      if (e->usable) b = packed;
+      else e = nullptr;
+    }
+    if (!e) e = Lookup(key);
     auto& eng = Engine();
     auto& stream = Stream();
     // oneDNN's memory objects only wrap the callers' pointers (or ours).
@@ -379,6 +428,101 @@ std::string GemmImplementation(size_t m, size_t n, size_t k, DType ab, DType c_t
                 fmt::format("Gemm: oneDNN cannot create a matmul for m={} n={} k={}: {}", m, n, k,
                             DnnlMessage(err)));
   }
+}
+
+namespace {
+
+// How a B layout is packed: the layout and the reorder into it (once per
+// shape; creating a reorder takes ~0.1 ms).
+struct PackInfo {
+  memory::desc user, packed;
+  dnnl::reorder reorder;
+  bool useful = false;  // the layout is not B's plain one
+};
+
+std::shared_ptr<const PackInfo> LookupPack(const Key& key) {
+  static std::mutex mu;
+  static auto* map = new std::unordered_map<Key, std::shared_ptr<const PackInfo>, KeyHash>;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = map->find(key);
+    if (it != map->end()) return it->second;
+  }
+  auto info = std::make_shared<PackInfo>();
+  const auto ab = key.ab_type == DType::kBF16 ? memory::data_type::bf16 : memory::data_type::f32;
+  const memory::dim n = Dim(key.n), k = Dim(key.k);
+  info->user = memory::desc(
+      {k, n}, ab, key.tb ? memory::dims{1, Dim(key.ldb)} : memory::dims{Dim(key.ldb), 1});
+  info->packed = PackedLayout(k, n, ab);
+  info->useful = info->packed != memory::desc({k, n}, ab, memory::dims{n, 1});
+  if (info->useful)
+    info->reorder = dnnl::reorder(
+        dnnl::reorder::primitive_desc(Engine(), info->user, Engine(), info->packed));
+  std::lock_guard<std::mutex> lock(mu);
+  return map->emplace(key, std::move(info)).first->second;
+}
+
+}  // namespace
+
+PackedGemmB::PackedGemmB(size_t k, size_t n, DType ab, const void* b, const GemmOptions& o)
+    : k_(k), n_(n), ab_(ab), b_(b), options_(o) {
+  const Resolved r = Check(1, n, k, ab, nullptr, b, DType::kF32, nullptr, o, false);
+  MC2_CHECK_ARG(k == 0 || n == 0 || b != nullptr, "PackedGemmB: B is null with k={} n={}", k, n);
+  options_.ldb = r.ldb;
+  options_.threads = r.threads;
+  if (k == 0 || n == 0 || !(ab == DType::kBF16 || o.backend == GemmBackend::kOneDNN)) return;
+  SetThreads(r.threads);
+  Key key = MakeKey(0, n, k, ab, DType::kF32, GemmOptions{}, r);
+  key.tb = o.trans_b;
+  key.packed_b = true;
+  try {
+    auto info = LookupPack(key);
+    if (!info->useful) return;
+    const size_t bytes = (info->packed.get_size() + 4095) / 4096 * 4096;
+    void* data = std::aligned_alloc(64, bytes);
+    if (!data)
+      throw Error(ErrorCode::kInternal,
+                  fmt::format("PackedGemmB: cannot allocate {} bytes for B ({} x {})", bytes, k, n));
+    packed_ = std::shared_ptr<void>(data, std::free);
+    memory user(info->user, Engine(), const_cast<void*>(b));
+    memory packed(info->packed, Engine(), data);
+    info->reorder.execute(Stream(), user, packed);
+    Stream().wait();
+  } catch (const dnnl::error& err) {
+    throw Error(ErrorCode::kInternal,
+                fmt::format("PackedGemmB: oneDNN cannot pack B ({} x {}, {}): {}", k, n,
+                            DTypeName(ab), DnnlMessage(err)));
+  }
+}
+
+void PackedGemmB::Multiply(size_t m, const void* a, DType c_type, void* c,
+                           const GemmOptions& o) const {
+  GemmOptions opt = o;
+  opt.trans_b = options_.trans_b;
+  opt.ldb = options_.ldb;
+  opt.threads = options_.threads;
+  opt.backend = options_.backend;
+  if (!packed_) return Gemm(m, n_, k_, ab_, a, b_, c_type, c, opt);
+  const Resolved r = Check(m, n_, k_, ab_, a, b_, c_type, c, opt);
+  if (m == 0) return;
+  SetThreads(r.threads);
+  GemmOneDNN(m, n_, k_, ab_, a, b_, c_type, c, opt, r, packed_.get());
+}
+
+void PackedGemmBSet::Gemm(size_t m, size_t n, size_t k, const void* a, const void* b,
+                          DType c_type, void* c) {
+  if (m == 0 || n == 0) return;
+  // A call multiplies by a handful of Bs (one, or one per expert or batch
+  // entry): a linear search is enough.
+  for (const Entry& e : packs_)
+    if (e.b == b && e.k == k && e.n == n) return e.packed.Multiply(m, a, c_type, c, options_);
+  Entry& e = packs_.emplace_back(Entry{b, k, n, {}});
+  {
+    trace::ScopedSpan span(trace::Category::kCompute);
+    if (span.on()) span.span().name = "gemm_pack_b";
+    e.packed = PackedGemmB(k, n, ab_, b, options_);
+  }
+  e.packed.Multiply(m, a, c_type, c, options_);
 }
 
 }  // namespace mc2::ops

@@ -87,6 +87,7 @@
 #include "mc2/ops.h"
 #include "ops/cost_model.h"
 #include "ops/fused_common.h"
+#include "ops/gemm.h"
 
 namespace mc2 {
 
@@ -258,6 +259,9 @@ struct MoePlan {
   Pipeline pipeline = Pipeline::kSerial;
   int splits = 1;
   GemmOptions gemm;
+  // Runs the call's GEMMs (on the calling thread), each expert's weights
+  // packed at their first product (ops::PackedGemmB).
+  mutable ops::PackedGemmBSet gemms;
   // Expert side: sub-block (p, le) has in_cnt[p El + le] rows, at row
   // in_src[p El + le] in source-major order and in_exp[p El + le] in
   // expert-grouped order; block p has in_blk[p] rows from row in_blk_off[p].
@@ -403,6 +407,7 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
   }
   if (p.pipeline == Pipeline::kSerial) p.splits = 1;
   p.gemm = fused::OperatorGemmOptions(g, dtype, o);
+  p.gemms = ops::PackedGemmBSet(dtype, p.gemm);
   return p;
 }
 
@@ -439,7 +444,7 @@ void ExpertGemm(const MoePlan& p, const char* name, size_t rows, size_t n, size_
     std::memset(c, 0, rows * n * DTypeSize(c_type));  // 0.0 in f32 and bf16
     return;
   }
-  Gemm(rows, n, k, p.dtype, a, w, c_type, c, p.gemm);
+  p.gemms.Gemm(rows, n, k, a, w, c_type, c);
 }
 
 // Calls fn(le, a, b, at) for each expert sub-block of block p that rows

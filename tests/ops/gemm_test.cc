@@ -402,6 +402,90 @@ TEST(Gemm, OneDNNRowChunksAreBitwiseEqualToTheFullProduct) {
   }
 }
 
+// B packed once (ops::PackedGemmB, what the operators multiply by) gives
+// the plain call's result bit for bit, for any row count (so chunked and
+// fused pipelines still agree with serial), with alpha/beta/bias,
+// transposes and strides; f32 on OpenBLAS is not packed and still right.
+TEST(Gemm, PackedBIsBitwiseThePlainCall) {
+  struct Case {
+    size_t m, n, k;
+  };
+  for (Case cs : {Case{96, 80, 200}, Case{100, 64, 1024}, Case{257, 96, 3000}}) {
+    const size_t m = cs.m, n = cs.n, k = cs.k;
+    std::mt19937 rng(static_cast<uint32_t>(m + n * k));
+    std::vector<float> a = Random(m * k, rng, true), b = Random(k * n, rng, true);
+    std::vector<float> c0 = Random(m * n, rng, true), bias = Random(n, rng, false);
+    std::vector<bf16> a16(a.size()), b16(b.size());
+    ConvertF32ToBF16(a.data(), a16.data(), a.size());
+    ConvertF32ToBF16(b.data(), b16.data(), b.size());
+    for (int path = 0; path < 3; ++path) {  // bf16, f32 oneDNN, f32 OpenBLAS
+      for (int variant = 0; variant < 4; ++variant) {  // as in the test above
+        GemmOptions o;
+        o.backend = path == 2 ? GemmBackend::kOpenBLAS : GemmBackend::kOneDNN;
+        o.trans_a = variant == 2;
+        o.trans_b = variant == 3;
+        if (variant >= 1) {
+          o.alpha = 0.75f;
+          o.beta = 0.5f;
+          o.bias = bias.data();
+        }
+        const size_t nc = variant == 3 ? n - 5 : n;
+        o.lda = o.trans_a ? m : k;
+        o.ldc = n;
+        const DType ab = path == 0 ? DType::kBF16 : DType::kF32;
+        const void* bp = path == 0 ? static_cast<const void*>(b16.data()) : b.data();
+        ops::PackedGemmB packed(k, nc, ab, bp, o);
+        EXPECT_EQ(packed.packed(), path < 2) << "path " << path << " variant " << variant;
+        for (size_t chunk : {size_t{1}, size_t{7}, size_t{16}, size_t{17}, m / 3 + 1, m}) {
+          std::vector<float> plain = c0, with_packed = c0;
+          for (size_t r0 = 0; r0 < m; r0 += chunk) {
+            const size_t rows = std::min(chunk, m - r0);
+            const size_t a_off = o.trans_a ? r0 : r0 * k;
+            const void* ap = path == 0 ? static_cast<const void*>(a16.data() + a_off)
+                                       : static_cast<const void*>(a.data() + a_off);
+            Gemm(rows, nc, k, ab, ap, bp, DType::kF32, plain.data() + r0 * n, o);
+            GemmOptions rest = o;  // B's layout comes from the packing
+            rest.trans_b = false;
+            rest.ldb = 0;
+            packed.Multiply(rows, ap, DType::kF32, with_packed.data() + r0 * n, rest);
+          }
+          size_t diff = 0;
+          for (size_t i = 0; i < plain.size(); ++i)
+            diff += std::memcmp(&plain[i], &with_packed[i], sizeof(float)) != 0;
+          EXPECT_EQ(diff, 0u) << "path " << path << " m=" << m << " n=" << n << " k=" << k
+                              << " chunk=" << chunk << " variant=" << variant;
+        }
+      }
+    }
+  }
+}
+
+// The operators' per-call set packs each distinct B once, and its products
+// match a double-precision reference.
+TEST(Gemm, PackedBSetPacksEachBOnceAndMatchesReference) {
+  const size_t m = 40, n = 48, k = 96;
+  std::mt19937 rng(7);
+  std::vector<float> a = Random(m * k, rng, true), b1 = Random(k * n, rng, true),
+                     b2 = Random(k * n, rng, true);
+  GemmOptions o;
+  o.backend = GemmBackend::kOneDNN;
+  ops::PackedGemmBSet set(DType::kF32, o);
+  std::vector<float> c1(m * n), c2(m * n);
+  for (size_t r0 = 0; r0 < m; r0 += 8) {
+    set.Gemm(8, n, k, a.data() + r0 * k, b1.data(), DType::kF32, c1.data() + r0 * n);
+    set.Gemm(8, n, k, a.data() + r0 * k, b2.data(), DType::kF32, c2.data() + r0 * n);
+  }
+  EXPECT_EQ(set.size(), 2u);
+  for (const auto& [b, c] : {std::pair{&b1, &c1}, std::pair{&b2, &c2}}) {
+    for (size_t i = 0; i < m; ++i)
+      for (size_t j = 0; j < n; ++j) {
+        double ref = 0;
+        for (size_t l = 0; l < k; ++l) ref += double(a[i * k + l]) * double((*b)[l * n + j]);
+        EXPECT_NEAR((*c)[i * n + j], ref, 1e-4 * k) << i << "," << j;
+      }
+  }
+}
+
 TEST(Gemm, ConcurrentCallsFromManyThreads) {
   const size_t m = 64, n = 48, k = 96;
   std::mt19937 rng(3);
