@@ -59,6 +59,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <sstream>
@@ -1156,9 +1157,8 @@ int Launch(int nranks, std::vector<std::string> argv, size_t heap) {
 // --link auto: the bandwidth that makes comm-only equal compute-only.
 // Launch 1 (no link) gives Tc and the raw comm time Tm0; the serial
 // collective puts P bytes on a port (the cost model's ring accounting), so
-// bw = P / (Tc - Tm0). Launch 2 measures comm-only under that link and
-// corrects the link time by the remaining difference (the copies and the
-// link do not add exactly).
+// the first guess is bw = P / (Tc - Tm0). Three launches under a link then
+// refine it (see below).
 std::optional<std::string> CalibrateLink(const OpsConfig& c, int nranks, size_t heap) {
   const OpRunner& runner = *FindRunner(c.op);
   const std::string tmp =
@@ -1202,28 +1202,31 @@ std::optional<std::string> CalibrateLink(const OpsConfig& c, int nranks, size_t 
                tm0 * 1e3, tc * 1e3);
     return std::nullopt;
   }
-  double link_time = tc - tm0;
   const std::string lat = "lat=5us";
   auto spec = [&](double t) { return fmt::format("bw={:.0f}B/s,{}", port / t, lat); };
-  auto emu = measure(spec(link_time));
-  if (!emu) return std::nullopt;
-  fmt::print(stderr, "mc2 bench ops: --link auto: Tc {:.2f} ms, raw Tm {:.2f} ms, Tm at {} "
-             "{:.2f} ms\n",
-             tc * 1e3, tm0 * 1e3, spec(link_time), emu->second * 1e3);
-  double next = std::max(link_time * 0.2, link_time + (emu->first - emu->second));
-  // A large correction rests on one short measurement (3 iterations on a
-  // noisy host; once it halved the bandwidth and left Tm at 1.7x Tc):
-  // check it, and keep the better of the two links.
-  if (std::abs(next - link_time) > 0.25 * link_time) {
-    auto again = measure(spec(next));
-    if (!again) return std::nullopt;
-    fmt::print(stderr, "mc2 bench ops: --link auto: Tc {:.2f} ms, Tm at {} {:.2f} ms\n",
-               again->first * 1e3, spec(next), again->second * 1e3);
-    const double before = std::abs(emu->first - emu->second) / emu->first;
-    const double after = std::abs(again->first - again->second) / again->first;
-    if (after > before) next = link_time;
+  // Comm-only under a link of time L (port / bw) is modelled as tm0 + k L:
+  // the link's time plus the copies, which do not add exactly (k != 1).
+  // Each launch measures k at its L, and the next L solves tm0 + k L = Tc
+  // with Tc the mean of every launch's compute-only: one launch's Tc is 3
+  // iterations, and a host phase moved it by 10-15% (once it set a link
+  // that left comm-only at 84 ms against compute-only at 96 ms). Three
+  // launches under a link; the last L is used.
+  std::vector<double> tcs = {tc};
+  auto mean_tc = [&] { return std::accumulate(tcs.begin(), tcs.end(), 0.0) / double(tcs.size()); };
+  double link_time = tc - tm0;
+  for (int step = 0; step < 3; ++step) {
+    auto emu = measure(spec(link_time));
+    if (!emu) return std::nullopt;
+    tcs.push_back(emu->first);
+    const double k = std::max(0.2, (emu->second - tm0) / link_time);
+    fmt::print(stderr,
+               "mc2 bench ops: --link auto: at {} Tc {:.2f} ms, Tm {:.2f} ms (mean Tc so far "
+               "{:.2f} ms)\n",
+               spec(link_time), emu->first * 1e3, emu->second * 1e3, mean_tc() * 1e3);
+    // At most a factor 2 per step: one noisy measurement cannot swing it.
+    link_time = std::clamp((mean_tc() - tm0) / k, link_time / 2, link_time * 2);
   }
-  return spec(next);
+  return spec(link_time);
 }
 
 void RunOpsCallback(const OpsArgs& a, bool link_was_auto) {
