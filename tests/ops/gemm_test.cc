@@ -334,6 +334,43 @@ TEST(Gemm, OneDNNUsesAnOptimisedKernel) {
               ::testing::Not(HasSubstr("ref")));
 }
 
+// Random operands of the chunking tests, exactly representable in bf16
+// (a16, b16 hold the same values).
+struct ChunkingOperands {
+  std::vector<float> a, b, c0, bias;
+  std::vector<bf16> a16, b16;
+};
+ChunkingOperands MakeChunkingOperands(size_t m, size_t n, size_t k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  ChunkingOperands x;
+  x.a = Random(m * k, rng, true);
+  x.b = Random(k * n, rng, true);
+  x.c0 = Random(m * n, rng, true);
+  x.bias = Random(n, rng, false);
+  x.a16.resize(x.a.size());
+  x.b16.resize(x.b.size());
+  ConvertF32ToBF16(x.a.data(), x.a16.data(), x.a.size());
+  ConvertF32ToBF16(x.b.data(), x.b16.data(), x.b.size());
+  return x;
+}
+
+// The options of the chunking tests: path 0 bf16 and 1 f32 on oneDNN, 2
+// f32 on OpenBLAS; variant 0 plain, 1 alpha, beta and bias, 2 that and A
+// transposed (A^T stored k x m: rows of C are columns of it), 3 B
+// transposed (with C strided by the caller).
+GemmOptions ChunkingVariant(int path, int variant, const float* bias) {
+  GemmOptions o;
+  o.backend = path == 2 ? GemmBackend::kOpenBLAS : GemmBackend::kOneDNN;
+  o.trans_a = variant == 2;
+  o.trans_b = variant == 3;
+  if (variant >= 1) {
+    o.alpha = 0.75f;
+    o.beta = 0.5f;
+    o.bias = bias;
+  }
+  return o;
+}
+
 // Chunked pipelines cut M into row chunks: with the oneDNN backend (and one
 // thread) the rows of a sub-GEMM equal the full GEMM's bit for bit, for any
 // chunking, with and without alpha/beta/bias and transposes. (OpenBLAS does
@@ -345,25 +382,13 @@ TEST(Gemm, OneDNNRowChunksAreBitwiseEqualToTheFullProduct) {
   };
   for (Case cs : {Case{96, 80, 200}, Case{100, 64, 1024}, Case{257, 96, 3000}}) {
     const size_t m = cs.m, n = cs.n, k = cs.k;
-    std::mt19937 rng(static_cast<uint32_t>(m * n + k));
-    std::vector<float> a = Random(m * k, rng, true), b = Random(k * n, rng, true);
-    std::vector<float> c0 = Random(m * n, rng, true), bias = Random(n, rng, false);
-    std::vector<bf16> a16(a.size()), b16(b.size());
-    ConvertF32ToBF16(a.data(), a16.data(), a.size());
-    ConvertF32ToBF16(b.data(), b16.data(), b.size());
+    const ChunkingOperands x = MakeChunkingOperands(m, n, k, static_cast<uint32_t>(m * n + k));
+    const auto& [a, b, c0, bias, a16, b16] = x;
     for (int path = 0; path < 3; ++path) {  // bf16, f32 oneDNN, f32 OpenBLAS
       // 0: plain; 1: alpha, beta, bias; 2: and A transposed; 3: B transposed
       // and C strided.
       for (int variant = 0; variant < 4; ++variant) {
-        GemmOptions o;
-        o.backend = path == 2 ? GemmBackend::kOpenBLAS : GemmBackend::kOneDNN;
-        o.trans_a = variant == 2;  // A^T stored k x m: rows of C are columns of it
-        o.trans_b = variant == 3;
-        if (variant >= 1) {
-          o.alpha = 0.75f;
-          o.beta = 0.5f;
-          o.bias = bias.data();
-        }
+        const GemmOptions o = ChunkingVariant(path, variant, bias.data());
         // B is used as k x n, or (variant 3) as the transpose of its first
         // n rows of k; C has n columns of a row of n (n - 5 with variant 3).
         const size_t nc = variant == 3 ? n - 5 : n;
@@ -412,23 +437,11 @@ TEST(Gemm, PackedBIsBitwiseThePlainCall) {
   };
   for (Case cs : {Case{96, 80, 200}, Case{100, 64, 1024}, Case{257, 96, 3000}}) {
     const size_t m = cs.m, n = cs.n, k = cs.k;
-    std::mt19937 rng(static_cast<uint32_t>(m + n * k));
-    std::vector<float> a = Random(m * k, rng, true), b = Random(k * n, rng, true);
-    std::vector<float> c0 = Random(m * n, rng, true), bias = Random(n, rng, false);
-    std::vector<bf16> a16(a.size()), b16(b.size());
-    ConvertF32ToBF16(a.data(), a16.data(), a.size());
-    ConvertF32ToBF16(b.data(), b16.data(), b.size());
+    const ChunkingOperands x = MakeChunkingOperands(m, n, k, static_cast<uint32_t>(m + n * k));
+    const auto& [a, b, c0, bias, a16, b16] = x;
     for (int path = 0; path < 3; ++path) {  // bf16, f32 oneDNN, f32 OpenBLAS
-      for (int variant = 0; variant < 4; ++variant) {  // as in the test above
-        GemmOptions o;
-        o.backend = path == 2 ? GemmBackend::kOpenBLAS : GemmBackend::kOneDNN;
-        o.trans_a = variant == 2;
-        o.trans_b = variant == 3;
-        if (variant >= 1) {
-          o.alpha = 0.75f;
-          o.beta = 0.5f;
-          o.bias = bias.data();
-        }
+      for (int variant = 0; variant < 4; ++variant) {
+        GemmOptions o = ChunkingVariant(path, variant, bias.data());
         const size_t nc = variant == 3 ? n - 5 : n;
         o.lda = o.trans_a ? m : k;
         o.ldc = n;
