@@ -288,8 +288,8 @@ class AllGatherBatchMatmulCase : public OpCase {
     auto gemms = OpGemms(g_, c_.dtype);
     const size_t es = DTypeSize(c_.dtype);
     for (size_t e = 0; e < kBatchEntries; ++e) {
-      gemms.Gemm(m_, c_.n, c_.k, ag_.data() + e * m_ * c_.k * es,
-           b_.data() + e * c_.k * c_.n * es, DType::kF32, out_.data() + e * m_ * c_.n);
+      gemms.Gemm(m_, c_.n, c_.k, ag_.data() + e * m_ * c_.k * es, b_.data() + e * c_.k * c_.n * es,
+                 DType::kF32, out_.data() + e * m_ * c_.n);
     }
   }
   void CommOnly(const CollectiveOptions& co) override {
@@ -410,10 +410,10 @@ class MoeCase : public OpCase {
     for (int le = 0; le < kMoeExpertsPerRank; ++le) {
       const size_t rows = routing_.expert_rows(le);
       if (rows == 0) continue;
-      gemms.Gemm(rows, c_.n, c_.k, xe_.data() + at * c_.k * es,
-           w1_.data() + le * c_.k * c_.n * es, DType::kF32, all_.data() + at * c_.n);
+      gemms.Gemm(rows, c_.n, c_.k, xe_.data() + at * c_.k * es, w1_.data() + le * c_.k * c_.n * es,
+                 DType::kF32, all_.data() + at * c_.n);
       gemms.Gemm(rows, c_.k, c_.n, hidden_.data() + at * c_.n * es,
-           w2_.data() + le * c_.n * c_.k * es, c_.dtype, ye_.data() + at * c_.k);
+                 w2_.data() + le * c_.n * c_.k * es, c_.dtype, ye_.data() + at * c_.k);
       at += rows;
     }
   }

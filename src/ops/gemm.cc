@@ -168,7 +168,8 @@ std::shared_ptr<const Entry> MakeEntry(const Key& key) {
                            key.ta ? memory::dims{1, Dim(key.lda)} : memory::dims{Dim(key.lda), 1}),
               memory::desc({m, k}, ab, memory::dims{k, 1}));
   if (key.packed_b) {
-    MakeOperand(&e->b, PackedLayout(k, n, ab), PackedLayout(k, n, ab));
+    const memory::desc packed = PackedLayout(k, n, ab);  // a primitive_desc each time
+    MakeOperand(&e->b, packed, packed);
   } else {
     MakeOperand(&e->b,
                 memory::desc({k, n}, ab,

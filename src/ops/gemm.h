@@ -53,7 +53,6 @@ class PackedGemmB {
   PackedGemmB(size_t k, size_t n, DType ab, const void* b, const GemmOptions& o = {});
   void Multiply(size_t m, const void* a, DType c_type, void* c, const GemmOptions& o = {}) const;
   bool packed() const { return packed_ != nullptr; }
-  const void* source() const { return b_; }
 
  private:
   size_t k_ = 0, n_ = 0;
