@@ -34,7 +34,7 @@ std::shared_ptr<World> MakeWorld(std::unique_ptr<transport::Transport> tx,
                                  const WorldOptions& options) {
   // MC2_TRACE, the thread's rank and name for spans (see trace/recorder.h).
   trace::OnWorldStart(tx->rank(), tx->size());
-  auto world = std::make_shared<World>();
+  std::shared_ptr<World> world(new World, DestroyWorld);
   world->timeout = options.timeout.count() > 0
                        ? options.timeout
                        : core::EnvDuration("MC2_TIMEOUT", std::chrono::seconds(300));

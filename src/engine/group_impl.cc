@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "core/enforce.h"
@@ -70,6 +73,60 @@ std::string Fingerprint::Describe() const {
     s += fmt::format("(count={}, root={}, aux={:#x})", count, root, aux);
   }
   return s;
+}
+
+namespace {
+
+// The worlds being destroyed on threads of their own (see DestroyWorld).
+struct DeferredWorlds {
+  std::mutex mu;
+  std::condition_variable cv;
+  int count = 0;            // guarded by mu
+  bool exit_waits = false;  // guarded by mu
+};
+
+DeferredWorlds& Deferred() {
+  // Never destroyed: the exit handler uses it after statics may be gone.
+  static auto* d = new DeferredWorlds;
+  return *d;
+}
+
+}  // namespace
+
+void DestroyWorld(World* world) {
+  auto self = std::this_thread::get_id();
+  bool own_thread = (world->engine && world->engine->thread_id() == self) ||
+                    (world->p2p && world->p2p->thread_id() == self);
+  if (!own_thread) {
+    delete world;
+    return;
+  }
+  // ~World joins these threads, so it cannot run on one of them. Their
+  // loops touch only their engine's state once a task or message is done,
+  // and each engine lives until ~World joins its thread.
+  DeferredWorlds& d = Deferred();
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    ++d.count;
+    // A process that ends meanwhile waits for the world's trace to be
+    // written (~World flushes it) and its threads to stop. Registered
+    // here, after the recorder's statics, so that it runs before them.
+    if (!d.exit_waits) {
+      d.exit_waits = true;
+      std::atexit(WaitForDeferredWorlds);
+    }
+  }
+  std::thread([world, &d] {
+    delete world;
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (--d.count == 0) d.cv.notify_all();
+  }).detach();
+}
+
+void WaitForDeferredWorlds() {
+  DeferredWorlds& d = Deferred();
+  std::unique_lock<std::mutex> lock(d.mu);
+  d.cv.wait(lock, [&] { return d.count == 0; });
 }
 
 World::~World() {
@@ -215,15 +272,11 @@ Work GroupImpl::Submit(const char* name, bool inline_ok, std::function<void(OpCo
   };
   if (inline_ok && world_->engine->TryRunInline(work, [&] { run(body); })) return Work(work);
   world_->engine->Submit(work, [self = shared_from_this(), run, body = std::move(body)]() mutable {
-    // Drop our reference when the body ends, before the work completes:
-    // once its waiter wakes, the caller may release the last other one, and
-    // the world must not be destroyed on its own progress thread (which
-    // destroys finished tasks; ~ProgressEngine would join itself).
+    // Drop our reference when the body ends, before the work completes.
+    // It may be the last (the caller let go of every handle meanwhile):
+    // the world then goes on a thread of its own (see DestroyWorld).
     std::shared_ptr<GroupImpl> keep = std::move(self);
     run(body);
-    // If the caller let go of every handle while this ran, ours is the
-    // last: release it on a thread of its own, which may then join us.
-    if (keep.use_count() == 1) std::thread([k = std::move(keep)] {}).detach();
   });
   return Work(work);
 }

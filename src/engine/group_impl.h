@@ -110,6 +110,14 @@ struct World {
   ~World();
 };
 
+// The deleter of every World's shared_ptr. The last reference may go on the
+// world's own progress or point-to-point thread: a task or message that
+// outlived the caller's last handle of its group.
+void DestroyWorld(World* world);
+// Waits until every world DestroyWorld handed to a thread of its own is
+// gone. Runs at exit once there was one.
+void WaitForDeferredWorlds();
+
 // Published by each rank at the start of every operation.
 struct alignas(64) ArrivalSlot {
   uint64_t seq;  // the flag: seq of the operation this slot describes

@@ -124,7 +124,7 @@ void P2PEngine::Finish(Op& op, const char* src, size_t total, int64_t tag) {
                 op.group->rank(), "recv");
   if (src && total) std::memcpy(op.data, src, total);
   op.work->Complete();
-  Release(std::move(op.group));
+  op.group.reset();
 }
 
 void P2PEngine::PostRecv(Op op) {
@@ -201,16 +201,10 @@ bool P2PEngine::StepInbound(Inbound& in) {
   return moved;
 }
 
-void P2PEngine::Release(std::shared_ptr<GroupImpl> group) {
-  // If the caller let go of every handle of the group, ours is the last:
-  // release it on a thread of its own, which may then join this one.
-  if (group.use_count() == 1) std::thread([g = std::move(group)] {}).detach();
-}
-
 void P2PEngine::FailAll(const std::exception_ptr& e) {
   auto fail = [&](Op& op) {
     op.work->Fail(e);
-    Release(std::move(op.group));
+    op.group.reset();
   };
   for (auto& [key, q] : sends_)
     for (auto& op : q) fail(op);
@@ -219,7 +213,7 @@ void P2PEngine::FailAll(const std::exception_ptr& e) {
     if (in.current) fail(*in.current);
     for (auto& u : in.unexpected)
       if (u.claimer) fail(*u.claimer);
-    Release(std::move(in.group));
+    in.group.reset();
   }
   sends_.clear();
   inbound_.clear();
@@ -276,7 +270,7 @@ void P2PEngine::Loop() {
           moved |= StepSend(q.front());
           if (q.front().next < q.front().chunks) break;
           q.front().work->Complete();
-          Release(std::move(q.front().group));
+          q.front().group.reset();
           q.pop_front();
           moved = true;
         }
@@ -286,7 +280,7 @@ void P2PEngine::Loop() {
         Inbound& in = it->second;
         if (in.Active()) moved |= StepInbound(in);
         if (!in.Active() && in.unexpected.empty()) {
-          Release(std::move(in.group));
+          in.group.reset();
           it = inbound_.erase(it);
         } else {
           ++it;

@@ -59,6 +59,8 @@ class P2PEngine {
   Work Post(std::shared_ptr<GroupImpl> group, bool send, char* data, size_t bytes, int peer,
             int tag);
 
+  std::thread::id thread_id() const { return thread_.get_id(); }
+
  private:
   struct Op {
     std::shared_ptr<GroupImpl> group;
@@ -111,7 +113,6 @@ class P2PEngine {
   void PostRecv(Op op);
   void Finish(Op& op, const char* src, size_t total, int64_t tag);
   void FailAll(const std::exception_ptr& e);
-  static void Release(std::shared_ptr<GroupImpl> group);
 
   World* world_;
   std::mutex mu_;

@@ -1,9 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <future>
 #include <numeric>
 #include <thread>
 #include <vector>
 
+#include "engine/group_impl.h"
 #include "mc2/mc2.h"
 
 namespace mc2 {
@@ -250,6 +253,32 @@ TEST(Group, BackgroundCallsReturnBeforeTheyComplete) {
     w.Wait();
     EXPECT_EQ(out, 2);
   });
+}
+
+// A task may hold the last handle of its group when the caller let go of
+// every other while it ran. The world then goes on its own progress thread,
+// which ~World cannot join: it must be destroyed on another thread, before
+// the process ends (it writes the rank's trace).
+TEST(Group, TheLastHandleMayGoOnTheWorldsProgressThread) {
+  std::promise<void> callers_gone;
+  std::shared_future<void> go = callers_gone.get_future().share();
+  std::weak_ptr<internal::World> world;
+  Group::RunInProcess(2, [&](Group& g) {
+    if (g.rank() != 0) return;
+    world = g.impl()->world_ptr();
+    // The body's copy of the group is released with the finished task, on
+    // the progress thread.
+    g.impl()->Submit(
+        "hold", /*inline_ok=*/false, [copy = g, go](internal::OpContext&) { go.wait(); },
+        /*collective=*/false);
+  });
+  ASSERT_FALSE(world.expired()) << "the task no longer holds the group";
+  callers_gone.set_value();
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!world.expired() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(world.expired()) << "the world was never released";
+  internal::WaitForDeferredWorlds();
 }
 
 }  // namespace
