@@ -1,9 +1,7 @@
-// Pieces shared by the fused operators' source files (batch_matmul_ops.cc,
-// moe_ops.cc): argument checks, the agreement exchange every call starts
-// with, the bookkeeping of outstanding communication and the completed Work
-// an operator returns. fused_ops.cc still has its own copies of Pending,
-// LocalChecks and ChunkLo (it was being rewritten when this header was
-// made); switching it to these is a pure de-duplication.
+// Pieces shared by the fused operators' source files (fused_ops.cc,
+// batch_matmul_ops.cc, moe_ops.cc): argument checks, the agreement exchange
+// every call starts with, the bookkeeping of outstanding communication and
+// the completed Work an operator returns.
 //
 // Thread safety: stateless helpers; a Pending belongs to one operator call
 // (one thread).
