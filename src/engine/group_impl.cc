@@ -272,9 +272,11 @@ Work GroupImpl::Submit(const char* name, bool inline_ok, std::function<void(OpCo
   };
   if (inline_ok && world_->engine->TryRunInline(work, [&] { run(body); })) return Work(work);
   world_->engine->Submit(work, [self = shared_from_this(), run, body = std::move(body)]() mutable {
-    // Drop our reference when the body ends, before the work completes.
-    // It may be the last (the caller let go of every handle meanwhile):
-    // the world then goes on a thread of its own (see DestroyWorld).
+    // Drop our reference when the body ends, before the work completes:
+    // a caller that waits and then lets go then holds the last one, and the
+    // group goes on its thread. Ours is the last only if the caller let go
+    // of every handle meanwhile; the world then goes on a thread of its own
+    // (see DestroyWorld).
     std::shared_ptr<GroupImpl> keep = std::move(self);
     run(body);
   });
