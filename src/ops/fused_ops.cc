@@ -35,7 +35,9 @@
 //   chunked  chunk j = rows [M j/s, M (j+1)/s): GEMM, then AllReduce queued.
 //   fused    the fused reduce-scatter above over blocks [M b/n, M (b+1)/n);
 //            each reduced chunk is handed to every peer at once (the
-//            all-gather half), which copies it into its C.
+//            all-gather half), which copies it into its C. With more than
+//            2 ranks the last chunk of a block is half as tall as the
+//            others (its hand-offs end the call).
 //
 // The fused pipeline. Each group has an operator workspace in the symmetric
 // heap (Workspace, cached in GroupImpl::ops_state, grown when a call needs
@@ -642,6 +644,21 @@ void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, cons
   const int n = p.size, me = p.rank, s = p.splits;
   const size_t row_bytes = p.k * p.esize;
   const size_t ncol = p.n;
+  // Chunk j of a block starts at row chunk_lo(rows, j). For an all-reduce
+  // of more than 2 ranks the last chunk is half as tall as the others: the
+  // call ends with that chunk's reduction and its hand-off to n - 1 peers,
+  // one after another on the owner's port, which nothing overlaps. Side by
+  // side at 4 ranks (bench ops matmul_all_reduce, M=2048 K=2048 N=1024,
+  // EMULATED bw=220 and 270 MB/s, s = 2-4, 5 runs of each): the confirmed
+  // best 100-104 ms against 103-104 ms (220) and 99 against 102-104 ms
+  // (270); a third-size last chunk measured no better. With 2 ranks the
+  // own chunk's late turn already ends the call with one hand-off (below),
+  // and shorter last chunks cost 2 ms there (docs/benchmarks.md, session 9).
+  const bool short_tail = all_gather && n > 2;
+  auto chunk_lo = [s, short_tail](size_t rows, int j) -> size_t {
+    if (!short_tail) return ChunkLo(rows, j, s);
+    return std::min(rows, rows * size_t(2 * j) / size_t(2 * s - 1));
+  };
   // part_off(r, d): where rank r keeps its partial for d (in floats).
   auto part_off = [&](int r, int d) {
     size_t off = 0;
@@ -665,7 +682,7 @@ void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, cons
   std::vector<int> gathered(n, 0);  // chunks of each peer's block copied
   std::vector<const void*> srcs(n);
   auto reduce_chunk = [&](int j) {
-    size_t lo = ChunkLo(p.rows[me], j, s), hi = ChunkLo(p.rows[me], j + 1, s);
+    size_t lo = chunk_lo(p.rows[me], j), hi = chunk_lo(p.rows[me], j + 1);
     const size_t elems = (hi - lo) * ncol;
     if (elems > 0) {
       for (int r = 0; r < n; ++r) {
@@ -682,7 +699,7 @@ void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, cons
     }
   };
   auto copy_gathered = [&](int src, int j) {
-    size_t lo = ChunkLo(p.rows[src], j, s), hi = ChunkLo(p.rows[src], j + 1, s);
+    size_t lo = chunk_lo(p.rows[src], j), hi = chunk_lo(p.rows[src], j + 1);
     if (hi == lo) return;
     trace::ScopedSpan span(trace::Category::kComm);
     if (span.on()) span.span().name = "fused_copy";
@@ -713,7 +730,7 @@ void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, cons
   };
 
   auto own_gemm = [&](int j) {
-    size_t lo = ChunkLo(p.rows[me], j, s), hi = ChunkLo(p.rows[me], j + 1, s);
+    size_t lo = chunk_lo(p.rows[me], j), hi = chunk_lo(p.rows[me], j + 1);
     GemmOrZero(p, hi - lo, a + (p.offs[me] + lo) * row_bytes, b, own.data() + lo * ncol);
     computed = j + 1;
     progress(false);
@@ -732,7 +749,7 @@ void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, cons
   for (int j = 0; j < s; ++j) {
     for (int i = 1; i < n; ++i) {
       const int d = collectives::Mod(me + i, n);
-      size_t lo = ChunkLo(p.rows[d], j, s), hi = ChunkLo(p.rows[d], j + 1, s);
+      size_t lo = chunk_lo(p.rows[d], j), hi = chunk_lo(p.rows[d], j + 1);
       GemmOrZero(p, hi - lo, a + (p.offs[d] + lo) * row_bytes, b,
                  mine + part_off(me, d) + lo * ncol);
       call.Signal(0, d, (hi - lo) * ncol * sizeof(float));
