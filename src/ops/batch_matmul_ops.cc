@@ -362,7 +362,7 @@ Work AllGatherBatchMatmul(const Group& g, const void* a_shard, size_t batch, siz
   mine.model_hash = ops::LoadedCostParams().Hash();
   BatchPlan p = MakeBatchPlan(g, mine, err, options);
   fused::OverlapWork overlap(options.overlap_work);
-  return fused::CompleteOp(kOpName, p.pipeline, p.splits, report, overlap, [&](Pending& pend) {
+  return fused::CompleteOp(g, kOpName, p.pipeline, p.splits, report, overlap, [&](Pending& pend) {
     const size_t total_bytes = p.batch * p.M * p.k * p.esize;
     fused::Scratch<char> own_ag, own_g;
     BatchArgs x{static_cast<const char*>(a_shard), static_cast<const char*>(b), c,

@@ -212,13 +212,36 @@ class OverlapWork {
   bool done_ = false;
 };
 
+// Called with the exception of a call that failed: unless every rank
+// raises it alike before any data moves (bad arguments, mismatches, a
+// workspace that does not fit the heap), aborts the world, so that the
+// peers waiting for this rank's transfers fail now, not at their timeout
+// (an exception from an activation or FusedOptions::overlap_work, a GEMM
+// that throws, a transfer that failed).
+inline void AbortUnlessAgreed(const Group& g, std::exception_ptr failure) {
+  if (!g.valid()) return;
+  try {
+    std::rethrow_exception(failure);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kInvalidArgument && e.code() != ErrorCode::kMismatch &&
+        e.code() != ErrorCode::kShmExhausted)
+      g.impl()->tx().Abort(e);
+  } catch (const std::exception& e) {
+    g.impl()->tx().Abort(
+        Error(ErrorCode::kInternal, std::string("fused operator failed: ") + e.what()));
+  } catch (...) {
+    g.impl()->tx().Abort(Error(ErrorCode::kInternal, "fused operator failed"));
+  }
+}
+
 // Runs `body(pending)`, then the caller's FusedOptions::overlap_work if the
 // body did not run it (`overlap.Run()` where it first blocked), and returns
-// a completed Work carrying the pipeline name, or the failure (after every
-// outstanding communication finished).
+// a completed Work carrying the pipeline name, or the failure (the world
+// aborted as AbortUnlessAgreed says, after every outstanding communication
+// finished).
 template <typename Body>
-Work CompleteOp(const char* op, Pipeline pipeline, int splits, FusedReport* report,
-                OverlapWork& overlap, Body&& body) {
+Work CompleteOp(const Group& g, const char* op, Pipeline pipeline, int splits,
+                FusedReport* report, OverlapWork& overlap, Body&& body) {
   if (report) {
     report->pipeline = pipeline;
     report->splits = splits;
@@ -231,6 +254,7 @@ Work CompleteOp(const char* op, Pipeline pipeline, int splits, FusedReport* repo
     overlap.Run();
     state->Complete();
   } catch (...) {
+    AbortUnlessAgreed(g, std::current_exception());
     pend.Drain();
     state->Fail(std::current_exception());
   }

@@ -857,17 +857,11 @@ Work Complete(const Group& g, const Plan& p, FusedReport* report, Body&& body) {
     body(pend);
     RunOverlapWork(p);  // serial, or nothing ever blocked
     state->Complete();
-  } catch (const Error& e) {
+  } catch (...) {
     // Errors every rank raises alike before data moves leave the group
     // usable (the workspace's counters are untouched): bad arguments, and
     // a workspace that does not fit the heap (AllocSymmetric fails on all).
-    if (e.code() != ErrorCode::kInvalidArgument && e.code() != ErrorCode::kMismatch &&
-        e.code() != ErrorCode::kShmExhausted)
-      g.impl()->tx().Abort(e);
-    pend.Drain();
-    state->Fail(std::current_exception());
-  } catch (...) {
-    g.impl()->tx().Abort(Error(ErrorCode::kInternal, "fused operator failed"));
+    fused::AbortUnlessAgreed(g, std::current_exception());
     pend.Drain();
     state->Fail(std::current_exception());
   }

@@ -793,7 +793,7 @@ Work AllToAllMatmul(const Group& g, const MoeRouting& routing, const void* x, si
   }
   MoePlan p = MakeMoePlan(g, kDispatchName, routing, dtype, d, h, err, options);
   fused::OverlapWork overlap(options.overlap_work);
-  return fused::CompleteOp(kDispatchName, p.pipeline, p.splits, report, overlap,
+  return fused::CompleteOp(g, kDispatchName, p.pipeline, p.splits, report, overlap,
                            [&](Pending& pend) {
     const size_t rb = p.d * p.esize;
     fused::Scratch<char> xs(p.S * rb), xr(p.R * rb), own_dx;
@@ -835,7 +835,7 @@ Work MatmulAllToAll(const Group& g, const MoeRouting& routing, const void* hidde
   }
   MoePlan p = MakeMoePlan(g, kCombineName, routing, dtype, d, h, err, options);
   fused::OverlapWork overlap(options.overlap_work);
-  return fused::CompleteOp(kCombineName, p.pipeline, p.splits, report, overlap,
+  return fused::CompleteOp(g, kCombineName, p.pipeline, p.splits, report, overlap,
                            [&](Pending& pend) {
     fused::Scratch<char> ys(p.R * p.d * p.esize), yr(p.S * p.d * p.esize);
     CombineArgs a{static_cast<const char*>(hidden), static_cast<const char*>(w), ys.data(),
