@@ -2,7 +2,7 @@
 // (include/mc2/ops.h), and the tuning of their cost model (--tune).
 //
 //   mc2 bench ops -n N --op all_gather_matmul|matmul_reduce_scatter|
-//       matmul_all_reduce|all_gather_batch_matmul|moe -m M -k K -N N [--dtype f32|bf16]
+//       matmul_all_reduce|all_gather_batch_matmul|moe|moe_mlp -m M -k K -N N [--dtype f32|bf16]
 //       [--pipeline serial|chunked|fused|auto|all] [--splits s|sweep]
 //       [--link SPEC|auto|none] [--iters I] [--warmup W] [--confirm C]
 //       [--json FILE]
@@ -73,6 +73,7 @@
 #include "commands.h"
 #include "core/env.h"
 #include "core/link_config.h"
+#include "core/reduce.h"
 #include "launcher.h"
 #include "mc2/mc2.h"
 #include "mc2/ops.h"
@@ -426,7 +427,7 @@ class MoeCase : public OpCase {
   }
   std::span<const float> Output() const override { return all_; }
 
- private:
+ protected:
   void Exchange(char* sbuf, const std::vector<size_t>& srows, char* rbuf,
                 const std::vector<size_t>& rrows, size_t row_bytes) {
     const int n = g_.size(), me = g_.rank();
@@ -456,6 +457,69 @@ class MoeCase : public OpCase {
   std::vector<char> x_, w1_, w2_, hidden_, xe_, xs_;
   std::vector<float> probs_, all_, ye_, yr_;
   std::vector<size_t> send_, recv_;
+};
+
+// The same MoE layer in one call (MoeMlp): dispatch, each expert's SwiGLU
+// MLP (K x 2N gate|up, silu(gate) * up, N x K) and combine, so a chunk's
+// result goes back while later chunks are multiplied. Tokens, routing and
+// bytes moved as MoeCase's; the GEMMs are 1.5x its (the gate).
+class MoeMlpCase : public MoeCase {
+ public:
+  MoeMlpCase(const Group& g, const OpsConfig& c) : MoeCase(g, c) {
+    const size_t R = routing_.num_received(), T = routing_.num_tokens;
+    Fill(w13_, kMoeExpertsPerRank * c.k * 2 * c.n, c.dtype, 7000 + g.rank());
+    // y1 (what backward keeps) and out in one buffer, so that Output()
+    // checks both.
+    all_.resize(R * 2 * c.n + T * c.k);
+    act_.resize(R * c.n);
+    hidden_.resize(R * c.n * DTypeSize(c.dtype));
+  }
+  FusedReport Run(const FusedOptions& o) override {
+    FusedReport rep;
+    const size_t R = routing_.num_received();
+    MoeMlpSaved saved;
+    saved.y1 = all_.data();
+    MoeMlpSync(g_, routing_, x_.data(), c_.k, w13_.data(), 2 * c_.n, SwiGlu(c_.n), c_.n,
+               w2_.data(), c_.dtype, all_.data() + R * 2 * c_.n, probs_.data(), saved, o, &rep);
+    return rep;
+  }
+  // The serial pipeline's expert work: both GEMMs, SwiGLU and its rounding.
+  void ComputeOnly() override {
+    auto gemms = OpGemms(g_, c_.dtype);
+    const size_t es = DTypeSize(c_.dtype);
+    size_t at = 0;
+    for (int le = 0; le < kMoeExpertsPerRank; ++le) {
+      const size_t rows = routing_.expert_rows(le);
+      if (rows == 0) continue;
+      float* y1 = all_.data() + at * 2 * c_.n;
+      gemms.Gemm(rows, 2 * c_.n, c_.k, xe_.data() + at * c_.k * es,
+                 w13_.data() + le * c_.k * 2 * c_.n * es, DType::kF32, y1);
+      SwiGlu(c_.n)(y1, rows, act_.data() + at * c_.n);
+      if (c_.dtype == DType::kBF16) {
+        auto* b = reinterpret_cast<uint16_t*>(hidden_.data()) + at * c_.n;
+        for (size_t i = 0; i < rows * c_.n; ++i) b[i] = core::F32ToBF16(act_[at * c_.n + i]);
+      }
+      const char* h = c_.dtype == DType::kBF16 ? hidden_.data() + at * c_.n * es
+                                               : reinterpret_cast<const char*>(act_.data() + at * c_.n);
+      gemms.Gemm(rows, c_.k, c_.n, h, w2_.data() + le * c_.n * c_.k * es, c_.dtype,
+                 ye_.data() + at * c_.k);
+      at += rows;
+    }
+  }
+
+ private:
+  // in = [gate | up] (rows x 2n): out = silu(gate) * up (rows x n).
+  static MoeActivation SwiGlu(size_t n) {
+    return [n](const float* in, size_t rows, float* out) {
+      for (size_t r = 0; r < rows; ++r) {
+        const float* gate = in + r * 2 * n;
+        const float* up = gate + n;
+        for (size_t i = 0; i < n; ++i) out[r * n + i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+      }
+    };
+  }
+  std::vector<char> w13_;
+  std::vector<float> act_;
 };
 
 // The runner table (see "Adding an operator" at the top).
@@ -496,6 +560,12 @@ const OpRunner kRunners[] = {
      "K: dispatch + experts + combine",
      [](const Group& g, const OpsConfig& c) -> std::unique_ptr<OpCase> {
        return std::make_unique<MoeCase>(g, c);
+     },
+     MoePortBytes},
+    {"moe_mlp", ops::FusedOpKind::kAllGatherMatmul,
+     "as moe, in one call (MoeMlp): experts K x 2N (gate|up), SwiGLU, N x K",
+     [](const Group& g, const OpsConfig& c) -> std::unique_ptr<OpCase> {
+       return std::make_unique<MoeMlpCase>(g, c);
      },
      MoePortBytes},
 };
@@ -1281,7 +1351,7 @@ void RegisterBenchOps(CLI::App& bench) {
       "overlap bound, or --tune the `auto` pipeline's cost model");
   cmd->add_option("--op", a->op,
                   "all_gather_matmul, matmul_reduce_scatter, matmul_all_reduce, "
-                  "all_gather_batch_matmul or moe");
+                  "all_gather_batch_matmul, moe or moe_mlp");
   cmd->add_option("-n,--nranks", a->nranks, "Ranks (default 2; inside a job: the job's size)");
   cmd->add_option("--dtype", a->dtype, "f32 or bf16")->capture_default_str();
   cmd->add_option("-m", a->m, "Rows M of the per-rank GEMM")->capture_default_str();

@@ -432,6 +432,60 @@ Work MatmulAllToAll(const Group& g, const MoeRouting& routing, const void* hidde
                     const float* probs = nullptr, const FusedOptions& options = {},
                     FusedReport* report = nullptr);
 
+// A row-wise activation for MoeMlp: writes out [rows x h2] (f32) from in
+// [rows x h1] (f32, the first GEMM's rows). Row i of out must depend on row
+// i of in only, as the pipelines apply it to chunks of rows (SwiGLU:
+// h1 = 2 h2, out = silu(gate) * up; GELU: h1 = h2). Runs on the calling
+// thread; an exception from it fails the call (on this rank; the others
+// then fail too, as when a rank dies mid-operator).
+using MoeActivation = std::function<void(const float* in, size_t rows, float* out)>;
+
+// What MoeMlp can keep for backward; each optional (null: not kept), each
+// [R x ...] in expert-grouped order.
+struct MoeMlpSaved {
+  void* dispatched_x = nullptr;  // [R x d] of dtype: the received tokens
+  float* y1 = nullptr;           // [R x h1] f32: tokens times w1 (act's input)
+  void* hidden = nullptr;        // [R x h2] of dtype: act's output (w2's input)
+};
+
+// One MoE layer's expert MLP with its dispatch and combine, in one call:
+// for each routed slot (t, j) of a token to expert e (the rank's local
+// expert le),
+//   y1     = x[t] w1[le]                     f32 (w1 [E/P x d x h1])
+//   hidden = act(y1), rounded to dtype       (act null: identity, h2 = h1)
+//   y2     = hidden w2[le], rounded to dtype (w2 [E/P x h2 x d])
+// and out [T x d] f32 receives the probs-weighted sum of each token's y2 as
+// MatmulAllToAll's does. The result is, bit for bit, that of
+// AllToAllMatmul, act (then rounding to dtype), MatmulAllToAll. One call
+// lets the pipelines overlap all three: a chunk of rows is sent back as
+// soon as both its GEMMs are done, while later chunks still arrive, where
+// two calls must finish the dispatch before the combine starts (with
+// skewed experts at 4 ranks, the busiest rank's dispatch GEMMs and its
+// combine sends then cannot overlap; docs/benchmarks.md).
+//
+// Pipelines: serial = AllToAllMatmul's serial, act, MatmulAllToAll's
+// serial; chunked = the rows for each rank are cut into `splits` chunks,
+// every chunk posted at once, chunk j of every block multiplied (both
+// GEMMs) and sent back as it arrives, the own rows first; fused = the
+// dispatch of AllToAllMatmul's fused pipeline (one block per port at a
+// time, the busiest receiver's first), each chunk sent back as soon as
+// its GEMMs are done, the own rows first; auto = fused when overlap pays,
+// from the busiest rank's rows (both GEMMs) and port bytes (both
+// directions), with the cost model's chunk count, else serial. Agreement
+// rules as AllToAllMatmul's; h1 and h2 must agree too.
+Work MoeMlp(const Group& g, const MoeRouting& routing, const void* x, size_t d, const void* w1,
+            size_t h1, const MoeActivation& act, size_t h2, const void* w2, DType dtype,
+            float* out, const float* probs = nullptr, const MoeMlpSaved& saved = {},
+            const FusedOptions& options = {}, FusedReport* report = nullptr);
+
+inline void MoeMlpSync(const Group& g, const MoeRouting& routing, const void* x, size_t d,
+                       const void* w1, size_t h1, const MoeActivation& act, size_t h2,
+                       const void* w2, DType dtype, float* out, const float* probs = nullptr,
+                       const MoeMlpSaved& saved = {}, const FusedOptions& options = {},
+                       FusedReport* report = nullptr) {
+  MoeMlp(g, routing, x, d, w1, h1, act, h2, w2, dtype, out, probs, saved, options, report).Wait();
+}
+
 inline void AllToAllMatmulSync(const Group& g, const MoeRouting& routing, const void* x,
                                size_t d, const void* w, size_t h, DType dtype, float* y,
                                void* dispatched_x = nullptr, const FusedOptions& options = {},

@@ -393,7 +393,7 @@ int ChooseFusedSplits(const CostParams& params, const SplitProblem& p) {
     const double stages = double(std::max(1, p.blocks)) * s;
     const double calls = p.fixed_calls + p.calls_per_stage * stages;
     const double tc = 2.0 * p.n * p.k * (p.rows + calls * gemm.half_rows) / rate;
-    const double t = std::max(tc, tl) + std::min(tc, tl) / stages;
+    const double t = std::max(tc, tl) + p.exposed_stages * std::min(tc, tl) / stages;
     cands.push_back({s, t + stages * step_hi, t + stages * step_lo});
   }
   double best_hi = cands[0].hi, best_lo = cands[0].lo;

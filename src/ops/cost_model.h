@@ -194,6 +194,11 @@ struct SplitProblem {
   int blocks = 1;
   double port_bytes = 0;
   double link_bytes_per_second = 0;  // 0: raw shared memory
+  // Stage-sized pieces of the shorter side that nothing hides: 1 when data
+  // moves one way (the first chunk's transfer, or the last's); 2 when it
+  // also comes back (MoeMlp: the first chunk's arrival and the last one's
+  // GEMMs and return).
+  double exposed_stages = 1;
   // Only s that divide `align` or that it divides (a batch of `align`
   // entries: other counts cut entries into two smaller GEMMs).
   int align = 1;
