@@ -42,6 +42,7 @@
 #include "core/env.h"
 #include "core/log.h"
 #include "core/reduce.h"
+#include "core/scratch.h"
 #include "trace/recorder.h"
 
 namespace mc2::ops {
@@ -479,12 +480,15 @@ PackedGemmB::PackedGemmB(size_t k, size_t n, DType ab, const void* b, const Gemm
   try {
     auto info = LookupPack(key);
     if (!info->useful) return;
-    const size_t bytes = (info->packed.get_size() + 4095) / 4096 * 4096;
-    void* data = std::aligned_alloc(64, bytes);
-    if (!data)
-      throw Error(ErrorCode::kInternal,
-                  fmt::format("PackedGemmB: cannot allocate {} bytes for B ({} x {})", bytes, k, n));
-    packed_ = std::shared_ptr<void>(data, std::free);
+    // From the thread's scratch cache (core/scratch.h), not the allocator:
+    // a call packs each B afresh, and a fresh 16 MiB buffer whose pages the
+    // allocator gave back to the kernel (and this VM to its host) costs
+    // ~48 ms of page faults to fill, where a reused one takes ~2-4 ms
+    // (mc2 demo --moe-experts 4: packs over 10 ms took 1.7-2.4 s of a
+    // rank's 3 serial steps).
+    auto block = std::make_shared<core::ScratchBlock>(info->packed.get_size());
+    void* data = block->data();
+    packed_ = std::shared_ptr<void>(block, data);
     memory user(info->user, Engine(), const_cast<void*>(b));
     memory packed(info->packed, Engine(), data);
     info->reorder.execute(Stream(), user, packed);
