@@ -466,10 +466,11 @@ struct MoeMlpSaved {
 // Pipelines: serial = AllToAllMatmul's serial, act, MatmulAllToAll's
 // serial; chunked = the rows for each rank are cut into `splits` chunks,
 // every chunk posted at once, chunk j of every block multiplied (both
-// GEMMs) and sent back as it arrives, the own rows first; fused = the
+// GEMMs) and sent back as it arrives, the own rows in between; fused = the
 // dispatch of AllToAllMatmul's fused pipeline (one block per port at a
 // time, the busiest receiver's first), each chunk sent back as soon as
-// its GEMMs are done, the own rows first; auto = fused when overlap pays,
+// its GEMMs are done, the own rows (cut into `splits` parts) whenever no
+// chunk is there, and last; auto = fused when overlap pays,
 // from the busiest rank's rows (both GEMMs) and port bytes (both
 // directions), with the cost model's chunk count, else serial. Agreement
 // rules as AllToAllMatmul's; h1 and h2 must agree too.

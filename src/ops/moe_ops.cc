@@ -66,12 +66,18 @@
 //   serial    the dispatch's serial sequence, act on every row, the
 //             combine's serial sequence.
 //   chunked   every dispatch chunk posted at once (as AllToAllMatmul's
-//             chunked); the own rows first, then chunk j of every block as
-//             it arrives: both GEMMs, then sent straight back.
+//             chunked); chunk j of every block as it arrives: both GEMMs,
+//             then sent straight back; the own rows in s + 1 parts, one
+//             first, one after each round of chunks.
 //   fused     AllToAllMatmul's fused dispatch (RunFusedDispatch); each
-//             chunk's results sent back as soon as its GEMMs are done. The
-//             chunks of one block are done in order, as the owner matches
-//             them in order.
+//             chunk's results sent back as soon as its GEMMs are done; the
+//             own rows in s parts, one whenever no chunk has arrived, the
+//             rest at the end: other ranks' rows go first, as their
+//             results must travel (own rows first, as the dispatch does,
+//             delayed every return by the own GEMMs: in `mc2 demo` with
+//             MoE the forward's MoE calls took 1.4x the two-call
+//             sequence's). The chunks of one block are done in order, as
+//             the owner matches them in order.
 //   In both, the combine's receives are all posted up front.
 // Bytes per rank: the routed rows, once each way, d elements of dtype each
 // way, in every pipeline. The expert GEMM accumulates in f32; for bf16
@@ -595,14 +601,17 @@ std::vector<int> DispatchSendOrder(const MoePlan& p, int from) {
 
 // The fused pipeline's dispatch (see the top), shared by AllToAllMatmul
 // and MoeMlp: every receive posted up front, this rank's blocks sent one
-// at a time in DispatchSendOrder; calls own() for the own rows, then
-// chunk(q, lo, hi) for rows [lo, hi) of the block from rank q as they
-// arrive, the earliest due first, the chunks from one rank in order (the
-// MLP sends each back when done, and its owner matches them in order).
+// at a time in DispatchSendOrder; calls chunk(q, lo, hi) for rows [lo, hi)
+// of the block from rank q as they arrive, the earliest due first, the
+// chunks from one rank in order (the MLP sends each back when done, and
+// its owner matches them in order), and own(lo, hi) for the own rows:
+// with own_parts = 1 all of them first; else in own_parts chunks, one
+// whenever no other rank's chunk is there, the rest at the end (the MLP:
+// other ranks' rows first, as their results must travel home).
 template <typename Own, typename Chunk>
 void RunFusedDispatch(const Group& g, const MoePlan& p, const char* xs, char* xr,
                       const char* wait_name, fused::OverlapWork* overlap, Pending& pend, Own&& own,
-                      Chunk&& chunk) {
+                      Chunk&& chunk, int own_parts = 1) {
   const int P = p.size, me = p.rank, s = p.splits;
   const size_t rb = p.d * p.esize;
   // Every chunk's receive up front, listed in the order they are due:
@@ -667,14 +676,25 @@ void RunFusedDispatch(const Group& g, const MoePlan& p, const char* xs, char* xr
       if (!due[c].done && ready(c) && due[c].work.Test()) return c;
     return due.size();
   };
+  int own_done = 0;
+  auto own_next = [&] {
+    const size_t rows = p.in_blk[me];
+    own(ChunkLo(rows, own_done, own_parts), ChunkLo(rows, own_done + 1, own_parts));
+    ++own_done;
+  };
   post_ready();
-  own();
+  if (own_parts == 1) own_next();
   // Chunks are multiplied as they arrive, the earliest due first: a
   // sender that started late (descheduled, on a shared core) holds up only
   // its own chunks. Results do not depend on the order (see the top).
   for (size_t left = due.size(); left > 0; --left) {
     post_ready();
     size_t c = arrived();
+    if (c == due.size() && own_done < own_parts) {
+      own_next();
+      ++left;  // no chunk taken
+      continue;
+    }
     if (c == due.size()) {
       size_t first = 0;
       while (due[first].done) ++first;
@@ -693,6 +713,7 @@ void RunFusedDispatch(const Group& g, const MoePlan& p, const char* xs, char* xr
     const int q = due[c].q;
     chunk(q, ChunkLo(p.in_blk[q], due[c].j, s), ChunkLo(p.in_blk[q], due[c].j + 1, s));
   }
+  while (own_done < own_parts) own_next();
   while (next < order.size()) {
     for (const Work& w : sending) w.Wait();
     post_ready();
@@ -703,7 +724,9 @@ void DispatchFused(const Group& g, const MoePlan& p, const DispatchArgs& x, Pend
   const size_t rb = p.d * p.esize;
   RunFusedDispatch(
       g, p, x.xs, x.xr, "all_to_all_matmul.wait", x.overlap, pend,
-      [&] { DispatchRows(p, x, p.rank, x.xs + p.out_blk_off[p.rank] * rb, 0, p.in_blk[p.rank]); },
+      [&](size_t lo, size_t hi) {
+        DispatchRows(p, x, p.rank, x.xs + p.out_blk_off[p.rank] * rb, lo, hi);
+      },
       [&](int q, size_t lo, size_t hi) {
         DispatchRows(p, x, q, x.xr + p.in_blk_off[q] * rb, lo, hi);
       });
@@ -901,11 +924,11 @@ void MlpChunk(const Group& g, const MoePlan& p, const MlpArgs& x, int q, size_t 
   if ((hi - lo) * rb > 0) pend.Add(g.Send(out + lo * rb, (hi - lo) * rb, q, kCombineTag));
 }
 
-// The own rows: from the packed tokens straight into Yr.
-void MlpOwnRows(const MoePlan& p, const MlpArgs& x) {
+// Rows [lo, hi) of the own block: from the packed tokens straight into Yr.
+void MlpOwnRows(const MoePlan& p, const MlpArgs& x, size_t lo, size_t hi) {
   const size_t rb = p.d * p.esize;
-  MlpRows(p, x, p.rank, x.xs + p.out_blk_off[p.rank] * rb, x.yr + p.out_blk_off[p.rank] * rb, 0,
-          p.in_blk[p.rank]);
+  MlpRows(p, x, p.rank, x.xs + p.out_blk_off[p.rank] * rb, x.yr + p.out_blk_off[p.rank] * rb, lo,
+          hi);
 }
 
 // The combine's receives, chunk j of every block from every rank for j <
@@ -978,7 +1001,8 @@ void MlpSerial(const Group& g, const MoePlan& p, const MlpArgs& x, Pending& pend
 }
 
 // Every chunk posted at once (as DispatchChunked); chunk j of every block,
-// in ring order, computed and sent back as it arrives; the own rows first.
+// in ring order, computed and sent back as it arrives; the own rows in
+// between (they need no transfer either way).
 void MlpChunked(const Group& g, const MoePlan& p, const MlpArgs& x, Pending& pend) {
   const int P = p.size, me = p.rank, s = p.splits;
   const size_t rb = p.d * p.esize;
@@ -989,7 +1013,12 @@ void MlpChunked(const Group& g, const MoePlan& p, const MlpArgs& x, Pending& pen
     PostBlocks(g, p, true, kDispatchTag, const_cast<char*>(x.xs), p.out_blk, p.out_blk_off, rb, j,
                s, pend);
   }
-  MlpOwnRows(p, x);
+  // The own rows in s + 1 parts: one before the first chunks arrive, one
+  // after each round of chunks, the last under the last results' return.
+  auto own = [&](int part) {
+    MlpOwnRows(p, x, ChunkLo(p.in_blk[me], part, s + 1), ChunkLo(p.in_blk[me], part + 1, s + 1));
+  };
+  own(0);
   for (int j = 0; j < s; ++j) {
     for (int i = 1; i < P; ++i) {
       int q = collectives::Mod(me - i, P);
@@ -1000,6 +1029,7 @@ void MlpChunked(const Group& g, const MoePlan& p, const MlpArgs& x, Pending& pen
       }
       MlpChunk(g, p, x, q, ChunkLo(p.in_blk[q], j, s), ChunkLo(p.in_blk[q], j + 1, s), pend);
     }
+    own(j + 1);
   }
   MlpWait(p, x, pend);
 }
@@ -1014,8 +1044,9 @@ void MlpFused(const Group& g, const MoePlan& p, const MlpArgs& x, Pending& pend)
   // 4 ranks, emulated 105 MB/s, bench ops moe_mlp: best 108-110 ms either
   // way.)
   RunFusedDispatch(
-      g, p, x.xs, x.xr, "moe_mlp.wait", x.overlap, pend, [&] { MlpOwnRows(p, x); },
-      [&](int q, size_t lo, size_t hi) { MlpChunk(g, p, x, q, lo, hi, pend); });
+      g, p, x.xs, x.xr, "moe_mlp.wait", x.overlap, pend,
+      [&](size_t lo, size_t hi) { MlpOwnRows(p, x, lo, hi); },
+      [&](int q, size_t lo, size_t hi) { MlpChunk(g, p, x, q, lo, hi, pend); }, p.splits);
   MlpWait(p, x, pend);
 }
 
