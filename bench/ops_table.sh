@@ -56,7 +56,7 @@ for regime in $regimes; do
       # Shapes: a GEMM of ~50-200 ms per rank here; the thin one moves as
       # much but computes ~16-32x less.
       case $op in
-        moe) shape=(-m $(( n == 2 ? 2048 : 1024 )) -k 1024 -N 1024 --dtype bf16) ;;
+        moe|moe_mlp) shape=(-m $(( n == 2 ? 2048 : 1024 )) -k 1024 -N 1024 --dtype bf16) ;;
         all_gather_batch_matmul) shape=(-m 2048 -k 1024 -N 1024 --dtype bf16) ;;
         *) shape=(-m 2048 -k 2048 -N 1024) ;;
       esac
