@@ -29,6 +29,7 @@
 namespace mc2 {
 namespace {
 
+using test::AllPipelines;
 using test::Mat;
 using test::Random;
 using test::SameBits;
@@ -234,24 +235,6 @@ SlotRef Reference(const Problem& pr, int p, size_t s) {
   return r;
 }
 
-// serial, auto, and chunked and fused with 1-5 and 16 chunks.
-std::vector<FusedOptions> Pipelines() {
-  std::vector<FusedOptions> v;
-  FusedOptions o;
-  o.pipeline = Pipeline::kSerial;
-  v.push_back(o);
-  o.pipeline = Pipeline::kAuto;
-  v.push_back(o);
-  for (int s : {1, 2, 3, 4, 5, 16}) {
-    o.splits = s;
-    o.pipeline = Pipeline::kChunked;
-    v.push_back(o);
-    o.pipeline = Pipeline::kFused;
-    v.push_back(o);
-  }
-  return v;
-}
-
 // Whether `rep` (and the Work's algorithm) say what `o` asked for: the
 // pipeline and its splits (serial: 1); auto resolves to a concrete one.
 bool ReportOk(const FusedOptions& o, const FusedReport& rep, const Work& w) {
@@ -419,7 +402,7 @@ void RunProblem(const Problem& pr, Counters& cnt, const WorldOptions& wo = {}) {
         }
 
         // ---- every pipeline gives the serial bits, whatever it keeps
-        for (const FusedOptions& o : Pipelines()) {
+        for (const FusedOptions& o : AllPipelines()) {
           std::vector<int> keeps = {7, 0};
           if (o.splits == 3) keeps.insert(keeps.end(), {1, 2, 4});
           for (int keep : keeps) {
@@ -514,7 +497,7 @@ TEST(MoeMlp, ReportsThePipelineThatRan) {
     std::vector<char> w1, w2;
     LocalWeights(pr, me, w1, w2);
     std::vector<float> out(pr.T[me] * pr.d);
-    std::vector<FusedOptions> opts = Pipelines();
+    std::vector<FusedOptions> opts = AllPipelines();
     FusedOptions serial4;  // splits is ignored by serial
     serial4.pipeline = Pipeline::kSerial;
     serial4.splits = 4;
