@@ -587,7 +587,9 @@ TEST(MoeMlp, InconsistentArgumentsFailEverywhere) {
   const std::vector<int> inv(3, static_cast<int>(ErrorCode::kInvalidArgument));
   // 6 experts, 2 per rank; every rank sends to every rank.
   std::vector<int32_t> ids = {0, 1, 2, 5, 4, 3, -1, 0};
-  std::vector<float> x(4096, 1.0f), w1(4096, 1.0f), w2(4096, 1.0f), out(4096);
+  std::vector<float> x(4096, 1.0f), w1(4096, 1.0f), w2(4096, 1.0f);
+  std::vector<std::vector<float>> out(3,
+                                      std::vector<float>(4096));  // per rank: each writes its own
   // Keeps the first h2 of h1 columns (h2 <= h1): valid for any shapes.
   auto first_cols = [](size_t h1, size_t h2) -> MoeActivation {
     return [h1, h2](const float* in, size_t rows, float* o) {
@@ -597,8 +599,8 @@ TEST(MoeMlp, InconsistentArgumentsFailEverywhere) {
   auto call = [&](Group& g, size_t d, size_t h1, size_t h2, const MoeActivation& act,
                   const FusedOptions& o = {}) {
     MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
-    MoeMlpSync(g, r, x.data(), d, w1.data(), h1, act, h2, w2.data(), DType::kF32, out.data(),
-               nullptr, {}, o);
+    MoeMlpSync(g, r, x.data(), d, w1.data(), h1, act, h2, w2.data(), DType::kF32,
+               out[g.rank()].data(), nullptr, {}, o);
   };
   // The valid call runs.
   EXPECT_EQ(ErrorCodes([&](Group& g) { call(g, 4, 8, 3, first_cols(8, 3)); }),
@@ -627,7 +629,7 @@ TEST(MoeMlp, InconsistentArgumentsFailEverywhere) {
               MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
               if (g.rank() == 1) r.counts[0] += 1;
               MoeMlpSync(g, r, x.data(), 4, w1.data(), 8, first_cols(8, 3), 3, w2.data(),
-                         DType::kF32, out.data());
+                         DType::kF32, out[g.rank()].data());
             }),
             mis);
   EXPECT_EQ(ErrorCodes([&](Group& g) {
