@@ -73,11 +73,11 @@
 //             chunk's results sent back as soon as its GEMMs are done; the
 //             own rows in s parts, one whenever no chunk has arrived, the
 //             rest at the end: other ranks' rows go first, as their
-//             results must travel (own rows first, as the dispatch does,
-//             delayed every return by the own GEMMs: in `mc2 demo` with
-//             MoE the forward's MoE calls took 1.4x the two-call
-//             sequence's). The chunks of one block are done in order, as
-//             the owner matches them in order.
+//             results must travel and the own rows need no transfer
+//             (own rows first, as the dispatch does, would hold every
+//             return behind the own GEMMs; not measured side by side).
+//             The chunks of one block are done in order, as the owner
+//             matches them in order.
 //   In both, the combine's receives are all posted up front.
 // Bytes per rank: the routed rows, once each way, d elements of dtype each
 // way, in every pipeline. The expert GEMM accumulates in f32; for bf16

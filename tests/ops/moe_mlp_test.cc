@@ -588,8 +588,8 @@ TEST(MoeMlp, InconsistentArgumentsFailEverywhere) {
   // 6 experts, 2 per rank; every rank sends to every rank.
   std::vector<int32_t> ids = {0, 1, 2, 5, 4, 3, -1, 0};
   std::vector<float> x(4096, 1.0f), w1(4096, 1.0f), w2(4096, 1.0f);
-  std::vector<std::vector<float>> out(3,
-                                      std::vector<float>(4096));  // per rank: each writes its own
+  // One output per rank: the ranks are threads of this process.
+  std::vector<std::vector<float>> out(3, std::vector<float>(4096));
   // Keeps the first h2 of h1 columns (h2 <= h1): valid for any shapes.
   auto first_cols = [](size_t h1, size_t h2) -> MoeActivation {
     return [h1, h2](const float* in, size_t rows, float* o) {
