@@ -23,7 +23,9 @@
 // (deterministic mode makes every pipeline bitwise equal to serial).
 // Then the best fixed configuration, and its ratios re-measured by
 // --confirm: C fresh round-robin iterations of compute-only, comm-only,
-// serial, the best and auto. The sweep's best is the minimum of many noisy
+// serial, the best and auto (odd iterations in reverse order), with auto's
+// ratios to the best and to serial also as medians of the iterations'
+// ratios (paired: immune to slow spells of the host). The sweep's best is the minimum of many noisy
 // medians, which its own noise helped make the minimum, so ratios against
 // it are biased; the confirmed ones are not.
 //
@@ -836,6 +838,11 @@ int RunOpsRank(const OpsConfig& cfg) {
       double best_ideal = 0;     // IdealBound of the best, from the confirmed tc and tm
       double hide = 0;           // min(tc, tm): what overlap can hide
       double best_overlap = 0;   // (serial - best) / hide, 0 if nothing to hide
+      // Medians of the per-iteration ratios: auto and the best (and serial)
+      // of one iteration ran back to back, so a slow spell of the host
+      // slows both and cancels out of their ratio; the ratio of the two
+      // medians keeps it whenever the spell hits one more often.
+      double auto_over_best_paired = 0, auto_over_serial_paired = 0;
     };
     std::optional<Confirmed> confirmed;
     if (cfg.confirm > 0 && !ab) {
@@ -845,8 +852,14 @@ int RunOpsRank(const OpsConfig& cfg) {
       if (best_row != 0) set.push_back(serial_idx + best_row);
       if (auto_row) set.push_back(serial_idx + *auto_row);
       for (size_t idx : set) cands[idx].times.clear();
-      for (int i = 0; i < cfg.confirm; ++i)
-        for (size_t idx : set) time_once(cands[idx], false);
+      // Odd iterations run the set backwards, so neither the best nor auto
+      // always runs right after the other (or after serial).
+      for (int i = 0; i < cfg.confirm; ++i) {
+        if (i % 2 == 0)
+          for (size_t idx : set) time_once(cands[idx], false);
+        else
+          for (auto it = set.rbegin(); it != set.rend(); ++it) time_once(cands[*it], false);
+      }
       Confirmed c;
       c.tc = bench::Median(cands[0].times);
       c.tm = n > 1 ? bench::Median(cands[1].times) : 0.0;
@@ -856,6 +869,18 @@ int RunOpsRank(const OpsConfig& cfg) {
       c.hide = std::min(c.tc, c.tm);
       c.best_ideal = IdealBound(c.tc, c.tm, best_row == 0 ? 0 : best->stages);
       c.best_overlap = c.hide > 0 ? (c.serial - c.best) / c.hide : 0.0;
+      if (auto_row) {
+        const std::vector<double>& ta = cands[serial_idx + *auto_row].times;
+        const std::vector<double>& tb = cands[serial_idx + best_row].times;
+        const std::vector<double>& ts = cands[serial_idx].times;
+        std::vector<double> over_best, over_serial;
+        for (size_t i = 0; i < ta.size(); ++i) {
+          over_best.push_back(ta[i] / tb[i]);
+          over_serial.push_back(ta[i] / ts[i]);
+        }
+        c.auto_over_best_paired = bench::Median(over_best);
+        c.auto_over_serial_paired = bench::Median(over_serial);
+      }
       confirmed = c;
     }
     if (lead) {
@@ -870,9 +895,11 @@ int RunOpsRank(const OpsConfig& cfg) {
                    c.serial / c.best, c.best / c.best_ideal,
                    c.hide > 0 ? fmt::format("{:.0f}%", 100 * c.best_overlap) : "-");
         if (auto_row)
-          fmt::print("; auto ({}) {:.2f} ms = {:.2f}x the best, {:.2f}x serial",
+          fmt::print("; auto ({}) {:.2f} ms = {:.2f}x the best, {:.2f}x serial (median of "
+                     "the iterations' ratios: {:.3f}x the best, {:.3f}x serial)",
                      rows[*auto_row].chosen, c.automatic * 1e3, c.automatic / c.best,
-                     c.automatic / c.serial);
+                     c.automatic / c.serial, c.auto_over_best_paired,
+                     c.auto_over_serial_paired);
         fmt::print("\n");
       }
       fmt::print("# Out of bounds values : {} {}\n", wrong, wrong == 0 ? "OK" : "FAILED");
@@ -935,6 +962,8 @@ int RunOpsRank(const OpsConfig& cfg) {
           if (auto_row) {
             cj["auto_ran"] = rows[*auto_row].chosen;
             cj["auto_ms"] = c.automatic * 1e3;
+            cj["auto_over_best_paired"] = c.auto_over_best_paired;
+            cj["auto_over_serial_paired"] = c.auto_over_serial_paired;
           }
           j["confirm"] = cj;
         }

@@ -105,6 +105,10 @@ TEST_P(BenchOpsTest, EveryPipelineMatchesSerialAndColumnsExist) {
   for (const char* key : {"compute_ms", "comm_ms", "serial_ms", "best_ms", "auto_ms",
                           "best_ideal_ms"})
     EXPECT_GT(c[key].get<double>(), 0) << key;
+  // auto's ratios as medians of the confirmation iterations' ratios.
+  for (const char* key : {"auto_over_best_paired", "auto_over_serial_paired"})
+    EXPECT_GT(c[key].get<double>(), 0) << key;
+  EXPECT_THAT(r.out, HasSubstr("(median of the iterations' ratios:"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, BenchOpsTest,
