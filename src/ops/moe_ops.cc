@@ -502,6 +502,86 @@ void ForSubBlocks(const MoePlan& p, int q, size_t lo, size_t hi, Fn&& fn) {
   }
 }
 
+// Rows local expert `le` receives from every rank: rows [in_exp[le],
+// in_exp[le] + ExpertRows) in expert-grouped order.
+size_t ExpertRows(const MoePlan& p, int le) {
+  size_t rows = 0;
+  for (int q = 0; q < p.size; ++q) rows += p.in_cnt[q * p.El + le];
+  return rows;
+}
+
+// Rows of d (dtype) between source-major order (`source_major`: the
+// blocks as the all-to-all moves them) and expert-grouped order
+// (`grouped`), one way or the other.
+void SortRows(const MoePlan& p, const char* span_name, bool to_grouped, char* source_major,
+              char* grouped) {
+  const size_t rb = p.d * p.esize;
+  if (rb == 0) return;
+  OpSpan span(span_name, trace::Category::kHost, p.pipeline);
+  for (int q = 0; q < p.size; ++q) {
+    ForSubBlocks(p, q, 0, p.in_blk[q], [&](int, size_t a, size_t b, size_t at) {
+      char* src = source_major + (p.in_blk_off[q] + a) * rb;
+      char* grp = grouped + at * rb;
+      if (to_grouped)
+        std::memcpy(grp, src, (b - a) * rb);
+      else
+        std::memcpy(src, grp, (b - a) * rb);
+    });
+  }
+}
+
+// A serial pipeline's all-to-all-v, every block at once: block q of `send`
+// (send_blk[q] rows from row send_off[q]) to rank q, block q of `recv`
+// (recv_blk, recv_off) from rank q, the own block copied; then waits for
+// all of it. The dispatch sends the token side's blocks and receives the
+// expert side's; the combine the other way round.
+void ExchangeAllBlocks(const Group& g, const MoePlan& p, int tag, const char* send,
+                       const std::vector<size_t>& send_blk, const std::vector<size_t>& send_off,
+                       char* recv, const std::vector<size_t>& recv_blk,
+                       const std::vector<size_t>& recv_off, const char* wait_name, Pending& pend) {
+  const size_t rb = p.d * p.esize;
+  const int me = p.rank;
+  PostBlocks(g, p, false, tag, recv, recv_blk, recv_off, rb, 0, 1, pend);
+  PostBlocks(g, p, true, tag, const_cast<char*>(send), send_blk, send_off, rb, 0, 1, pend);
+  if (recv_blk[me] * rb > 0)
+    std::memcpy(recv + recv_off[me] * rb, send + send_off[me] * rb, recv_blk[me] * rb);
+  OpSpan wait(wait_name, trace::Category::kWait, p.pipeline);
+  pend.WaitAll();
+}
+
+// Every chunk of the dispatch posted at once: messages to one peer go in
+// posting order, so chunk j of every block moves before chunk j+1. Returns
+// the receives, [chunk][source rank].
+std::vector<std::vector<Work>> PostChunkedDispatch(const Group& g, const MoePlan& p, const char* xs,
+                                                   char* xr, Pending& pend) {
+  const size_t rb = p.d * p.esize;
+  std::vector<std::vector<Work>> recv(p.splits);
+  for (int j = 0; j < p.splits; ++j) {
+    recv[j] =
+        PostBlocks(g, p, false, kDispatchTag, xr, p.in_blk, p.in_blk_off, rb, j, p.splits, pend);
+    PostBlocks(g, p, true, kDispatchTag, const_cast<char*>(xs), p.out_blk, p.out_blk_off, rb, j,
+               p.splits, pend);
+  }
+  return recv;
+}
+
+// Waits for one posted transfer, running the overlap work first if the
+// transfer has not completed.
+void WaitOne(const MoePlan& p, fused::OverlapWork* overlap, const char* wait_name, Work& w) {
+  overlap->RunBefore(w);
+  OpSpan wait(wait_name, trace::Category::kWait, p.pipeline);
+  w.Wait();
+}
+
+// A pipeline's last wait: the overlap work runs before it unless every
+// transfer already completed.
+void WaitAllAfterOverlap(const MoePlan& p, fused::OverlapWork* overlap, const char* wait_name,
+                         Pending& pend) {
+  for (size_t i = 0; i < pend.size(); ++i) overlap->RunBefore(pend[i]);
+  OpSpan wait(wait_name, trace::Category::kWait, p.pipeline);
+  pend.WaitAll();
+}
+
 // ------------------------------------------------------------- dispatch
 struct DispatchArgs {
   const char* w;
@@ -529,32 +609,14 @@ void DispatchRows(const MoePlan& p, const DispatchArgs& x, int q, const char* bl
 }
 
 void DispatchSerial(const Group& g, const MoePlan& p, const DispatchArgs& x, Pending& pend) {
-  const int P = p.size, me = p.rank;
   const size_t rb = p.d * p.esize;
-  // The all-to-all-v: every block at once, then wait for all of it.
-  PostBlocks(g, p, false, kDispatchTag, x.xr, p.in_blk, p.in_blk_off, rb, 0, 1, pend);
-  PostBlocks(g, p, true, kDispatchTag, const_cast<char*>(x.xs), p.out_blk, p.out_blk_off, rb, 0, 1,
-             pend);
-  if (p.in_blk[me] * rb > 0) {
-    std::memcpy(x.xr + p.in_blk_off[me] * rb, x.xs + p.out_blk_off[me] * rb, p.in_blk[me] * rb);
-  }
-  {
-    OpSpan wait("all_to_all_matmul.wait", trace::Category::kWait, p.pipeline);
-    pend.WaitAll();
-  }
-  {
-    OpSpan sort("all_to_all_matmul.sort", trace::Category::kHost, p.pipeline);
-    for (int q = 0; q < P && rb > 0; ++q) {
-      ForSubBlocks(p, q, 0, p.in_blk[q], [&](int, size_t a, size_t b, size_t at) {
-        std::memcpy(x.dx + at * rb, x.xr + (p.in_blk_off[q] + a) * rb, (b - a) * rb);
-      });
-    }
-  }
+  ExchangeAllBlocks(g, p, kDispatchTag, x.xs, p.out_blk, p.out_blk_off, x.xr, p.in_blk,
+                    p.in_blk_off, "all_to_all_matmul.wait", pend);
+  SortRows(p, "all_to_all_matmul.sort", true, x.xr, x.dx);
   // One GEMM per expert over its contiguous rows.
   for (int le = 0; le < p.El; ++le) {
-    size_t first = p.in_exp[le], rows = 0;
-    for (int q = 0; q < P; ++q) rows += p.in_cnt[q * p.El + le];
-    ExpertGemm(p, "all_to_all_matmul.expert_gemm", rows, p.h, p.d, x.dx + first * rb,
+    const size_t first = p.in_exp[le];
+    ExpertGemm(p, "all_to_all_matmul.expert_gemm", ExpertRows(p, le), p.h, p.d, x.dx + first * rb,
                x.w + le * p.d * p.h * p.esize, x.y + first * p.h);
   }
 }
@@ -562,23 +624,12 @@ void DispatchSerial(const Group& g, const MoePlan& p, const DispatchArgs& x, Pen
 void DispatchChunked(const Group& g, const MoePlan& p, const DispatchArgs& x, Pending& pend) {
   const int P = p.size, me = p.rank, s = p.splits;
   const size_t rb = p.d * p.esize;
-  // Every chunk posted at once: messages to one peer go in posting order,
-  // so chunk j of every block moves before chunk j+1.
-  std::vector<std::vector<Work>> recv(s);
-  for (int j = 0; j < s; ++j) {
-    recv[j] = PostBlocks(g, p, false, kDispatchTag, x.xr, p.in_blk, p.in_blk_off, rb, j, s, pend);
-    PostBlocks(g, p, true, kDispatchTag, const_cast<char*>(x.xs), p.out_blk, p.out_blk_off, rb, j,
-               s, pend);
-  }
+  std::vector<std::vector<Work>> recv = PostChunkedDispatch(g, p, x.xs, x.xr, pend);
   DispatchRows(p, x, me, x.xs + p.out_blk_off[me] * rb, 0, p.in_blk[me]);
   for (int j = 0; j < s; ++j) {
     for (int i = 1; i < P; ++i) {
       int q = collectives::Mod(me - i, P);
-      x.overlap->RunBefore(recv[j][q]);
-      {
-        OpSpan wait("all_to_all_matmul.wait", trace::Category::kWait, p.pipeline);
-        recv[j][q].Wait();
-      }
+      WaitOne(p, x.overlap, "all_to_all_matmul.wait", recv[j][q]);
       DispatchRows(p, x, q, x.xr + p.in_blk_off[q] * rb, ChunkLo(p.in_blk[q], j, s),
                    ChunkLo(p.in_blk[q], j + 1, s));
     }
@@ -754,37 +805,18 @@ void CombineRows(const MoePlan& p, const CombineArgs& x, int q, char* block, siz
   });
 }
 
-// The combine's first blocking wait is the final one: the overlap work
-// runs there unless every transfer already completed.
-void RunOverlapBeforeWait(const CombineArgs& x, Pending& pend) {
-  for (size_t i = 0; i < pend.size(); ++i) x.overlap->RunBefore(pend[i]);
-}
-
 void CombineSerial(const Group& g, const MoePlan& p, const CombineArgs& x, Pending& pend) {
-  const int P = p.size;
   const size_t rb = p.d * p.esize;
   fused::Scratch<char> ye(p.R * rb);
   for (int le = 0; le < p.El; ++le) {
-    size_t first = p.in_exp[le], rows = 0;
-    for (int q = 0; q < P; ++q) rows += p.in_cnt[q * p.El + le];
-    ExpertGemm(p, "matmul_all_to_all.expert_gemm", rows, p.d, p.h, x.hidden + first * p.h * p.esize,
-               x.w + le * p.h * p.d * p.esize, ye.data() + first * rb, p.dtype);
+    const size_t first = p.in_exp[le];
+    ExpertGemm(p, "matmul_all_to_all.expert_gemm", ExpertRows(p, le), p.d, p.h,
+               x.hidden + first * p.h * p.esize, x.w + le * p.h * p.d * p.esize,
+               ye.data() + first * rb, p.dtype);
   }
-  {
-    OpSpan sort("matmul_all_to_all.sort", trace::Category::kHost, p.pipeline);
-    for (int q = 0; q < P; ++q) {
-      ForSubBlocks(p, q, 0, p.in_blk[q], [&](int, size_t a, size_t b, size_t at) {
-        if (b > a) std::memcpy(x.ys + (p.in_blk_off[q] + a) * rb, ye.data() + at * rb, (b - a) * rb);
-      });
-    }
-  }
-  PostBlocks(g, p, false, kCombineTag, x.yr, p.out_blk, p.out_blk_off, rb, 0, 1, pend);
-  PostBlocks(g, p, true, kCombineTag, x.ys, p.in_blk, p.in_blk_off, rb, 0, 1, pend);
-  const int me = p.rank;
-  if (p.in_blk[me])
-    std::memcpy(x.yr + p.out_blk_off[me] * rb, x.ys + p.in_blk_off[me] * rb, p.in_blk[me] * rb);
-  OpSpan wait("matmul_all_to_all.wait", trace::Category::kWait, p.pipeline);
-  pend.WaitAll();
+  SortRows(p, "matmul_all_to_all.sort", false, x.ys, ye.data());
+  ExchangeAllBlocks(g, p, kCombineTag, x.ys, p.in_blk, p.in_blk_off, x.yr, p.out_blk, p.out_blk_off,
+                    "matmul_all_to_all.wait", pend);
 }
 
 void CombineChunked(const Group& g, const MoePlan& p, const CombineArgs& x, Pending& pend) {
@@ -802,9 +834,7 @@ void CombineChunked(const Group& g, const MoePlan& p, const CombineArgs& x, Pend
     PostBlocks(g, p, true, kCombineTag, x.ys, p.in_blk, p.in_blk_off, rb, j, s, pend);
   }
   CombineRows(p, x, me, x.yr + p.out_blk_off[me] * rb, 0, p.in_blk[me]);
-  RunOverlapBeforeWait(x, pend);
-  OpSpan wait("matmul_all_to_all.wait", trace::Category::kWait, p.pipeline);
-  pend.WaitAll();
+  WaitAllAfterOverlap(p, x.overlap, "matmul_all_to_all.wait", pend);
 }
 
 void CombineFused(const Group& g, const MoePlan& p, const CombineArgs& x, Pending& pend) {
@@ -829,9 +859,7 @@ void CombineFused(const Group& g, const MoePlan& p, const CombineArgs& x, Pendin
     }
   }
   CombineRows(p, x, me, x.yr + p.out_blk_off[me] * rb, 0, p.in_blk[me]);
-  RunOverlapBeforeWait(x, pend);
-  OpSpan wait("matmul_all_to_all.wait", trace::Category::kWait, p.pipeline);
-  pend.WaitAll();
+  WaitAllAfterOverlap(p, x.overlap, "matmul_all_to_all.wait", pend);
 }
 
 // out[t] = sum over j ascending of probs[t, j] * Yr[row of slot (t, j)]
@@ -940,64 +968,29 @@ void PostCombineReceives(const Group& g, const MoePlan& p, const MlpArgs& x, Pen
   }
 }
 
-void MlpWait(const MoePlan& p, const MlpArgs& x, Pending& pend) {
-  for (size_t i = 0; i < pend.size(); ++i) x.overlap->RunBefore(pend[i]);
-  OpSpan wait("moe_mlp.wait", trace::Category::kWait, p.pipeline);
-  pend.WaitAll();
-}
-
 // The classic sequence: all-to-all-v, sort by expert, the first GEMM per
 // expert, the activation, the second GEMM per expert, sort back to
 // source-major, all-to-all-v back.
 void MlpSerial(const Group& g, const MoePlan& p, const MlpArgs& x, Pending& pend) {
-  const int P = p.size, me = p.rank;
   const size_t rb = p.d * p.esize;
-  PostBlocks(g, p, false, kDispatchTag, x.xr, p.in_blk, p.in_blk_off, rb, 0, 1, pend);
-  PostBlocks(g, p, true, kDispatchTag, const_cast<char*>(x.xs), p.out_blk, p.out_blk_off, rb, 0,
-             1, pend);
-  if (p.in_blk[me] * rb > 0) {
-    std::memcpy(x.xr + p.in_blk_off[me] * rb, x.xs + p.out_blk_off[me] * rb, p.in_blk[me] * rb);
-  }
-  {
-    OpSpan wait("moe_mlp.wait", trace::Category::kWait, p.pipeline);
-    pend.WaitAll();
-  }
-  fused::Scratch<char> ye(p.R * rb);  // the second GEMM's rows, expert-grouped
-  auto sort = [&](bool to_expert) {
-    OpSpan span("moe_mlp.sort", trace::Category::kHost, p.pipeline);
-    for (int q = 0; q < P && rb > 0; ++q) {
-      ForSubBlocks(p, q, 0, p.in_blk[q], [&](int, size_t a, size_t b, size_t at) {
-        if (to_expert)
-          std::memcpy(x.dx + at * rb, x.xr + (p.in_blk_off[q] + a) * rb, (b - a) * rb);
-        else
-          std::memcpy(x.ys + (p.in_blk_off[q] + a) * rb, ye.data() + at * rb, (b - a) * rb);
-      });
-    }
-  };
-  auto expert_rows = [&](int le) {
-    size_t rows = 0;
-    for (int q = 0; q < P; ++q) rows += p.in_cnt[q * p.El + le];
-    return rows;
-  };
-  sort(true);
+  ExchangeAllBlocks(g, p, kDispatchTag, x.xs, p.out_blk, p.out_blk_off, x.xr, p.in_blk,
+                    p.in_blk_off, "moe_mlp.wait", pend);
+  SortRows(p, "moe_mlp.sort", true, x.xr, x.dx);
   for (int le = 0; le < p.El; ++le) {
-    ExpertGemm(p, "moe_mlp.gemm1", expert_rows(le), p.h, p.d, x.dx + p.in_exp[le] * rb,
+    ExpertGemm(p, "moe_mlp.gemm1", ExpertRows(p, le), p.h, p.d, x.dx + p.in_exp[le] * rb,
                x.w1 + le * p.d * p.h * p.esize, x.y1 + p.in_exp[le] * p.h);
   }
   Activate(p, x, 0, p.R);
+  fused::Scratch<char> ye(p.R * rb);  // the second GEMM's rows, expert-grouped
   for (int le = 0; le < p.El; ++le) {
-    ExpertGemm(p, "moe_mlp.gemm2", expert_rows(le), p.d, p.h2,
+    ExpertGemm(p, "moe_mlp.gemm2", ExpertRows(p, le), p.d, p.h2,
                x.hidden + p.in_exp[le] * p.h2 * p.esize, x.w2 + le * p.h2 * p.d * p.esize,
                ye.data() + p.in_exp[le] * rb, p.dtype);
   }
-  sort(false);
-  PostBlocks(g, p, false, kCombineTag, x.yr, p.out_blk, p.out_blk_off, rb, 0, 1, pend);
-  PostBlocks(g, p, true, kCombineTag, x.ys, p.in_blk, p.in_blk_off, rb, 0, 1, pend);
-  if (p.in_blk[me] * rb > 0)
-    std::memcpy(x.yr + p.out_blk_off[me] * rb, x.ys + p.in_blk_off[me] * rb, p.in_blk[me] * rb);
+  SortRows(p, "moe_mlp.sort", false, x.ys, ye.data());
   // Serial never overlaps: the overlap work runs after the call (CompleteOp).
-  OpSpan wait("moe_mlp.wait", trace::Category::kWait, p.pipeline);
-  pend.WaitAll();
+  ExchangeAllBlocks(g, p, kCombineTag, x.ys, p.in_blk, p.in_blk_off, x.yr, p.out_blk, p.out_blk_off,
+                    "moe_mlp.wait", pend);
 }
 
 // Every chunk posted at once (as DispatchChunked); chunk j of every block,
@@ -1005,14 +998,8 @@ void MlpSerial(const Group& g, const MoePlan& p, const MlpArgs& x, Pending& pend
 // between (they need no transfer either way).
 void MlpChunked(const Group& g, const MoePlan& p, const MlpArgs& x, Pending& pend) {
   const int P = p.size, me = p.rank, s = p.splits;
-  const size_t rb = p.d * p.esize;
   PostCombineReceives(g, p, x, pend);
-  std::vector<std::vector<Work>> recv(s);
-  for (int j = 0; j < s; ++j) {
-    recv[j] = PostBlocks(g, p, false, kDispatchTag, x.xr, p.in_blk, p.in_blk_off, rb, j, s, pend);
-    PostBlocks(g, p, true, kDispatchTag, const_cast<char*>(x.xs), p.out_blk, p.out_blk_off, rb, j,
-               s, pend);
-  }
+  std::vector<std::vector<Work>> recv = PostChunkedDispatch(g, p, x.xs, x.xr, pend);
   // The own rows in s + 1 parts: one before the first chunks arrive, one
   // after each round of chunks, the last under the last results' return.
   auto own = [&](int part) {
@@ -1022,16 +1009,12 @@ void MlpChunked(const Group& g, const MoePlan& p, const MlpArgs& x, Pending& pen
   for (int j = 0; j < s; ++j) {
     for (int i = 1; i < P; ++i) {
       int q = collectives::Mod(me - i, P);
-      x.overlap->RunBefore(recv[j][q]);
-      {
-        OpSpan wait("moe_mlp.wait", trace::Category::kWait, p.pipeline);
-        recv[j][q].Wait();
-      }
+      WaitOne(p, x.overlap, "moe_mlp.wait", recv[j][q]);
       MlpChunk(g, p, x, q, ChunkLo(p.in_blk[q], j, s), ChunkLo(p.in_blk[q], j + 1, s), pend);
     }
     own(j + 1);
   }
-  MlpWait(p, x, pend);
+  WaitAllAfterOverlap(p, x.overlap, "moe_mlp.wait", pend);
 }
 
 // AllToAllMatmul's fused dispatch; each chunk sent back as soon as its
@@ -1047,7 +1030,7 @@ void MlpFused(const Group& g, const MoePlan& p, const MlpArgs& x, Pending& pend)
       g, p, x.xs, x.xr, "moe_mlp.wait", x.overlap, pend,
       [&](size_t lo, size_t hi) { MlpOwnRows(p, x, lo, hi); },
       [&](int q, size_t lo, size_t hi) { MlpChunk(g, p, x, q, lo, hi, pend); }, p.splits);
-  MlpWait(p, x, pend);
+  WaitAllAfterOverlap(p, x.overlap, "moe_mlp.wait", pend);
 }
 
 }  // namespace
