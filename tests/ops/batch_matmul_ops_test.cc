@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/operands.h"
+#include "common/rank_errors.h"
 #include "mc2/mc2.h"
 
 namespace mc2 {
@@ -22,6 +23,7 @@ namespace {
 
 using test::AllPipelines;
 using test::Close;
+using test::ErrorCodes;
 using test::Mat;
 using test::Random;
 using test::SameBits;
@@ -199,23 +201,6 @@ TEST(BatchMatmulOps, EmptyInnerDimensionGivesZeros) {
     }
   });
   EXPECT_EQ(bad.load(), 0);
-}
-
-// Runs `call` on every rank of a 3-rank group and returns the error code
-// each rank got (-1: none); then checks the group still works.
-std::vector<int> ErrorCodes(const std::function<void(Group&)>& call) {
-  std::vector<int> codes(3, -1);
-  Group::RunInProcess(3, [&](Group& g) {
-    try {
-      call(g);
-    } catch (const Error& e) {
-      codes[g.rank()] = static_cast<int>(e.code());
-    }
-    float x = 1, y = 0;
-    AllReduce(g, &x, &y, 1, DType::kF32, ReduceOp::kSum).Wait();
-    EXPECT_EQ(y, 3.0f);
-  });
-  return codes;
 }
 
 TEST(BatchMatmulOps, InconsistentArgumentsFailEverywhere) {

@@ -13,8 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "engine/group_impl.h"
 #include "common/operands.h"
+#include "common/rank_errors.h"
+#include "engine/group_impl.h"
 #include "mc2/mc2.h"
 #include "transport/link_emulation.h"
 
@@ -22,6 +23,7 @@ namespace mc2 {
 namespace {
 
 using test::Close;
+using test::ErrorCodes;
 using test::Mat;
 using test::Random;
 using test::SameBits;
@@ -250,24 +252,6 @@ TEST(FusedOps, LargerShapesBitwise) {
     });
     EXPECT_EQ(cnt.not_bitwise.load(), 0) << DTypeName(dtype);
   }
-}
-
-// Runs `call` on every rank of a 3-rank group and returns the error code
-// each rank got (-1: none); then checks the group still works.
-std::vector<int> ErrorCodes(const std::function<void(Group&)>& call) {
-  std::vector<int> codes(3, -1);
-  Group::RunInProcess(3, [&](Group& g) {
-    try {
-      call(g);
-    } catch (const Error& e) {
-      codes[g.rank()] = static_cast<int>(e.code());
-    }
-    // The group is still usable.
-    float x = 1, y = 0;
-    AllReduce(g, &x, &y, 1, DType::kF32, ReduceOp::kSum).Wait();
-    EXPECT_EQ(y, 3.0f);
-  });
-  return codes;
 }
 
 TEST(FusedOps, InconsistentShapesFailEverywhere) {
