@@ -22,7 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "common/moe_problem.h"
 #include "common/operands.h"
+#include "common/rank_errors.h"
 #include "core/reduce.h"
 #include "mc2/mc2.h"
 
@@ -30,6 +32,7 @@ namespace mc2 {
 namespace {
 
 using test::AllPipelines;
+using test::ErrorCodes;
 using test::Mat;
 using test::Random;
 using test::SameBits;
@@ -99,55 +102,35 @@ double At(DType dtype, const void* p, size_t i) {
 // ---------------------------------------------------------------------------
 // One problem: every rank's inputs, generated identically on every rank.
 
-struct Problem {
+struct Problem : test::MoeTokens {
   int P, El, topk;
   size_t d, h2;
   Act act;
   DType dtype;
-  std::vector<size_t> T;                  // tokens per rank
-  std::vector<std::vector<int32_t>> ids;  // [T x topk] per rank
-  std::vector<std::vector<float>> probs;  // [T x topk] per rank
-  std::vector<Mat> x;                     // [T x d] per rank
-  std::vector<Mat> w1, w2;                // per global expert: [d x h1], [h2 x d]
+  std::vector<Mat> w1, w2;  // per global expert: [d x h1], [h2 x d]
   int E() const { return P * El; }
   size_t h1() const { return H1Of(act, h2); }
 };
 
-// `skew`: 0 uniform; 1 most slots to expert 0; 2 every slot to the last
-// expert (all but one expert, and all but one rank, receive nothing). About
+// `skew`: see test::MoeTokenSpec. 3 to max_tokens tokens per rank; about
 // one slot in 10 is dropped, and rank 0's first token always is entirely
 // (it must combine to zeros) and its last slot too.
 Problem MakeProblem(int P, int El, int topk, size_t d, size_t h2, Act act, DType dtype,
                     uint64_t seed, int skew, bool empty_rank, size_t max_tokens = 25) {
-  Problem pr{P, El, topk, d, h2, act, dtype, {}, {}, {}, {}, {}, {}};
-  std::mt19937_64 rng(seed);
-  const int E = P * El;
-  for (int p = 0; p < P; ++p) {
-    size_t T = (empty_rank && p == P - 1) ? 0 : 3 + rng() % (max_tokens - 2);
-    pr.T.push_back(T);
-    std::vector<int32_t> ids(T * topk);
-    std::vector<float> probs(T * topk);
-    for (size_t s = 0; s < T * topk; ++s) {
-      int e;
-      if (skew == 2)
-        e = E - 1;
-      else if (skew == 1 && rng() % 10 < 7)
-        e = 0;
-      else
-        e = static_cast<int>(rng() % E);
-      if (rng() % 10 == 0) e = -1;
-      ids[s] = e;
-      probs[s] = static_cast<float>(rng() % 1000) / 997.0f;
-    }
-    if (p == 0 && T > 1) {
-      for (int j = 0; j < topk; ++j) ids[j] = -1;
-      ids.back() = -1;
-    }
-    pr.ids.push_back(ids);
-    pr.probs.push_back(probs);
-    pr.x.push_back(Random(T * d, dtype, seed * 31 + p));
-  }
-  for (int e = 0; e < E; ++e) {
+  test::MoeTokenSpec spec;
+  spec.ranks = P;
+  spec.experts = P * El;
+  spec.topk = topk;
+  spec.d = d;
+  spec.dtype = dtype;
+  spec.seed = seed;
+  spec.skew = skew;
+  spec.empty_rank = empty_rank;
+  spec.min_tokens = 3;
+  spec.max_tokens = max_tokens;
+  spec.drop_edges = true;
+  Problem pr{test::RandomMoeTokens(spec), P, El, topk, d, h2, act, dtype, {}, {}};
+  for (int e = 0; e < pr.E(); ++e) {
     pr.w1.push_back(Random(d * pr.h1(), dtype, seed * 37 + 1000 + e));
     pr.w2.push_back(Random(h2 * d, dtype, seed * 41 + 2000 + e));
   }
@@ -157,15 +140,7 @@ Problem MakeProblem(int P, int El, int topk, size_t d, size_t h2, Act act, DType
 // The expert-grouped rows of rank `me`, computed independently: (source
 // rank, slot) per row.
 std::vector<std::pair<int, size_t>> ExpertRows(const Problem& pr, int me) {
-  std::vector<std::pair<int, size_t>> rows;
-  for (int le = 0; le < pr.El; ++le) {
-    for (int p = 0; p < pr.P; ++p) {
-      for (size_t s = 0; s < pr.ids[p].size(); ++s) {
-        if (pr.ids[p][s] == me * pr.El + le) rows.push_back({p, s});
-      }
-    }
-  }
-  return rows;
+  return test::ExpertGroupedSlots(pr.ids, pr.El, me);
 }
 
 // The reference of one routed slot, in doubles, with what the operator's
@@ -563,23 +538,6 @@ TEST(MoeMlp, OverlapWorkRunsOnce) {
   EXPECT_EQ(wrong_count.load(), 0);
   EXPECT_EQ(not_bitwise.load(), 0);
   EXPECT_EQ(serial_incomplete.load(), 0);
-}
-
-// A world of 3 ranks; returns each rank's error code (-1: none) and checks
-// the group still works.
-std::vector<int> ErrorCodes(const std::function<void(Group&)>& call) {
-  std::vector<int> codes(3, -1);
-  Group::RunInProcess(3, [&](Group& g) {
-    try {
-      call(g);
-    } catch (const Error& e) {
-      codes[g.rank()] = static_cast<int>(e.code());
-    }
-    float x = 1, y = 0;
-    AllReduce(g, &x, &y, 1, DType::kF32, ReduceOp::kSum).Wait();
-    EXPECT_EQ(y, 3.0f);
-  });
-  return codes;
 }
 
 TEST(MoeMlp, InconsistentArgumentsFailEverywhere) {

@@ -18,7 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "common/moe_problem.h"
 #include "common/operands.h"
+#include "common/rank_errors.h"
 #include "core/reduce.h"
 #include "mc2/mc2.h"
 #include "trace/recorder.h"
@@ -28,52 +30,34 @@ namespace {
 
 using test::AllPipelines;
 using test::Close;
+using test::ErrorCodes;
 using test::Mat;
 using test::Random;
 using test::SameBits;
 
 // One MoE problem: every rank's inputs, generated identically on every rank.
-struct Problem {
+struct Problem : test::MoeTokens {
   int P, El, topk;
   size_t d, h;
   DType dtype;
-  std::vector<size_t> T;                  // tokens per rank
-  std::vector<std::vector<int32_t>> ids;  // [T x topk] per rank
-  std::vector<std::vector<float>> probs;  // [T x topk] per rank
-  std::vector<Mat> x;                     // [T x d] per rank
-  std::vector<Mat> w1, w2;                // per global expert: [d x h], [h x d]
+  std::vector<Mat> w1, w2;  // per global expert: [d x h], [h x d]
   int E() const { return P * El; }
 };
 
-// `skew`: 0 uniform; 1 most slots to expert 0; 2 every slot to the last
-// expert (all but one expert, and all but one rank, receive nothing).
+// `skew`: see test::MoeTokenSpec.
 Problem MakeProblem(int P, int El, int topk, size_t d, size_t h, DType dtype, uint64_t seed,
                     int skew, bool empty_rank) {
-  Problem pr{P, El, topk, d, h, dtype, {}, {}, {}, {}, {}, {}};
-  std::mt19937_64 rng(seed);
-  const int E = P * El;
-  for (int p = 0; p < P; ++p) {
-    size_t T = (empty_rank && p == P - 1) ? 0 : rng() % 25;
-    pr.T.push_back(T);
-    std::vector<int32_t> ids(T * topk);
-    std::vector<float> probs(T * topk);
-    for (size_t s = 0; s < T * topk; ++s) {
-      int e;
-      if (skew == 2)
-        e = E - 1;
-      else if (skew == 1 && rng() % 10 < 7)
-        e = 0;
-      else
-        e = static_cast<int>(rng() % E);
-      if (rng() % 10 == 0) e = -1;  // a dropped slot
-      ids[s] = e;
-      probs[s] = static_cast<float>(rng() % 1000) / 997.0f;
-    }
-    pr.ids.push_back(ids);
-    pr.probs.push_back(probs);
-    pr.x.push_back(Random(T * d, dtype, seed * 31 + p));
-  }
-  for (int e = 0; e < E; ++e) {
+  test::MoeTokenSpec spec;
+  spec.ranks = P;
+  spec.experts = P * El;
+  spec.topk = topk;
+  spec.d = d;
+  spec.dtype = dtype;
+  spec.seed = seed;
+  spec.skew = skew;
+  spec.empty_rank = empty_rank;
+  Problem pr{test::RandomMoeTokens(spec), P, El, topk, d, h, dtype, {}, {}};
+  for (int e = 0; e < pr.E(); ++e) {
     pr.w1.push_back(Random(d * h, dtype, seed * 37 + 1000 + e));
     pr.w2.push_back(Random(h * d, dtype, seed * 41 + 2000 + e));
   }
@@ -83,15 +67,7 @@ Problem MakeProblem(int P, int El, int topk, size_t d, size_t h, DType dtype, ui
 // The expert-grouped rows of rank `me`, computed independently: (source
 // rank, slot) per row.
 std::vector<std::pair<int, size_t>> ExpertRows(const Problem& pr, int me) {
-  std::vector<std::pair<int, size_t>> rows;
-  for (int le = 0; le < pr.El; ++le) {
-    for (int p = 0; p < pr.P; ++p) {
-      for (size_t s = 0; s < pr.ids[p].size(); ++s) {
-        if (pr.ids[p][s] == me * pr.El + le) rows.push_back({p, s});
-      }
-    }
-  }
-  return rows;
+  return test::ExpertGroupedSlots(pr.ids, pr.El, me);
 }
 
 // The combine's input row of (source rank, slot): an arbitrary function of
@@ -411,23 +387,6 @@ TEST(MoeOps, RecordsSpans) {
   std::filesystem::remove_all(dir);
 }
 
-// A world of `size` ranks; returns each rank's error code (-1: none) and
-// checks the group still works.
-std::vector<int> ErrorCodes(int size, const std::function<void(Group&)>& call) {
-  std::vector<int> codes(size, -1);
-  Group::RunInProcess(size, [&](Group& g) {
-    try {
-      call(g);
-    } catch (const Error& e) {
-      codes[g.rank()] = static_cast<int>(e.code());
-    }
-    float x = 1, y = 0;
-    AllReduce(g, &x, &y, 1, DType::kF32, ReduceOp::kSum).Wait();
-    EXPECT_EQ(y, float(g.size()));
-  });
-  return codes;
-}
-
 TEST(MoeOps, InconsistentArgumentsFailEverywhere) {
   const std::vector<int> mis(3, static_cast<int>(ErrorCode::kMismatch));
   const std::vector<int> inv(3, static_cast<int>(ErrorCode::kInvalidArgument));
@@ -435,78 +394,68 @@ TEST(MoeOps, InconsistentArgumentsFailEverywhere) {
   std::vector<float> x(64 * 64, 1.0f), w(64 * 64, 1.0f), y(64 * 64);
   // Routing: experts not a multiple of the ranks; a bad id on one rank;
   // num_experts or topk differing.
-  EXPECT_EQ(ErrorCodes(3, [&](Group& g) { MoeRoute(g, ids.data(), 8, 1, 4); }), inv);
-  EXPECT_EQ(ErrorCodes(3,
-                       [&](Group& g) {
-                         std::vector<int32_t> bad = ids;
-                         if (g.rank() == 2) bad[3] = 6;
-                         MoeRoute(g, bad.data(), 8, 1, 6);
-                       }),
+  EXPECT_EQ(ErrorCodes([&](Group& g) { MoeRoute(g, ids.data(), 8, 1, 4); }), inv);
+  EXPECT_EQ(ErrorCodes([&](Group& g) {
+              std::vector<int32_t> bad = ids;
+              if (g.rank() == 2) bad[3] = 6;
+              MoeRoute(g, bad.data(), 8, 1, 6);
+            }),
             inv);
-  EXPECT_EQ(ErrorCodes(3, [&](Group& g) { MoeRoute(g, ids.data(), 8, 1, g.rank() == 1 ? 9 : 6); }),
+  EXPECT_EQ(ErrorCodes([&](Group& g) { MoeRoute(g, ids.data(), 8, 1, g.rank() == 1 ? 9 : 6); }),
             mis);
-  EXPECT_EQ(ErrorCodes(3, [&](Group& g) { MoeRoute(g, ids.data(), 4, g.rank() == 0 ? 2 : 1, 6); }),
+  EXPECT_EQ(ErrorCodes([&](Group& g) { MoeRoute(g, ids.data(), 4, g.rank() == 0 ? 2 : 1, 6); }),
             mis);
   // d differs in the dispatch.
-  EXPECT_EQ(ErrorCodes(3,
-                       [&](Group& g) {
-                         MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
-                         AllToAllMatmulSync(g, r, x.data(), g.rank() == 1 ? 5 : 4, w.data(), 3,
-                                            DType::kF32, y.data());
-                       }),
+  EXPECT_EQ(ErrorCodes([&](Group& g) {
+              MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
+              AllToAllMatmulSync(g, r, x.data(), g.rank() == 1 ? 5 : 4, w.data(), 3, DType::kF32,
+                                 y.data());
+            }),
             mis);
   // Routings of different batches.
-  EXPECT_EQ(ErrorCodes(3,
-                       [&](Group& g) {
-                         MoeRouting a = MoeRoute(g, ids.data(), 8, 1, 6);
-                         MoeRouting b = MoeRoute(g, ids.data(), 7, 1, 6);
-                         AllToAllMatmulSync(g, g.rank() == 0 ? a : b, x.data(), 4, w.data(), 3,
-                                            DType::kF32, y.data());
-                       }),
+  EXPECT_EQ(ErrorCodes([&](Group& g) {
+              MoeRouting a = MoeRoute(g, ids.data(), 8, 1, 6);
+              MoeRouting b = MoeRoute(g, ids.data(), 7, 1, 6);
+              AllToAllMatmulSync(g, g.rank() == 0 ? a : b, x.data(), 4, w.data(), 3, DType::kF32,
+                                 y.data());
+            }),
             mis);
   // A routing whose count matrix was changed on one rank.
-  EXPECT_EQ(ErrorCodes(3,
-                       [&](Group& g) {
-                         MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
-                         if (g.rank() == 1) r.counts[0] += 1;
-                         MatmulAllToAllSync(g, r, x.data(), 4, w.data(), 3, DType::kF32, y.data());
-                       }),
+  EXPECT_EQ(ErrorCodes([&](Group& g) {
+              MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
+              if (g.rank() == 1) r.counts[0] += 1;
+              MatmulAllToAllSync(g, r, x.data(), 4, w.data(), 3, DType::kF32, y.data());
+            }),
             mis);
   // Dispatch on some ranks, combine on others.
-  EXPECT_EQ(
-      ErrorCodes(3,
-                 [&](Group& g) {
-                   MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
-                   if (g.rank() == 0) {
-                     MatmulAllToAllSync(g, r, x.data(), 4, w.data(), 3, DType::kF32, y.data());
-                   } else {
-                     AllToAllMatmulSync(g, r, x.data(), 3, w.data(), 4, DType::kF32, y.data());
-                   }
-                 }),
-      mis);
+  EXPECT_EQ(ErrorCodes([&](Group& g) {
+              MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
+              if (g.rank() == 0) {
+                MatmulAllToAllSync(g, r, x.data(), 4, w.data(), 3, DType::kF32, y.data());
+              } else {
+                AllToAllMatmulSync(g, r, x.data(), 3, w.data(), 4, DType::kF32, y.data());
+              }
+            }),
+            mis);
   // A routing of another group; an unsupported dtype on one rank; bad splits.
-  EXPECT_EQ(ErrorCodes(3,
-                       [&](Group& g) {
-                         MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
-                         if (g.rank() == 1) r.ranks = 2;
-                         AllToAllMatmulSync(g, r, x.data(), 4, w.data(), 3, DType::kF32, y.data());
-                       }),
+  EXPECT_EQ(ErrorCodes([&](Group& g) {
+              MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
+              if (g.rank() == 1) r.ranks = 2;
+              AllToAllMatmulSync(g, r, x.data(), 4, w.data(), 3, DType::kF32, y.data());
+            }),
             inv);
-  EXPECT_EQ(ErrorCodes(3,
-                       [&](Group& g) {
-                         MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
-                         MatmulAllToAllSync(g, r, x.data(), 4, w.data(), 3,
-                                            g.rank() == 2 ? DType::kI32 : DType::kF32, y.data());
-                       }),
+  EXPECT_EQ(ErrorCodes([&](Group& g) {
+              MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
+              MatmulAllToAllSync(g, r, x.data(), 4, w.data(), 3,
+                                 g.rank() == 2 ? DType::kI32 : DType::kF32, y.data());
+            }),
             inv);
-  EXPECT_EQ(ErrorCodes(3,
-                       [&](Group& g) {
-                         MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
-                         FusedOptions o;
-                         o.splits = g.rank() == 0 ? 17 : 2;
-                         AllToAllMatmulSync(g, r, x.data(), 4, w.data(), 3, DType::kF32, y.data(),
-                                            nullptr, o);
-                       }),
+  EXPECT_EQ(ErrorCodes([&](Group& g) {
+              MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
+              FusedOptions o;
+              o.splits = g.rank() == 0 ? 17 : 2;
+              AllToAllMatmulSync(g, r, x.data(), 4, w.data(), 3, DType::kF32, y.data(), nullptr, o);
+            }),
             inv);
 }
 
