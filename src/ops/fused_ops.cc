@@ -35,9 +35,9 @@
 //   chunked  chunk j = rows [M j/s, M (j+1)/s): GEMM, then AllReduce queued.
 //   fused    the fused reduce-scatter above over blocks [M b/n, M (b+1)/n);
 //            each reduced chunk is handed to every peer at once (the
-//            all-gather half), which copies it into its C. With more than
-//            2 ranks the last chunk of a block is half as tall as the
-//            others (its hand-offs end the call).
+//            all-gather half), which copies it into its C. The last
+//            chunk of a block is half as tall as the others (its
+//            hand-offs end the call).
 //
 // The fused pipeline. Each group has an operator workspace in the symmetric
 // heap (Workspace, cached in GroupImpl::ops_state, grown when a call needs
@@ -645,16 +645,18 @@ void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, cons
   const size_t row_bytes = p.k * p.esize;
   const size_t ncol = p.n;
   // Chunk j of a block starts at row chunk_lo(rows, j). For an all-reduce
-  // of more than 2 ranks the last chunk is half as tall as the others: the
-  // call ends with that chunk's reduction and its hand-off to n - 1 peers,
-  // one after another on the owner's port, which nothing overlaps. Side by
-  // side at 4 ranks (bench ops matmul_all_reduce, M=2048 K=2048 N=1024,
-  // EMULATED bw=220 and 270 MB/s, s = 2-4, 5 runs of each): the confirmed
-  // best 100-104 ms against 103-104 ms (220) and 99 against 102-104 ms
-  // (270); a third-size last chunk measured no better. With 2 ranks the
-  // own chunk's late turn already ends the call with one hand-off (below),
-  // and shorter last chunks cost 2 ms there (docs/benchmarks.md, session 9).
-  const bool short_tail = all_gather && n > 2;
+  // the last chunk is half as tall as the others: the call ends with that
+  // chunk's reduction and its hand-off to n - 1 peers, one after another
+  // on the owner's port, which nothing overlaps. Side by side at 4 ranks
+  // (bench ops matmul_all_reduce, M=2048 K=2048 N=1024, EMULATED bw=220
+  // and 270 MB/s, s = 2-4, 5 runs of each): the confirmed best 100-104 ms
+  // against 103-104 ms (220) and 99 against 102-104 ms (270); a third-size
+  // last chunk measured no better. At 2 ranks (one hand-off ends the call)
+  // it makes s = 2-4 slower (taller other chunks, a longer first GEMM) but
+  // s = 8-16 faster: 8 alternating pairs at EMULATED 190 and 205 MB/s,
+  // fused s = 4-16, confirmed best 50.4 ms on average against 51.6, 6
+  // pairs of 8 faster (docs/benchmarks.md, session 13).
+  const bool short_tail = all_gather;
   auto chunk_lo = [s, short_tail](size_t rows, int j) -> size_t {
     if (!short_tail) return ChunkLo(rows, j, s);
     return std::min(rows, rows * size_t(2 * j) / size_t(2 * s - 1));
