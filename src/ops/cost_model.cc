@@ -440,7 +440,16 @@ Choice ChoosePipeline(const CostParams& params, const Environment& env, const Pr
     q.bf16.flops_per_s *= f;
     scenario.push_back(q);
   }
-  const double step_risk = env.link_bytes_per_second > 0 ? params.link_step_risk_s : 0.0;
+  // The wake-ups that make a step late queue behind GEMMs mostly when ranks
+  // outnumber the cores (a woken waiter waits for another rank's slice on
+  // its core): per fused step, 4 ranks on 2 cores ~0.28 ms, 2 ranks below
+  // 0.1 ms (ChooseFusedSplits). With a core per rank a quarter of the risk
+  // applies; the full one kept s at 5 at 2 ranks, 2-6% slower than the
+  // flat optimum of s = 6-16 measured there (docs/benchmarks.md, session 13).
+  const int cores = env.cores > 0 ? env.cores : core::HostCpus();
+  const double step_risk = env.link_bytes_per_second <= 0 ? 0.0
+                           : p.ranks > cores              ? params.link_step_risk_s
+                                                          : params.link_step_risk_s / 4;
   struct Cand {
     Pipeline pl;
     int s;

@@ -101,11 +101,11 @@ struct CostParams {
   double link_hop_s = 500e-6;
   // Under link emulation, how much more a pipeline step may cost than the
   // model says (wake-ups of delayed flags on a busy host): ChoosePipeline
-  // prefers candidates that stay near the best with this added per step.
-  // (1 ms until the operators packed B once per call: each chunk's GEMM
-  // re-laid all of B out, a per-step cost this also covered; with 1 ms
-  // auto then ran all_gather_matmul at 2 ranks with s=4, 1.07x the best
-  // s=16.)
+  // prefers candidates that stay near the best with this added per step,
+  // a quarter of it when every rank has a core of its own. (1 ms until the
+  // operators packed B once per call: each chunk's GEMM re-laid all of B
+  // out, a per-step cost this also covered; with 1 ms auto then ran
+  // all_gather_matmul at 2 ranks with s=4, 1.07x the best s=16.)
   double link_step_risk_s = 0.5e-3;
   // Fraction of the cpu part of communication that hides behind GEMMs,
   // when there are at least as many ranks as cores, and when there are

@@ -233,6 +233,27 @@ TEST(CostModel, StepRiskPrefersFewerStepsOnAFlatOptimum) {
   EXPECT_GT(careful.splits, 1);
   EXPECT_EQ(Predict(params, env, p, Pipeline::kFused, 8).seconds,
             Predict(risky, env, p, Pipeline::kFused, 8).seconds);
+  // The risk is a quarter with a core per rank: the same ranks sharing one
+  // core take fewer steps than with two cores. (The model's GEMM rate also
+  // halves on one core, so compare against a twice-as-fast GEMM there.)
+  Environment shared = env;
+  shared.cores = 1;
+  CostParams risky_fast = risky;
+  risky_fast.f32.flops_per_s *= 2;
+  risky_fast.copy_bytes_per_s *= 2;
+  Choice crowded = ChoosePipeline(risky_fast, shared, p);
+  ASSERT_NE(crowded.pipeline, Pipeline::kSerial);
+  EXPECT_LT(crowded.estimate.stages, careful.estimate.stages);
+  CostParams quarter = risky;
+  quarter.link_step_risk_s = risky.link_step_risk_s / 4;
+  Environment many = env;
+  many.cores = 1;  // as oversubscribed: the whole (here quartered) risk
+  CostParams quarter_fast = quarter;
+  quarter_fast.f32.flops_per_s *= 2;
+  quarter_fast.copy_bytes_per_s *= 2;
+  Choice same = ChoosePipeline(quarter_fast, many, p);
+  EXPECT_EQ(same.pipeline, careful.pipeline);
+  EXPECT_EQ(same.splits, careful.splits);
   // Raw shared memory: the risk does not apply.
   env.link_bytes_per_second = 0;
   Choice raw_blind = ChoosePipeline(params, env, p);
