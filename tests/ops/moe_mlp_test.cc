@@ -117,18 +117,17 @@ struct Problem : test::MoeTokens {
 // (it must combine to zeros) and its last slot too.
 Problem MakeProblem(int P, int El, int topk, size_t d, size_t h2, Act act, DType dtype,
                     uint64_t seed, int skew, bool empty_rank, size_t max_tokens = 25) {
-  test::MoeTokenSpec spec;
-  spec.ranks = P;
-  spec.experts = P * El;
-  spec.topk = topk;
-  spec.d = d;
-  spec.dtype = dtype;
-  spec.seed = seed;
-  spec.skew = skew;
-  spec.empty_rank = empty_rank;
-  spec.min_tokens = 3;
-  spec.max_tokens = max_tokens;
-  spec.drop_edges = true;
+  const test::MoeTokenSpec spec{.ranks = P,
+                                .experts = P * El,
+                                .topk = topk,
+                                .d = d,
+                                .dtype = dtype,
+                                .seed = seed,
+                                .skew = skew,
+                                .empty_rank = empty_rank,
+                                .min_tokens = 3,
+                                .max_tokens = max_tokens,
+                                .drop_edges = true};
   Problem pr{test::RandomMoeTokens(spec), P, El, topk, d, h2, act, dtype, {}, {}};
   for (int e = 0; e < pr.E(); ++e) {
     pr.w1.push_back(Random(d * pr.h1(), dtype, seed * 37 + 1000 + e));

@@ -47,15 +47,14 @@ struct Problem : test::MoeTokens {
 // `skew`: see test::MoeTokenSpec.
 Problem MakeProblem(int P, int El, int topk, size_t d, size_t h, DType dtype, uint64_t seed,
                     int skew, bool empty_rank) {
-  test::MoeTokenSpec spec;
-  spec.ranks = P;
-  spec.experts = P * El;
-  spec.topk = topk;
-  spec.d = d;
-  spec.dtype = dtype;
-  spec.seed = seed;
-  spec.skew = skew;
-  spec.empty_rank = empty_rank;
+  const test::MoeTokenSpec spec{.ranks = P,
+                                .experts = P * El,
+                                .topk = topk,
+                                .d = d,
+                                .dtype = dtype,
+                                .seed = seed,
+                                .skew = skew,
+                                .empty_rank = empty_rank};
   Problem pr{test::RandomMoeTokens(spec), P, El, topk, d, h, dtype, {}, {}};
   for (int e = 0; e < pr.E(); ++e) {
     pr.w1.push_back(Random(d * h, dtype, seed * 37 + 1000 + e));
