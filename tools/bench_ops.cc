@@ -25,9 +25,10 @@
 // --confirm: C fresh round-robin iterations of compute-only, comm-only,
 // serial, the best and auto (odd iterations in reverse order), with auto's
 // ratios to the best and to serial also as medians of the iterations'
-// ratios (paired: immune to slow spells of the host). The sweep's best is the minimum of many noisy
-// medians, which its own noise helped make the minimum, so ratios against
-// it are biased; the confirmed ones are not.
+// ratios (paired: a slow spell of the host slows both sides alike). The
+// sweep's best is the minimum of many noisy medians, which its own noise
+// helped make the minimum, so ratios against it are biased; the confirmed
+// ones are not.
 //
 // Like `mc2 bench`, outside an mc2 job the command re-executes itself under
 // the launcher with N ranks and a heap sized for the shapes; inside a job

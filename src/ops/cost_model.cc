@@ -81,6 +81,8 @@ double CommSeconds(const CostParams::Comm& c, double bytes) {
   return bytes > 0 ? c.lat_s + bytes / c.bytes_per_s : 0;
 }
 
+int CoresOf(const Environment& env) { return env.cores > 0 ? env.cores : core::HostCpus(); }
+
 }  // namespace
 
 CostParams CostParams::Defaults() {
@@ -250,7 +252,7 @@ Estimate Predict(const CostParams& params, const Environment& env, const Problem
   Estimate e;
   const int n = std::max(1, p.ranks);
   const int s = std::max(1, splits);
-  const int cores = env.cores > 0 ? env.cores : core::HostCpus();
+  const int cores = CoresOf(env);
   // More ranks than cores share them: each rank's GEMMs and copies run at
   // cores / ranks of a core's rate (the link, which is not CPU, does not).
   const double share = std::max(1.0, double(n) / cores);
@@ -446,7 +448,7 @@ Choice ChoosePipeline(const CostParams& params, const Environment& env, const Pr
   // 0.1 ms (ChooseFusedSplits). With a core per rank a quarter of the risk
   // applies; the full one kept s at 5 at 2 ranks, 2-6% slower than the
   // flat optimum of s = 6-16 measured there (docs/benchmarks.md, session 13).
-  const int cores = env.cores > 0 ? env.cores : core::HostCpus();
+  const int cores = CoresOf(env);
   const double step_risk = env.link_bytes_per_second <= 0 ? 0.0
                            : p.ranks > cores              ? params.link_step_risk_s
                                                           : params.link_step_risk_s / 4;
