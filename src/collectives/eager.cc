@@ -58,7 +58,10 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
   const int n = g->size();
   const size_t e = a.esize;
   auto staged = [&](int r) { return g->Ptr(r, g->InlineOff(ctx.seq)); };
-  auto wait = [&](int r) { g->WaitArrival(ctx, r, fp); };
+  // `r`'s staged data this rank reads next, if any (see WaitArrival).
+  auto wait = [&](int r, const void* reads = nullptr, size_t bytes = 0) {
+    g->WaitArrival(ctx, r, fp, reads, bytes);
+  };
   // memcpy with a null pointer is undefined even for 0 bytes (empty calls).
   auto copy = [](void* dst, const void* src, size_t bytes) {
     if (bytes) std::memcpy(dst, src, bytes);
@@ -78,36 +81,38 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
   g->AwaitReuse(ctx);
   char* mine = staged(me);
   // Stage what others read, then publish: the flag orders the data.
+  size_t mine_bytes = 0;
   switch (a.kind) {
     case OpKind::kAllReduce:
     case OpKind::kReduce:
-      copy(mine, a.send, a.count * e);
+      mine_bytes = a.count * e;
       break;
     case OpKind::kBroadcast:
-      if (me == a.root) copy(mine, a.send, a.count * e);
+      if (me == a.root) mine_bytes = a.count * e;
       break;
     case OpKind::kScatter:
-      if (me == a.root) copy(mine, a.send, a.count * e * n);
+      if (me == a.root) mine_bytes = a.count * e * n;
       break;
     case OpKind::kAllGather:
     case OpKind::kAllGatherV:
-    case OpKind::kGather: {
-      const char* src = a.in_place ? a.recv + a.displs[me] * e : a.send;
-      copy(mine, src, a.counts[me] * e);
+    case OpKind::kGather:
+      mine_bytes = a.counts[me] * e;
       break;
-    }
     case OpKind::kAllToAll:
     case OpKind::kReduceScatter:
-    case OpKind::kReduceScatterV: {
-      size_t bytes = EagerStagedBytes(a, n);
+    case OpKind::kReduceScatterV:
       // In place (all-to-all), this copy is taken before any output is
       // written, so the input needs no private copy (see Launch).
-      copy(mine, a.send, bytes);
+      mine_bytes = EagerStagedBytes(a, n);
       break;
-    }
     default: break;
   }
+  const bool gathers =
+      a.kind == OpKind::kAllGather || a.kind == OpKind::kAllGatherV || a.kind == OpKind::kGather;
+  copy(mine, gathers && a.in_place ? a.recv + a.displs[me] * e : a.send, mine_bytes);
   g->PublishArrival(ctx, fp);
+  // The next call is most likely this one again: its lines, as staged now.
+  g->PrepareNextSlot(ctx, mine_bytes);
 
   switch (a.kind) {
     case OpKind::kBarrier:
@@ -131,8 +136,8 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
     case OpKind::kReduce: {
       if (a.kind == OpKind::kReduce && me != a.root) break;
       for (int r = 0; r < n; ++r) {
-        wait(r);
         srcs[r] = staged(r);
+        wait(r, staged(r), a.count * e);
       }
       if (a.count) core::ReduceTree(a.dtype, a.op, a.recv, srcs, n, a.count, n);
       break;
@@ -141,12 +146,12 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
       if (me == a.root) {
         if (!a.in_place) copy(a.recv, a.send, a.count * e);
       } else {
-        wait(a.root);
+        wait(a.root, staged(a.root), a.count * e);
         copy(a.recv, staged(a.root), a.count * e);
       }
       break;
     case OpKind::kScatter:
-      if (me != a.root) wait(a.root);
+      if (me != a.root) wait(a.root, staged(a.root) + me * a.count * e, a.count * e);
       if (me != a.root || !a.in_place)
         copy(a.recv, staged(a.root) + me * a.count * e, a.count * e);
       break;
@@ -156,21 +161,21 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
       if (a.kind == OpKind::kGather && me != a.root) break;
       for (int r = 0; r < n; ++r) {
         if (r == me && a.in_place) continue;
-        wait(r);
+        wait(r, staged(r), a.counts[r] * e);
         copy(a.recv + a.displs[r] * e, staged(r), a.counts[r] * e);
       }
       break;
     case OpKind::kAllToAll:
       for (int r = 0; r < n; ++r) {
-        wait(r);
+        wait(r, staged(r) + me * a.count * e, a.count * e);
         copy(a.recv + r * a.count * e, staged(r) + me * a.count * e, a.count * e);
       }
       break;
     case OpKind::kReduceScatter:
     case OpKind::kReduceScatterV: {
       for (int r = 0; r < n; ++r) {
-        wait(r);
         srcs[r] = staged(r) + a.displs[me] * e;
+        wait(r, srcs[r], a.counts[me] * e);
       }
       if (a.counts[me])
         core::ReduceTree(a.dtype, a.op, a.recv, srcs, n, a.counts[me], n);

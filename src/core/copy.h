@@ -3,6 +3,7 @@
 #define MC2_CORE_COPY_H_
 
 #include <cstddef>
+#include <cstdint>
 
 namespace mc2::core {
 
@@ -15,6 +16,37 @@ namespace mc2::core {
 void CopyBytes(void* dst, const void* src, size_t n);
 
 inline constexpr size_t kStreamCopyBytes = size_t{1} << 20;
+
+// Cache hints for the latency path of small operations (GroupImpl's
+// PrepareNextSlot and WaitArrival). Neither is a memory access in the
+// language's sense, so both may touch memory another thread is writing.
+//
+// Asks for the lines of [p, p + bytes) in exclusive state, ahead of
+// writing them.
+void PrefetchForWrite(const void* p, size_t bytes);
+// Loads one word of each line of [p, p + bytes) and drops it. A demand
+// load, not a prefetch: polling a peer's flag together with its staged
+// lines, loads cut a 2-rank 8 B all_reduce by ~0.05 us where prefetches
+// gained little (measured side by side). The loads are inline assembly.
+inline void TouchForRead(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t off = 0; off < bytes; off += 64) {
+#if defined(__x86_64__)
+    uint64_t sink;
+    asm volatile("movq (%1), %0" : "=r"(sink) : "r"(c + off));
+#else
+    __builtin_prefetch(c + off, 0, 3);
+#endif
+  }
+}
+
+// The pause of a spin-wait loop (spares the sibling hyperthread and the
+// memory-order flush when the awaited line changes).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
 
 }  // namespace mc2::core
 

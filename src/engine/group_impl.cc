@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/copy.h"
 #include "core/enforce.h"
 #include "core/env.h"
 #include "core/log.h"
@@ -182,6 +183,7 @@ GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int
   size_t fixed = (kP2POff + static_cast<size_t>(size_) * 64 + 4095) / 4096 * 4096;
   inline_off_ = fixed;
   scratch_off_ = fixed + kSlots * kInlineBytes;
+  hint_polls_ = tx().size() > core::HostCpus() ? 1 : kHintPolls;
   // Touch every page of every member's flags and inline slots now, once.
   // Otherwise each page is touched first inside an operation, and on a VM
   // such a first access costs ~10 us: the first kSlots small operations of
@@ -257,7 +259,7 @@ std::string GroupImpl::DescribeNotArrived(uint64_t seq) const {
 
 Work GroupImpl::Submit(const char* name, bool inline_ok, std::function<void(OpContext&)> body,
                        bool collective) {
-  uint64_t seq = collective ? seq_.fetch_add(1) + 1 : 0;
+  uint64_t seq = collective ? NextSeq() : 0;
   auto work = std::make_shared<WorkState>(seq, name);
   auto run = [this, seq, name, w = work.get()](const std::function<void(OpContext&)>& fn) {
     OpContext ctx;
@@ -345,11 +347,36 @@ void GroupImpl::PublishArrival(OpContext& ctx, const Fingerprint& fp) {
   Publish(ArriveOff(ctx.seq), ctx.seq);
 }
 
-void GroupImpl::WaitArrival(OpContext& ctx, int grank, const Fingerprint& fp) {
+void GroupImpl::PrepareNextSlot(const OpContext& ctx, size_t staged_bytes) const {
+  core::PrefetchForWrite(Ptr(rank_, ArriveOff(ctx.seq + 1)), 1);
+  core::PrefetchForWrite(Ptr(rank_, InlineOff(ctx.seq + 1)), std::min(staged_bytes, kHintBytes));
+}
+
+void GroupImpl::WaitArrival(OpContext& ctx, int grank, const Fingerprint& fp, const void* payload,
+                            size_t bytes) {
   if (grank == rank_) return;
+  const int owner = members_[grank];
+  const uint64_t off = area_[grank] + ArriveOff(ctx.seq);
+  if (payload && bytes) {
+    // A first stretch of polling that also loads the payload's lines
+    // (WaitGE below then returns at once, or spins, yields and sleeps as
+    // usual). Each flag read is followed by those loads, so the one that
+    // sees the flag is followed by loads of lines written before it, in
+    // flight together. The flag is read here directly, as Peek would
+    // (the flags are words of the mapped heap); the virtual call cost
+    // ~0.03 us per call (measured).
+    const auto* flag = reinterpret_cast<const uint64_t*>(Ptr(grank, ArriveOff(ctx.seq)));
+    bytes = std::min(bytes, kHintBytes);
+    for (int i = 0; i < hint_polls_; ++i) {
+      const bool arrived = __atomic_load_n(flag, __ATOMIC_ACQUIRE) >= ctx.seq;
+      core::TouchForRead(payload, bytes);
+      if (arrived) break;
+      core::CpuRelax();
+    }
+  }
   transport::WaitContext wc = WaitContextOf(ctx);
   wc.describe_missing = [&] { return DescribeNotArrived(ctx.seq); };
-  tx().WaitGE(members_[grank], area_[grank] + ArriveOff(ctx.seq), ctx.seq, wc);
+  tx().WaitGE(owner, off, ctx.seq, wc);
   const auto* peer = reinterpret_cast<const ArrivalSlot*>(Ptr(grank, ArriveOff(ctx.seq)));
   if (!(peer->fp == fp))
     throw Error(ErrorCode::kMismatch,

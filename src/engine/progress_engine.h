@@ -42,7 +42,9 @@ class ProgressEngine {
   using Task = std::function<void()>;
   void Submit(std::shared_ptr<internal::WorkState> work, Task task);
   // Runs `task` on the calling thread if no task is queued or running;
-  // returns false (and does nothing) otherwise.
+  // returns false (and does nothing) otherwise. `work` must not be
+  // reachable from another thread yet (it completes without the wake-up
+  // check, WorkState::CompleteUnshared).
   // Whether no task is queued or running (a hint: racy by nature, exact
   // when only the calling thread submits).
   bool Idle() const { return outstanding_.load(std::memory_order_acquire) == 0; }
@@ -50,7 +52,12 @@ class ProgressEngine {
   template <typename F>
   bool TryRunInline(const std::shared_ptr<internal::WorkState>& work, F&& task) {
     if (outstanding_.load(std::memory_order_acquire) != 0) return false;
-    Execute(work, std::forward<F>(task));
+    try {
+      task();
+      work->CompleteUnshared();
+    } catch (...) {
+      Fail(work, std::current_exception());
+    }
     return true;
   }
 

@@ -52,6 +52,11 @@ class WorkState {
   }
 
   void Complete() { Finish(kDone, nullptr); }
+  // Complete() for a state no other thread can reach yet (an operation run
+  // inline, before its Work is returned): nobody can be asleep on it, so
+  // the Dekker check on sleeping_ -- a locked store and a seq_cst load on
+  // the latency path of every small collective -- is not needed.
+  void CompleteUnshared() { state_.store(kDone, std::memory_order_release); }
   void Fail(std::exception_ptr e) { Finish(kFailed, std::move(e)); }
 
   bool done() const { return state_.load(std::memory_order_acquire) != kPending; }

@@ -14,16 +14,10 @@
 #include <string>
 #include <thread>
 
+#include "core/copy.h"
 #include "core/enforce.h"
 #include "core/env.h"
 #include "core/log.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define MC2_CPU_RELAX() _mm_pause()
-#else
-#define MC2_CPU_RELAX() ((void)0)
-#endif
 
 namespace mc2::shm {
 namespace {
@@ -186,7 +180,7 @@ void ShmTransport::WaitGE(int owner, uint64_t off, uint64_t value,
   const int pure_spins = oversubscribed_ ? 0 : 256;
   for (int i = 0; i < pure_spins; ++i) {
     if (flag.load(std::memory_order_acquire) >= value) return;
-    MC2_CPU_RELAX();
+    core::CpuRelax();
   }
   // Then keep spinning for a while before sleeping. Going to sleep makes
   // the peer's Publish pay a futex wake (a system call, ~2 us in a VM) and
@@ -215,7 +209,7 @@ void ShmTransport::WaitGE(int owner, uint64_t off, uint64_t value,
       if (NowNs() >= spin_end) break;
       sched_yield();
     } else {
-      MC2_CPU_RELAX();
+      core::CpuRelax();
     }
   }
 
