@@ -5,7 +5,8 @@
 // input (in place for symmetric inputs, from staged copies otherwise) with
 // core::ReduceTree, the canonical deterministic order, into its output.
 // Phase 2: every rank copies the other N-1 reduced chunks from their owners.
-// Private buffers go through scratch in windows (double-buffered); symmetric
+// Private inputs are staged in scratch in windows (double-buffered; a rank's
+// own chunk is read in place, no peer reads it); symmetric
 // send and recv buffers need one window and no copies beyond the two phases.
 // In place, a symmetric buffer is read by the peers in place too: in phase 1
 // a rank writes only its own chunk (reduced over itself: ReduceTree allows
@@ -66,15 +67,23 @@ void RabenseifnerAllReduce(OpContext& ctx, const CollArgs& a) {
     const size_t result_at = len * e;  // in the half, after the input window
     // Halves are reused two rounds later, once every peer staged round k-1.
     if (k >= 2) WaitAll(ctx, 0, k);
-    if (!send_sym) core::CopyBytes(g->Ptr(me, half), a.send + base * e, len * e);
-    PublishStep(ctx, 0, k + 1, len * e);
+    size_t off;
+    size_t m = chunk(len, me, &off);
+    // A private input is staged for the peers: every chunk but this rank's
+    // own, which it reduces from its input directly (2 ranks: half the
+    // staging copy), with non-temporal stores (core::StreamBytes).
+    if (!send_sym) {
+      core::StreamBytes(g->Ptr(me, half), a.send + base * e, off * e);
+      core::StreamBytes(g->Ptr(me, half) + (off + m) * e, a.send + (base + off + m) * e,
+                        (len - off - m) * e);
+    }
+    PublishStep(ctx, 0, k + 1, (len - m) * e);
     WaitAll(ctx, 0, k + 1);
 
     // Phase 1: reduce my chunk of the window.
-    size_t off;
-    size_t m = chunk(len, me, &off);
     for (int r = 0; r < n; ++r)
       srcs[r] = ctx.send_off[r] != kPrivate ? g->HeapPtr(r, ctx.send_off[r]) + (base + off) * e
+                : r == me                   ? a.send + (base + off) * e
                                             : g->Ptr(r, half) + off * e;
     char* mine = recv_sym ? a.recv + (base + off) * e : g->Ptr(me, half) + result_at;
     if (m) core::ReduceTree(a.dtype, a.op, mine, srcs.data(), n, m, n);

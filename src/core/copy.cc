@@ -43,6 +43,16 @@ const bool kHaveAvx512 = __builtin_cpu_supports("avx512f");
 
 }  // namespace
 
+void StreamBytes(void* dst, const void* src, size_t n) {
+#if defined(__x86_64__)
+  if (n >= 4096 && kHaveAvx512) {
+    StreamCopy(static_cast<char*>(dst), static_cast<const char*>(src), n);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n);
+}
+
 void CopyBytes(void* dst, const void* src, size_t n) {
 #if defined(__x86_64__)
   if (n >= kStreamCopyBytes && kHaveAvx512) {
