@@ -59,7 +59,10 @@ constexpr int kPrefetchMinSources = 8;
 // will not stay in cache anyway, and skipping the read-for-ownership of dst
 // saves a quarter of the traffic of a 2-source reduction (measured 16 ->
 // 22 GB/s input). Smaller results (pipelined chunks a peer reads next) stay
-// in cache. Not used when dst is one of the sources (no RFO to save then).
+// in cache. Also when dst is one of the sources (in place): no RFO to save
+// then, but the peers that read the result next get it from memory instead
+// of out of this core's cache (2-rank in-place all_reduce, 16 MiB: 2160-2460
+// -> 930-1000 us, 64 MiB: 6700-7500 -> 3600-3800 us, alternating runs).
 constexpr size_t kStreamMinBytes = size_t{8} << 20;
 
 // --- Float helpers --------------------------------------------------------
@@ -513,7 +516,6 @@ void Tree(void* dst_v, const void* const* srcs, int n, size_t count,
   const bool prefetch = n >= kPrefetchMinSources;
   const uintptr_t addr = reinterpret_cast<uintptr_t>(dst);
   bool stream = count * sizeof(S) >= kStreamMinBytes && addr % sizeof(S) == 0;
-  for (int j = 0; j < n && stream; ++j) stream = srcs[j] != dst_v;
   size_t off = 0;
   if (stream) {
     const size_t head = std::min(count, ((64 - addr % 64) % 64) / sizeof(S));
