@@ -85,9 +85,14 @@ void RabenseifnerAllReduce(OpContext& ctx, const CollArgs& a) {
       srcs[r] = ctx.send_off[r] != kPrivate ? g->HeapPtr(r, ctx.send_off[r]) + (base + off) * e
                 : r == me                   ? a.send + (base + off) * e
                                             : g->Ptr(r, half) + off * e;
-    char* mine = recv_sym ? a.recv + (base + off) * e : g->Ptr(me, half) + result_at;
-    if (m) core::ReduceTree(a.dtype, a.op, mine, srcs.data(), n, m, n);
-    if (!recv_sym && m) core::CopyBytes(a.recv + (base + off) * e, mine, m * e);
+    // The peers copy this chunk next (phase 2): written for them, it goes
+    // to memory rather than staying in this core's cache (core::ResultUse;
+    // a private output is staged for them the same way).
+    char* mine = a.recv + (base + off) * e;
+    if (m)
+      core::ReduceTree(a.dtype, a.op, mine, srcs.data(), n, m, n,
+                       recv_sym ? core::ResultUse::kPeers : core::ResultUse::kLocal);
+    if (!recv_sym && m) core::StreamBytes(g->Ptr(me, half) + result_at, mine, m * e);
     PublishStep(ctx, 1, k + 1, m * e);
     WaitAll(ctx, 1, k + 1);
 

@@ -147,9 +147,8 @@ namespace internal {
 // Defined in reduce_avx512.cc (compiled for AVX-512 by target pragmas).
 // Same contract as PortableTree below; only called when the CPU has
 // avx512f/bw/dq/vl.
-void ReduceTreeAvx512(DType t, ReduceOp op, void* dst,
-                      const void* const* srcs, int n, size_t count,
-                      int divisor);
+void ReduceTreeAvx512(DType t, ReduceOp op, void* dst, const void* const* srcs, int n, size_t count,
+                      int divisor, ResultUse use);
 #endif
 
 void SetReduceIsaForTest(bool portable);
@@ -478,11 +477,11 @@ Isa CurrentIsa() {
 // than at the first reduction.
 [[maybe_unused]] const bool g_isa_initialized = (CurrentIsa(), true);
 
-void Run(DType t, ReduceOp op, void* dst, const void* const* srcs, int n,
-         size_t count, int divisor) {
+void Run(DType t, ReduceOp op, void* dst, const void* const* srcs, int n, size_t count, int divisor,
+         ResultUse use = ResultUse::kLocal) {
 #if MC2_REDUCE_HAVE_AVX512
   if (CurrentIsa() == Isa::kAvx512) {
-    internal::ReduceTreeAvx512(t, op, dst, srcs, n, count, divisor);
+    internal::ReduceTreeAvx512(t, op, dst, srcs, n, count, divisor, use);
     return;
   }
 #endif
@@ -515,8 +514,8 @@ void Combine(DType t, ReduceOp op, void* dst, const void* a, const void* b,
   Run(t, op, dst, srcs, 2, count, 1);
 }
 
-void ReduceTree(DType t, ReduceOp op, void* dst, const void* const* srcs,
-                int n, size_t count, int divisor) {
+void ReduceTree(DType t, ReduceOp op, void* dst, const void* const* srcs, int n, size_t count,
+                int divisor, ResultUse use) {
   if (!Valid(t, op) || n < 1 || count == 0) return;
   if (op == ReduceOp::kAvg && !IsFloatType(t) && divisor < 1) {
     op = ReduceOp::kSum;
@@ -526,7 +525,7 @@ void ReduceTree(DType t, ReduceOp op, void* dst, const void* const* srcs,
     if (dst != srcs[0]) std::memmove(dst, srcs[0], count * ElemSize(t));
     return;
   }
-  Run(t, op, dst, srcs, n, count, divisor);
+  Run(t, op, dst, srcs, n, count, divisor, use);
 }
 
 void FinishAvg(DType t, ReduceOp op, void* dst, size_t count, int divisor) {

@@ -64,6 +64,8 @@ constexpr int kPrefetchMinSources = 8;
 // of out of this core's cache (2-rank in-place all_reduce, 16 MiB: 2160-2460
 // -> 930-1000 us, 64 MiB: 6700-7500 -> 3600-3800 us, alternating runs).
 constexpr size_t kStreamMinBytes = size_t{8} << 20;
+// The same for results other cores read next (ResultUse::kPeers, reduce.h).
+constexpr size_t kPeerStreamMinBytes = size_t{64} << 10;
 
 // --- Float helpers --------------------------------------------------------
 
@@ -493,8 +495,7 @@ inline void Block(typename K::S* dst, const void* const* srcs, int n,
 }
 
 template <class K, ReduceOp O>
-void Tree(void* dst_v, const void* const* srcs, int n, size_t count,
-          int divisor) {
+void Tree(void* dst_v, const void* const* srcs, int n, size_t count, int divisor, ResultUse use) {
   using S = typename K::S;
   using V = typename K::V;
   using M = typename K::M;
@@ -515,7 +516,8 @@ void Tree(void* dst_v, const void* const* srcs, int n, size_t count,
   };
   const bool prefetch = n >= kPrefetchMinSources;
   const uintptr_t addr = reinterpret_cast<uintptr_t>(dst);
-  bool stream = count * sizeof(S) >= kStreamMinBytes && addr % sizeof(S) == 0;
+  const size_t stream_min = use == ResultUse::kPeers ? kPeerStreamMinBytes : kStreamMinBytes;
+  bool stream = count * sizeof(S) >= stream_min && addr % sizeof(S) == 0;
   size_t off = 0;
   if (stream) {
     const size_t head = std::min(count, ((64 - addr % 64) % 64) / sizeof(S));
@@ -537,32 +539,32 @@ void Tree(void* dst_v, const void* const* srcs, int n, size_t count,
 }
 
 template <class K>
-void TreeOps(ReduceOp op, void* dst, const void* const* srcs, int n,
-             size_t count, int divisor) {
+void TreeOps(ReduceOp op, void* dst, const void* const* srcs, int n, size_t count, int divisor,
+             ResultUse use) {
   switch (op) {
     case ReduceOp::kSum:
-      return Tree<K, ReduceOp::kSum>(dst, srcs, n, count, divisor);
+      return Tree<K, ReduceOp::kSum>(dst, srcs, n, count, divisor, use);
     case ReduceOp::kProd:
-      return Tree<K, ReduceOp::kProd>(dst, srcs, n, count, divisor);
+      return Tree<K, ReduceOp::kProd>(dst, srcs, n, count, divisor, use);
     case ReduceOp::kMin:
-      return Tree<K, ReduceOp::kMin>(dst, srcs, n, count, divisor);
+      return Tree<K, ReduceOp::kMin>(dst, srcs, n, count, divisor, use);
     case ReduceOp::kMax:
-      return Tree<K, ReduceOp::kMax>(dst, srcs, n, count, divisor);
+      return Tree<K, ReduceOp::kMax>(dst, srcs, n, count, divisor, use);
     case ReduceOp::kAvg:
-      return Tree<K, ReduceOp::kAvg>(dst, srcs, n, count, divisor);
+      return Tree<K, ReduceOp::kAvg>(dst, srcs, n, count, divisor, use);
     case ReduceOp::kBand:
       if constexpr (K::kInteger) {
-        return Tree<K, ReduceOp::kBand>(dst, srcs, n, count, divisor);
+        return Tree<K, ReduceOp::kBand>(dst, srcs, n, count, divisor, use);
       }
       return;
     case ReduceOp::kBor:
       if constexpr (K::kInteger) {
-        return Tree<K, ReduceOp::kBor>(dst, srcs, n, count, divisor);
+        return Tree<K, ReduceOp::kBor>(dst, srcs, n, count, divisor, use);
       }
       return;
     case ReduceOp::kBxor:
       if constexpr (K::kInteger) {
-        return Tree<K, ReduceOp::kBxor>(dst, srcs, n, count, divisor);
+        return Tree<K, ReduceOp::kBxor>(dst, srcs, n, count, divisor, use);
       }
       return;
   }
@@ -570,18 +572,25 @@ void TreeOps(ReduceOp op, void* dst, const void* const* srcs, int n,
 
 }  // namespace
 
-void ReduceTreeAvx512(DType t, ReduceOp op, void* dst,
-                      const void* const* srcs, int n, size_t count,
-                      int divisor) {
+void ReduceTreeAvx512(DType t, ReduceOp op, void* dst, const void* const* srcs, int n, size_t count,
+                      int divisor, ResultUse use) {
   switch (t) {
-    case DType::kF32: return TreeOps<VF32>(op, dst, srcs, n, count, divisor);
-    case DType::kF64: return TreeOps<VF64>(op, dst, srcs, n, count, divisor);
-    case DType::kF16: return TreeOps<VF16>(op, dst, srcs, n, count, divisor);
-    case DType::kBF16: return TreeOps<VBF16>(op, dst, srcs, n, count, divisor);
-    case DType::kI8: return TreeOps<VI8>(op, dst, srcs, n, count, divisor);
-    case DType::kU8: return TreeOps<VU8>(op, dst, srcs, n, count, divisor);
-    case DType::kI32: return TreeOps<VI32>(op, dst, srcs, n, count, divisor);
-    case DType::kI64: return TreeOps<VI64>(op, dst, srcs, n, count, divisor);
+    case DType::kF32:
+      return TreeOps<VF32>(op, dst, srcs, n, count, divisor, use);
+    case DType::kF64:
+      return TreeOps<VF64>(op, dst, srcs, n, count, divisor, use);
+    case DType::kF16:
+      return TreeOps<VF16>(op, dst, srcs, n, count, divisor, use);
+    case DType::kBF16:
+      return TreeOps<VBF16>(op, dst, srcs, n, count, divisor, use);
+    case DType::kI8:
+      return TreeOps<VI8>(op, dst, srcs, n, count, divisor, use);
+    case DType::kU8:
+      return TreeOps<VU8>(op, dst, srcs, n, count, divisor, use);
+    case DType::kI32:
+      return TreeOps<VI32>(op, dst, srcs, n, count, divisor, use);
+    case DType::kI64:
+      return TreeOps<VI64>(op, dst, srcs, n, count, divisor, use);
   }
 }
 
