@@ -164,7 +164,7 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
       (a.kind == OpKind::kAllToAll || a.kind == OpKind::kAllToAllV)) {
     size_t span = 0;
     for (int r = 0; r < n; ++r) span = std::max(span, a.send_displs[r] + a.send_counts[r]);
-    a.owned_send = std::make_shared<std::vector<char>>(a.send, a.send + span * a.esize);
+    a.owned_send = gi->CopyOfInput(a.send, span * a.esize);
     a.send = a.owned_send->data();
   }
   internal::Fingerprint fp;

@@ -255,6 +255,27 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
     return spare_work_;
   }
 
+  // A copy of [src, src + bytes), for an operation that must not read its
+  // input in place (in-place all-to-all, collectives.cc): the buffer the
+  // previous such call used if nothing holds it any more, else a new one.
+  // A new vector per call paid its page faults on every call (2 ranks,
+  // 16 MiB in-place all_to_all: 0.39x Open MPI, against 2.1x out of place).
+  // Copies above kMaxSpareCopy are not kept for the next call.
+  static constexpr size_t kMaxSpareCopy = size_t{64} << 20;
+  std::shared_ptr<std::vector<char>> CopyOfInput(const char* src, size_t bytes) {
+    std::shared_ptr<std::vector<char>> copy;
+    if (kRecycleWork && spare_copy_ && spare_copy_.use_count() == 1) {
+      // As in InlineWorkState: the last other owner's reads happen before.
+      std::atomic_thread_fence(std::memory_order_acquire);
+      copy = std::move(spare_copy_);
+    } else {
+      copy = std::make_shared<std::vector<char>>();
+    }
+    copy->assign(src, src + bytes);
+    if (bytes <= kMaxSpareCopy) spare_copy_ = copy;
+    return copy;
+  }
+
   // Runs an operation synchronously on the calling thread after everything
   // queued before it (used by Split, AllocSymmetric, FromEnv).
   void RunSync(const char* name, std::function<void(OpContext&)> body);
@@ -363,6 +384,8 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // The state InlineWorkState recycles (touched only by the thread issuing
   // the group's operations).
   std::shared_ptr<WorkState> spare_work_;
+  // The buffer CopyOfInput recycles (same thread).
+  std::shared_ptr<std::vector<char>> spare_copy_;
   // Storage behind OpContext::send_off/recv_off: operations of a group run
   // one at a time, so one set is enough.
   std::vector<uint64_t> arrival_offsets_;
