@@ -448,7 +448,9 @@ TEST(LinkCollectives, AllReduceTakesTheModeledTime) {
       "all_reduce 8 MiB np=2 rabenseifner: raw shm %.2f ms; emulated link bw=1 GB/s: "
       "%.2f ms, modeled link time %.2f ms (bytes declared per rank / bw)\n",
       raw_ms, ms, modeled);
-  EXPECT_GT(modeled, 8.0);  // at least the 8 MiB the reduce-scatter phase stages
+  // At least the 4 MiB the reduce-scatter phase stages for the peer plus the
+  // 4 MiB chunk the all-gather phase hands it: 8 MiB, 8.39 ms at 1 GB/s.
+  EXPECT_GT(modeled, 8.0);
   EXPECT_GE(ms, 0.95 * modeled);
   EXPECT_LT(ms, 2.0 * modeled + raw_ms + 100.0);
 }
