@@ -214,8 +214,13 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
     if (auto w = gi->TryRunInline(name, [&](OpContext& ctx) { RunBody(ctx, a, plan); }))
       return std::move(*w);
   }
-  return gi->Submit(name, false,
-                    [a = std::move(a), plan](OpContext& ctx) { RunBody(ctx, a, plan); });
+  return gi->Submit(name, false, [a = std::move(a), plan](OpContext& ctx) mutable {
+    RunBody(ctx, a, plan);
+    // Let go of the input's copy before the call completes, so that the
+    // caller's next call finds it free (GroupImpl::CopyOfInput): the task
+    // itself may be destroyed only after the caller woke.
+    a.owned_send.reset();
+  });
 }
 
 std::vector<size_t> Packed(const std::vector<size_t>& counts) {
