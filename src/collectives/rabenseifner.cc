@@ -5,9 +5,12 @@
 // input (in place for symmetric inputs, from staged copies otherwise) with
 // core::ReduceTree, the canonical deterministic order, into its output.
 // Phase 2: every rank copies the other N-1 reduced chunks from their owners.
-// Private inputs are staged in scratch in windows (double-buffered; a rank's
-// own chunk is read in place, no peer reads it); symmetric
-// send and recv buffers need one window and no copies beyond the two phases.
+// Private inputs are staged in scratch in windows (double-buffered), all but
+// a rank's own chunk, which no peer reads; symmetric send and recv buffers
+// need one window and no copies beyond the two phases. Whatever a peer reads
+// next (staged inputs, reduced chunks) is written with non-temporal stores:
+// here a core reads lines from memory faster than out of another core's
+// cache (benchmarks.md, session 14).
 // In place, a symmetric buffer is read by the peers in place too: in phase 1
 // a rank writes only its own chunk (reduced over itself: ReduceTree allows
 // that alias), which no peer reads, and phase 2 overwrites the other chunks
