@@ -41,26 +41,22 @@ __attribute__((target("avx512f"))) void StreamCopy(char* dst, const char* src, s
 const bool kHaveAvx512 = __builtin_cpu_supports("avx512f");
 #endif
 
+// memcpy, with non-temporal stores from `stream_from` bytes on (>= 64, for
+// StreamCopy's alignment head) when the CPU has AVX-512.
+void Copy(void* dst, const void* src, size_t n, size_t stream_from) {
+#if defined(__x86_64__)
+  if (n >= stream_from && kHaveAvx512) {
+    StreamCopy(static_cast<char*>(dst), static_cast<const char*>(src), n);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n);
+}
+
 }  // namespace
 
-void StreamBytes(void* dst, const void* src, size_t n) {
-#if defined(__x86_64__)
-  if (n >= 4096 && kHaveAvx512) {
-    StreamCopy(static_cast<char*>(dst), static_cast<const char*>(src), n);
-    return;
-  }
-#endif
-  std::memcpy(dst, src, n);
-}
+void StreamBytes(void* dst, const void* src, size_t n) { Copy(dst, src, n, 4096); }
 
-void CopyBytes(void* dst, const void* src, size_t n) {
-#if defined(__x86_64__)
-  if (n >= kStreamCopyBytes && kHaveAvx512) {
-    StreamCopy(static_cast<char*>(dst), static_cast<const char*>(src), n);
-    return;
-  }
-#endif
-  std::memcpy(dst, src, n);
-}
+void CopyBytes(void* dst, const void* src, size_t n) { Copy(dst, src, n, kStreamCopyBytes); }
 
 }  // namespace mc2::core
