@@ -240,14 +240,21 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
 #else
   static constexpr bool kRecycleWork = true;
 #endif
+  // Whether a recycled object (`spare`) may be rewritten: nobody else
+  // holds it any more. The fence pairs with the release in the last other
+  // owner's reference drop, so its reads happen before our writes.
+  template <typename T>
+  static bool Reusable(const std::shared_ptr<T>& spare) {
+    if (!kRecycleWork || !spare || spare.use_count() != 1) return false;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return true;
+  }
+
   // A state for an inline operation: the one the previous inline operation
   // used if the caller has let go of every handle to it (the usual loop of
   // call-and-wait), else a new one. Saves an allocation and a free per call.
   std::shared_ptr<WorkState> InlineWorkState(uint64_t seq, const char* name) {
-    if (kRecycleWork && spare_work_ && spare_work_.use_count() == 1) {
-      // Pairs with the release in the last other owner's reference drop:
-      // its reads of the state happen before we rewrite it.
-      std::atomic_thread_fence(std::memory_order_acquire);
+    if (Reusable(spare_work_)) {
       spare_work_->Reset(seq, name);
     } else {
       spare_work_ = std::make_shared<WorkState>(seq, name);
@@ -264,9 +271,7 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   static constexpr size_t kMaxSpareCopy = size_t{64} << 20;
   std::shared_ptr<std::vector<char>> CopyOfInput(const char* src, size_t bytes) {
     std::shared_ptr<std::vector<char>> copy;
-    if (kRecycleWork && spare_copy_ && spare_copy_.use_count() == 1) {
-      // As in InlineWorkState: the last other owner's reads happen before.
-      std::atomic_thread_fence(std::memory_order_acquire);
+    if (Reusable(spare_copy_)) {
       copy = std::move(spare_copy_);
     } else {
       copy = std::make_shared<std::vector<char>>();
