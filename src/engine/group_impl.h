@@ -150,7 +150,7 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   static constexpr int kNumStreams = 8;
   static constexpr size_t kInlineBytes = 8192;
   // Operations whose slots coexist: how far an eager rank may run ahead.
-  static constexpr uint64_t kSlots = 32;
+  static constexpr uint64_t kSlots = 128;
   static constexpr size_t kArriveOff = 0;
   static constexpr size_t kDoneOff = kArriveOff + kSlots * 128;
   static constexpr size_t kStepsOff = kDoneOff + 64;
