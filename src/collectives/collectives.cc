@@ -186,10 +186,15 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
   // chunks of the input undisturbed, and in place needs no staged copy
   // (2 MiB: 192 us in place against 82 us out of place, 2 ranks, before).
   const bool reducing = a.kind == OpKind::kAllReduce || a.kind == OpKind::kReduce;
-  const bool owner_writes_only_its_chunk =
-      a.kind == OpKind::kAllReduce && algo == Algorithm::kRabenseifner;
+  // The direct reduce is the other exception: only the root writes, and
+  // only the root reads the root's input (ReduceTree lets the result alias
+  // it); a non-root's buffer is not written at all. Staging in place cost a
+  // 4-rank 32 KiB reduce 26-29 us against 18-20 us out of place.
+  const bool input_intact_while_read =
+      (a.kind == OpKind::kAllReduce && algo == Algorithm::kRabenseifner) ||
+      (a.kind == OpKind::kReduce && algo == Algorithm::kDirect);
   const void* expose_send =
-      (a.in_place && reducing && !owner_writes_only_its_chunk) ? nullptr : a.send;
+      (a.in_place && reducing && !input_intact_while_read) ? nullptr : a.send;
   if (a.kind == OpKind::kAllGather || a.kind == OpKind::kAllGatherV ||
       a.kind == OpKind::kGather) {
     if (a.in_place) expose_send = a.recv + a.displs[gi->rank()] * a.esize;
