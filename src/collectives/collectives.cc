@@ -156,12 +156,17 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
 
   const bool eager =
       algo == Algorithm::kDirect && !gi->strict_check() && EagerEligible(a, n);
-  // In place, the staged algorithms would overwrite blocks of an
-  // all-to-all before sending them: they work from a private copy of the
-  // input (documented cost of in-place all-to-all). The eager path stages
-  // the whole input before it writes any output, so it needs no copy.
-  if (a.in_place && !eager &&
-      (a.kind == OpKind::kAllToAll || a.kind == OpKind::kAllToAllV)) {
+  // In place, an all-to-all overwrites blocks of its input that peers have
+  // yet to read. The eager path stages the whole input before it writes any
+  // output. The staged rounds of the direct all-to-all stage window k of
+  // every outgoing block, then write window k of every incoming block: with
+  // one count for all blocks (not v) both windows cover the same bytes, so
+  // in place they need no copy either, only an input the peers do not read
+  // directly (expose_send below). Without the copy, 2 ranks in place:
+  // 16 MiB 1520 -> 620 us, 64 MiB 8.3 -> 2.4 ms. All-to-allv works from a
+  // private copy of the input (documented cost of in-place all-to-allv).
+  const bool a2a_stages_in_place = a.in_place && !eager && a.kind == OpKind::kAllToAll;
+  if (a.in_place && !eager && a.kind == OpKind::kAllToAllV) {
     size_t span = 0;
     for (int r = 0; r < n; ++r) span = std::max(span, a.send_displs[r] + a.send_counts[r]);
     a.owned_send = gi->CopyOfInput(a.send, span * a.esize);
@@ -201,6 +206,7 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
   }
   if (a.kind == OpKind::kBroadcast && a.in_place) expose_send = a.recv;
   if (a.kind == OpKind::kScatter && a.in_place) expose_send = a.send;
+  if (a2a_stages_in_place) expose_send = nullptr;
   size_t expose_bytes = a.send_bytes;
   if (a.kind == OpKind::kAllGather || a.kind == OpKind::kAllGatherV || a.kind == OpKind::kGather)
     expose_bytes = a.counts[gi->rank()] * a.esize;

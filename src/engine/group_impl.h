@@ -263,10 +263,11 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   }
 
   // A copy of [src, src + bytes), for an operation that must not read its
-  // input in place (in-place all-to-all, collectives.cc): the buffer the
+  // input in place (in-place all-to-allv, collectives.cc): the buffer the
   // previous such call used if nothing holds it any more, else a new one.
   // A new vector per call paid its page faults on every call (2 ranks,
-  // 16 MiB in-place all_to_all: 0.39x Open MPI, against 2.1x out of place).
+  // 16 MiB in-place all_to_all, which then copied too: 0.39x Open MPI,
+  // against 2.1x out of place).
   // Copies above kMaxSpareCopy are not kept for the next call.
   static constexpr size_t kMaxSpareCopy = size_t{64} << 20;
   std::shared_ptr<std::vector<char>> CopyOfInput(const char* src, size_t bytes) {
