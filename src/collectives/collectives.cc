@@ -198,8 +198,7 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
   const bool input_intact_while_read =
       (a.kind == OpKind::kAllReduce && algo == Algorithm::kRabenseifner) ||
       (a.kind == OpKind::kReduce && algo == Algorithm::kDirect);
-  const void* expose_send =
-      (a.in_place && reducing && !input_intact_while_read) ? nullptr : a.send;
+  const void* expose_send = (a.in_place && reducing && !input_intact_while_read) ? nullptr : a.send;
   if (a.kind == OpKind::kAllGather || a.kind == OpKind::kAllGatherV ||
       a.kind == OpKind::kGather) {
     if (a.in_place) expose_send = a.recv + a.displs[gi->rank()] * a.esize;
