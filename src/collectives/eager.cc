@@ -8,7 +8,7 @@
 // stages its input in its inline area, publishes its fingerprint, and waits
 // only for the ranks whose data it needs: a broadcast root or a reduce
 // contributor waits for nobody, and runs ahead of the others by up to
-// GroupImpl::kSlots operations (AwaitReuse bounds the skew; group_impl.h).
+// GroupImpl::slots() operations (AwaitReuse bounds the skew; group_impl.h).
 //
 // Mismatch checking: a rank compares the fingerprint of every rank it reads
 // from (for all-to-all patterns that is every rank, so all of them raise, as

@@ -43,6 +43,7 @@ std::shared_ptr<World> MakeWorld(std::unique_ptr<transport::Transport> tx,
   world->strict_check = core::EnvBool("MC2_CHECK", false);
   world->heap = std::make_unique<engine::HeapAllocator>(transport::kHeapHeaderBytes,
                                                         tx->HeapBytes());
+  world->slots = GroupImpl::SlotsFor(tx->size());
   world->transport = std::move(tx);
   World* raw = world.get();
   world->engine = std::make_unique<engine::ProgressEngine>([raw](const std::exception_ptr& ep) {
@@ -89,6 +90,9 @@ std::shared_ptr<GroupImpl> MakeWorldGroup(std::shared_ptr<World> world) {
     // Settings every rank must share: the collectives' paths depend on them.
     fp.aux = (static_cast<uint64_t>(ctx.g->scratch_bytes()) << 2) |
              (ctx.g->world().strict_check ? 2 : 0) | (ctx.g->world().deterministic ? 1 : 0);
+    // And the slot window (GroupImpl::SlotsFor), which places every
+    // eager operation's data: init has no root, so the field carries it.
+    fp.root = static_cast<int>(ctx.g->slots());
     ctx.g->Arrive(ctx, fp, nullptr, 0, nullptr, 0);
   });
   return g;

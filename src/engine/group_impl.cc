@@ -68,8 +68,9 @@ std::string Fingerprint::Describe() const {
     if (aux) s += fmt::format(", layout={:#x}", aux);
     s += fmt::format(", algo={})", AlgorithmName(static_cast<Algorithm>(algorithm)));
   } else if (kind == static_cast<uint16_t>(OpKind::kInit)) {
-    s += fmt::format("(ranks={}, MC2_SCRATCH_BYTES={}, MC2_CHECK={}, MC2_DETERMINISTIC={})",
-                     count, aux >> 2, (aux >> 1) & 1, aux & 1);
+    s += fmt::format(
+        "(ranks={}, MC2_SCRATCH_BYTES={}, MC2_CHECK={}, MC2_DETERMINISTIC={}, slots={})", count,
+        aux >> 2, (aux >> 1) & 1, aux & 1, root);
   } else {
     s += fmt::format("(count={}, root={}, aux={:#x})", count, root, aux);
   }
@@ -153,6 +154,10 @@ size_t GroupImpl::DefaultScratchBytes() {
   return bytes;
 }
 
+uint64_t GroupImpl::SlotsFor(int world_size) {
+  return world_size > core::HostCpus() ? kSlots : kDedicatedSlots;
+}
+
 size_t GroupImpl::AreaBytes(int size, size_t scratch_bytes) {
   size_t fixed = kP2POff + static_cast<size_t>(size) * 64;
   fixed = (fixed + 4095) / 4096 * 4096;
@@ -184,6 +189,8 @@ GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int
   inline_off_ = fixed;
   scratch_off_ = fixed + kSlots * kInlineBytes;
   hint_polls_ = tx().size() > core::HostCpus() ? 1 : kHintPolls;
+  slots_ = world_->slots;
+  MC2_ENFORCE(slots_ > 0 && slots_ <= kSlots, "world with {} operation slots", slots_);
   // Touch every page of every member's flags and inline slots now, once.
   // Otherwise each page is touched first inside an operation, and on a VM
   // such a first access costs ~10 us: the first kSlots small operations of
@@ -237,7 +244,7 @@ void GroupImpl::WaitFlag(OpContext& ctx, int grank, uint64_t off, uint64_t value
 
 uint64_t GroupImpl::LastArrived(int grank) const {
   uint64_t last = 0;
-  for (uint64_t s = 0; s < kSlots; ++s)
+  for (uint64_t s = 0; s < slots_; ++s)
     last = std::max(last, tx().Peek(members_[grank], area_[grank] + ArriveOff(s)));
   return last;
 }
@@ -327,13 +334,13 @@ void GroupImpl::FinishReads(OpContext& ctx) {
 }
 
 void GroupImpl::AwaitReuse(OpContext& ctx) {
-  if (ctx.seq <= kSlots || peers_done_through_ >= ctx.seq - kSlots) return;
+  if (ctx.seq <= slots_ || peers_done_through_ >= ctx.seq - slots_) return;
   // Learn as much as the flags tell at once: a receiver that is already
   // past seq - 1 saves the next operation this wait.
   uint64_t through = ~uint64_t{0};
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    WaitFlag(ctx, r, kDoneOff, ctx.seq - kSlots);
+    WaitFlag(ctx, r, kDoneOff, ctx.seq - slots_);
     through = std::min(through, tx().Peek(members_[r], area_[r] + kDoneOff));
   }
   peers_done_through_ = std::max(peers_done_through_, std::min(through, ctx.seq - 1));

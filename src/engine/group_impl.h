@@ -14,15 +14,15 @@
 //
 // Reuse safety. Every operation ends by publishing done = seq (once; the
 // engine adds it if the body did not), and no rank writes the slots of
-// operation `seq` (arrive and inline, indexed by seq % kSlots) before every
-// member's done >= seq - kSlots (AwaitReuse), so a slot is never
-// overwritten while still being read. Most operations start with Arrive():
+// operation `seq` (arrive and inline, indexed by seq % slots(), slots() <=
+// kSlots) before every member's done >= seq - slots() (AwaitReuse), so a
+// slot is never overwritten while still being read. Most operations start with Arrive():
 // each rank publishes its fingerprint and buffer offsets in its arrive slot
 // and waits for all members to do the same, which also proves every member
 // finished seq - 2 (so AwaitReuse costs nothing after it). Eager
 // small-message operations (collectives/eager.cc) skip that full handshake:
 // a rank waits only for the peers whose data it needs, so a broadcast root
-// can run up to kSlots operations ahead of its receivers, as MPI's eager
+// can run up to slots() operations ahead of its receivers, as MPI's eager
 // protocol lets a sender run ahead while its messages fit the buffers. User
 // buffers read in place by peers (symmetric zero-copy) are protected by
 // FinishReads()/WaitReadersDone() at the end of an operation.
@@ -101,6 +101,9 @@ struct World {
   bool deterministic = true;
   // MC2_CHECK=1: strict mismatch checking (see GroupImpl::strict_check).
   bool strict_check = false;
+  // Operation slots every group of this world cycles through (<=
+  // GroupImpl::kSlots; see there). Every rank must use the same (init).
+  uint64_t slots = 0;
   // Point-to-point progress, started by the first message.
   P2PEngine& P2P();
   std::once_flag p2p_once;
@@ -149,8 +152,19 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
  public:
   static constexpr int kNumStreams = 8;
   static constexpr size_t kInlineBytes = 8192;
-  // Operations whose slots coexist: how far an eager rank may run ahead.
+  // Operation slots in the layout: at most how far an eager rank may run
+  // ahead. A world uses all of them when it has more ranks than CPUs, and
+  // kDedicatedSlots otherwise (World::slots, SlotsFor). Ranks that share a
+  // core switch less often the further they can run ahead: at 4 ranks on 2
+  // cores an 8 B broadcast took 0.62-0.82 us per call with 32 slots,
+  // 0.48-0.50 with 64, 0.37-0.52 with 128. With a core per rank the run
+  // ahead gains nothing, while each slot's lines are cold at their first
+  // use after the caller touched much memory: in `mc2 bench all_reduce -n 2
+  // -e 256M` the rows from 8 B in place to 32 B (20 calls each, medians of
+  // 6 runs) took 0.84-0.94 us a call with 128 slots, 0.55-0.57 with 32.
   static constexpr uint64_t kSlots = 128;
+  static constexpr uint64_t kDedicatedSlots = 32;
+  static uint64_t SlotsFor(int world_size);
   static constexpr size_t kArriveOff = 0;
   static constexpr size_t kDoneOff = kArriveOff + kSlots * 128;
   static constexpr size_t kStepsOff = kDoneOff + 64;
@@ -180,11 +194,12 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   size_t scratch_bytes() const { return scratch_bytes_; }
 
   // Area-relative layout.
-  static uint64_t ArriveOff(uint64_t seq) { return kArriveOff + (seq % kSlots) * 128; }
+  uint64_t ArriveOff(uint64_t seq) const { return kArriveOff + (seq % slots_) * 128; }
   static uint64_t StepOff(int stream) { return kStepsOff + stream * 64; }
   static uint64_t SignalOff(int slot) { return kSignalsOff + slot * 8; }
   uint64_t P2POff(int peer) const { return kP2POff + peer * 64; }
-  uint64_t InlineOff(uint64_t seq) const { return inline_off_ + (seq % kSlots) * kInlineBytes; }
+  uint64_t InlineOff(uint64_t seq) const { return inline_off_ + (seq % slots_) * kInlineBytes; }
+  uint64_t slots() const { return slots_; }
   uint64_t ScratchOff(int half) const { return scratch_off_ + half * scratch_bytes_; }
 
   // Absolute heap offset / pointer of member `grank`'s area-relative `off`.
@@ -298,7 +313,7 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   void PublishDone(OpContext& ctx) {
     if (ctx.seq > done_published_) FinishReads(ctx);
   }
-  // Waits until every member's done >= seq - kSlots, the condition for
+  // Waits until every member's done >= seq - slots(), the condition for
   // writing this rank's slots of operation `seq` (see Reuse safety).
   // Free when an earlier Arrive or wait already proved it.
   void AwaitReuse(OpContext& ctx);
@@ -307,7 +322,7 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   void PublishArrival(OpContext& ctx, const Fingerprint& fp);
   // Asks for this rank's arrive line and first `staged_bytes` of inline
   // data of operation ctx.seq + 1 in exclusive state, for eager operations
-  // once their arrival is out. A peer read those lines kSlots operations
+  // once their arrival is out. A peer read those lines slots() operations
   // ago, so writing them takes them back from its cache; left to the next
   // operation, that round trip stalls the fence of its PublishArrival on the
   // latency path (2 ranks, 8 B all_reduce: ~0.07 us of ~0.65 per call).
@@ -380,6 +395,7 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   uint64_t inline_off_;
   uint64_t scratch_off_;
   int hint_polls_;
+  uint64_t slots_;  // World::slots
   std::atomic<uint64_t> seq_{0};
   // Highest seq that every member is known to have finished, and the last
   // done value this rank published (both touched only by the operation
