@@ -383,16 +383,21 @@ TEST(FusedOps, EmulatedLinkPacesFusedTransfers) {
 }
 
 // FusedOptions::overlap_work runs exactly once and leaves the result
-// bitwise unchanged. Over a slow emulated link (every transfer takes tens of
-// milliseconds, the GEMMs well under one), chunked and fused run it while
-// they wait for a transfer: the peer, which needs this rank's data still on
-// the link, cannot have finished the call yet. Serial runs it after the
+// bitwise unchanged. Over a slow emulated link (every chunk takes ~30 ms,
+// the GEMMs well under that), chunked and fused run it while they wait for
+// a transfer: the peer, which needs this rank's data still on the link,
+// cannot have finished the call yet. That holds only while the ranks keep
+// within a transfer of each other: a rank that falls further behind finds
+// the peer's data landed, never waits, and runs the work at the end (as it
+// should), by when the peer, which need not wait for its own sends to
+// land, may be done. So each call starts after a barrier, and the GEMM
+// shapes are warmed first (below). Serial runs it after the
 // communication: the result is already complete inside it. (The chunked
 // and fused check looks at the peer's call counter, not at the output,
 // which the progress thread may be writing at that moment.)
 TEST(FusedOps, OverlapWorkRunsOnceWhileTheOperatorWaits) {
   WorldOptions wo;
-  wo.link = "bw=5MB/s,lat=20us";
+  wo.link = "bw=1MB/s,lat=20us";
   std::atomic<int> wrong_count{0}, not_bitwise{0}, serial_incomplete{0}, not_overlapped{0};
   std::atomic<int> finished[2] = {0, 0};  // calls each rank has returned from
   Group::RunInProcess(2, [&](Group& g) {
@@ -407,6 +412,20 @@ TEST(FusedOps, OverlapWorkRunsOnceWhileTheOperatorWaits) {
                             rs_ref.data(), rows, so);
     AllGatherMatmulSync(g, shard.bytes.data(), rows, k, b.bytes.data(), n, DType::kF32,
                         ag_ref.data(), nullptr, so);
+    // Every GEMM shape the pipelines use, once before the checked calls:
+    // a shape's first use builds its kernel, which under ThreadSanitizer
+    // can take longer than the whole transfer, so the rank that builds it
+    // finds its peer's data landed and never waits.
+    for (Pipeline pl : {Pipeline::kChunked, Pipeline::kFused}) {
+      FusedOptions wo4;
+      wo4.pipeline = pl;
+      wo4.splits = 4;
+      std::vector<float> rs(rows * n), ag(M * n);
+      MatmulReduceScatterSync(g, a.bytes.data(), M, k, b.bytes.data(), n, DType::kF32, rs.data(),
+                              rows, wo4);
+      AllGatherMatmulSync(g, shard.bytes.data(), rows, k, b.bytes.data(), n, DType::kF32, ag.data(),
+                          nullptr, wo4);
+    }
     int call = 0;
     for (Pipeline pl : {Pipeline::kSerial, Pipeline::kChunked, Pipeline::kFused}) {
       for (int op = 0; op < 2; ++op, ++call) {
@@ -424,6 +443,7 @@ TEST(FusedOps, OverlapWorkRunsOnceWhileTheOperatorWaits) {
             not_overlapped++;
           }
         };
+        Barrier(g).Wait();
         if (op == 0) {
           MatmulReduceScatterSync(g, a.bytes.data(), M, k, b.bytes.data(), n, DType::kF32,
                                   c.data(), rows, o);
