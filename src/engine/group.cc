@@ -43,7 +43,8 @@ std::shared_ptr<World> MakeWorld(std::unique_ptr<transport::Transport> tx,
   world->strict_check = core::EnvBool("MC2_CHECK", false);
   world->heap = std::make_unique<engine::HeapAllocator>(transport::kHeapHeaderBytes,
                                                         tx->HeapBytes());
-  world->slots = GroupImpl::SlotsFor(tx->size());
+  world->oversubscribed = tx->size() > core::HostCpus();
+  world->slots = GroupImpl::SlotsFor(world->oversubscribed);
   world->transport = std::move(tx);
   World* raw = world.get();
   world->engine = std::make_unique<engine::ProgressEngine>([raw](const std::exception_ptr& ep) {
@@ -66,7 +67,7 @@ std::shared_ptr<GroupImpl> MakeWorldGroup(std::shared_ptr<World> world) {
   int size = world->transport->size();
   int rank = world->transport->rank();
   size_t scratch = GroupImpl::DefaultScratchBytes();
-  size_t need = GroupImpl::AreaBytes(size, scratch);
+  size_t need = GroupImpl::AreaBytes(size, world->slots, scratch);
   auto off = world->heap->Allocate(need);
   if (!off)
     throw Error(ErrorCode::kShmExhausted,
@@ -75,7 +76,7 @@ std::shared_ptr<GroupImpl> MakeWorldGroup(std::shared_ptr<World> world) {
                             "MC2_HEAP_BYTES / --heap or lower MC2_SCRATCH_BYTES",
                             world->transport->HeapBytes(), need),
                 rank, "init");
-  GroupImpl::ClearArea(world->transport->HeapBase(rank) + *off, size);
+  GroupImpl::ClearArea(world->transport->HeapBase(rank) + *off, size, world->slots);
   std::vector<int> members(size);
   std::iota(members.begin(), members.end(), 0);
   auto g = std::make_shared<GroupImpl>(std::move(world), std::move(members), rank,
@@ -187,11 +188,11 @@ Group Group::Split(int color, int key) const {
   size_t scratch = GroupImpl::DefaultScratchBytes();
   uint64_t mine = internal::kPrivate;
   if (color >= 0) {
-    if (auto off = g->world().heap->Allocate(GroupImpl::AreaBytes(new_size, scratch))) {
+    if (auto off = g->world().heap->Allocate(GroupImpl::AreaBytes(new_size, g->slots(), scratch))) {
       mine = *off;
       // The memory may have held an older group's flags, which only grow:
       // start from zero before any peer learns where the area is.
-      GroupImpl::ClearArea(g->HeapPtr(g->rank(), mine), new_size);
+      GroupImpl::ClearArea(g->HeapPtr(g->rank(), mine), new_size, g->slots());
     }
   }
   std::vector<uint64_t> offs(n);
@@ -216,7 +217,7 @@ Group Group::Split(int color, int key) const {
     throw Error(ErrorCode::kShmExhausted,
                 fmt::format("Split: the symmetric heap of rank(s){} cannot hold the new group's "
                             "control area ({} bytes); raise MC2_HEAP_BYTES",
-                            failed, GroupImpl::AreaBytes(new_size, scratch)),
+                            failed, GroupImpl::AreaBytes(new_size, g->slots(), scratch)),
                 g->rank(), "split");
   }
   auto child = std::make_shared<GroupImpl>(g->world_ptr(), std::move(members), new_rank,

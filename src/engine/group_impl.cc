@@ -154,17 +154,17 @@ size_t GroupImpl::DefaultScratchBytes() {
   return bytes;
 }
 
-uint64_t GroupImpl::SlotsFor(int world_size) {
-  return world_size > core::HostCpus() ? kSlots : kDedicatedSlots;
+uint64_t GroupImpl::SlotsFor(bool oversubscribed) {
+  return oversubscribed ? kSlots : kDedicatedSlots;
 }
 
-size_t GroupImpl::AreaBytes(int size, size_t scratch_bytes) {
+size_t GroupImpl::AreaBytes(int size, uint64_t slots, size_t scratch_bytes) {
   size_t fixed = kP2POff + static_cast<size_t>(size) * 64;
   fixed = (fixed + 4095) / 4096 * 4096;
-  return fixed + kSlots * kInlineBytes + 2 * scratch_bytes;
+  return fixed + slots * kInlineBytes + 2 * scratch_bytes;
 }
 
-void GroupImpl::ClearArea(char* area, int size) {
+void GroupImpl::ClearArea(char* area, int size, uint64_t slots) {
   size_t fixed = (kP2POff + static_cast<size_t>(size) * 64 + 4095) / 4096 * 4096;
   // The fixed part holds flags that peers may already be polling (the world
   // group's area has a known offset, so a fast peer's Arrive reads ours
@@ -174,7 +174,7 @@ void GroupImpl::ClearArea(char* area, int size) {
   for (size_t off = 0; off < fixed; off += sizeof(uint64_t))
     std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(area + off))
         .store(0, std::memory_order_relaxed);
-  std::memset(area + fixed, 0, kSlots * kInlineBytes);
+  std::memset(area + fixed, 0, slots * kInlineBytes);
 }
 
 GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int rank,
@@ -186,11 +186,11 @@ GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int
   for (int m : members_) bases_.push_back(world_->transport->HeapBase(m));
   heap_bytes_ = world_->transport->HeapBytes();
   size_t fixed = (kP2POff + static_cast<size_t>(size_) * 64 + 4095) / 4096 * 4096;
-  inline_off_ = fixed;
-  scratch_off_ = fixed + kSlots * kInlineBytes;
-  hint_polls_ = tx().size() > core::HostCpus() ? 1 : kHintPolls;
   slots_ = world_->slots;
   MC2_ENFORCE(slots_ > 0 && slots_ <= kSlots, "world with {} operation slots", slots_);
+  inline_off_ = fixed;
+  scratch_off_ = fixed + slots_ * kInlineBytes;
+  hint_polls_ = world_->oversubscribed ? 1 : kHintPolls;
   // Touch every page of every member's flags and inline slots now, once.
   // Otherwise each page is touched first inside an operation, and on a VM
   // such a first access costs ~10 us: the first kSlots small operations of

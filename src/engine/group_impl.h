@@ -5,7 +5,7 @@
 // identically on every member (offsets below are relative to the area):
 //
 //   [arrive kSlots x 128 B][done 64 B][steps kNumStreams x 64 B]
-//   [signals 64 x 8 B][p2p: size x 64 B][inline kSlots x kInlineBytes]
+//   [signals 64 x 8 B][p2p: size x 64 B][inline slots() x kInlineBytes]
 //   [scratch 2 x scratch_bytes]
 //
 // Flags (arrive, done, steps, p2p words) are written only by their owner and
@@ -101,6 +101,9 @@ struct World {
   bool deterministic = true;
   // MC2_CHECK=1: strict mismatch checking (see GroupImpl::strict_check).
   bool strict_check = false;
+  // More ranks than the host has CPUs, so ranks share cores: waits poll
+  // less before they yield, and eager ranks run further ahead.
+  bool oversubscribed = false;
   // Operation slots every group of this world cycles through (<=
   // GroupImpl::kSlots; see there). Every rank must use the same (init).
   uint64_t slots = 0;
@@ -164,7 +167,7 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // 6 runs) took 0.84-0.94 us a call with 128 slots, 0.55-0.57 with 32.
   static constexpr uint64_t kSlots = 128;
   static constexpr uint64_t kDedicatedSlots = 32;
-  static uint64_t SlotsFor(int world_size);
+  static uint64_t SlotsFor(bool oversubscribed);
   static constexpr size_t kArriveOff = 0;
   static constexpr size_t kDoneOff = kArriveOff + kSlots * 128;
   static constexpr size_t kStepsOff = kDoneOff + 64;
@@ -176,11 +179,13 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
             std::vector<uint64_t> area_offsets, size_t scratch_bytes);
   ~GroupImpl();
 
-  // Bytes of heap a group of `size` members needs for its control area.
-  static size_t AreaBytes(int size, size_t scratch_bytes);
+  // Bytes of heap a group of `size` members needs for its control area in a
+  // world of `slots` operation slots (World::slots): the inline data of the
+  // unused slots is neither allocated nor cleared nor touched.
+  static size_t AreaBytes(int size, uint64_t slots, size_t scratch_bytes);
   // Zeroes the flags and inline areas of a control area at `area` (this
   // rank's memory) for a group of `size` members; scratch needs no reset.
-  static void ClearArea(char* area, int size);
+  static void ClearArea(char* area, int size, uint64_t slots);
   // Scratch per half used by new groups: MC2_SCRATCH_BYTES, default 2 MiB.
   static size_t DefaultScratchBytes();
 
