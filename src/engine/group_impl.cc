@@ -193,8 +193,8 @@ GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int
   hint_polls_ = world_->oversubscribed ? 1 : kHintPolls;
   // Touch every page of every member's flags and inline slots now, once.
   // Otherwise each page is touched first inside an operation, and on a VM
-  // such a first access costs ~10 us: the first kSlots small operations of
-  // every group (inline slot seq % kSlots) took 7-25 us instead of 0.3-0.7
+  // such a first access costs ~10 us: the first slots() small operations of
+  // every group (inline slot seq % slots()) took 7-25 us instead of 0.3-0.7
   // (`mc2 bench all_reduce -w 5` showed it as a slow first size).
   // madvise(MADV_POPULATE_READ / _WRITE) did not remove that cost here; a
   // read of one byte per page does. The read is atomic (relaxed), since a
