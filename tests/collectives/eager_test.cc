@@ -162,8 +162,10 @@ TEST(Eager, InPlaceAllToAllReadsEveryBlockBeforeWritingAny) {
   }
 }
 
-// The eager barrier gathers at rank 0 and releases from it: still no rank
-// may leave before every rank arrived, whoever arrives last.
+// The eager barrier: with a CPU per rank every rank waits for every
+// arrival; with more ranks than CPUs it gathers at rank 0 and releases from
+// it (on a 2-CPU host, n = 2 runs the first and n = 3, 5 the second). Either
+// way no rank may leave before every rank arrived, whoever arrives last.
 TEST(Eager, BarrierReleasesNoRankBeforeEveryRankArrived) {
   for (int n : {2, 3, 5}) {
     std::atomic<int> arrived{0};
