@@ -346,11 +346,13 @@ void GroupImpl::AwaitReuse(OpContext& ctx) {
   peers_done_through_ = std::max(peers_done_through_, std::min(through, ctx.seq - 1));
 }
 
-void GroupImpl::PublishArrival(OpContext& ctx, const Fingerprint& fp) {
+void GroupImpl::PublishArrival(OpContext& ctx, const Fingerprint& fp, size_t stage_bytes) {
   auto* slot = reinterpret_cast<ArrivalSlot*>(Ptr(rank_, ArriveOff(ctx.seq)));
   slot->fp = fp;
-  slot->send_off = kPrivate;
-  slot->recv_off = kPrivate;
+  if (stage_bytes > kArriveStageBytes) {
+    slot->send_off = kPrivate;
+    slot->recv_off = kPrivate;
+  }
   Publish(ArriveOff(ctx.seq), ctx.seq);
 }
 

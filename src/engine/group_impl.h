@@ -124,7 +124,9 @@ void DestroyWorld(World* world);
 // gone. Runs at exit once there was one.
 void WaitForDeferredWorlds();
 
-// Published by each rank at the start of every operation.
+// Published by each rank at the start of every operation. Eager
+// operations publish no buffer offsets; a small one stages its data in
+// their place (GroupImpl::StageOff), so all of it shares the flag's line.
 struct alignas(64) ArrivalSlot {
   uint64_t seq;  // the flag: seq of the operation this slot describes
   uint64_t send_off;
@@ -133,6 +135,7 @@ struct alignas(64) ArrivalSlot {
   Fingerprint fp;
 };
 static_assert(sizeof(ArrivalSlot) <= 128);
+static_assert(offsetof(ArrivalSlot, fp) - offsetof(ArrivalSlot, send_off) >= 24);
 
 class GroupImpl;
 
@@ -204,6 +207,17 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   static uint64_t SignalOff(int slot) { return kSignalsOff + slot * 8; }
   uint64_t P2POff(int peer) const { return kP2POff + peer * 64; }
   uint64_t InlineOff(uint64_t seq) const { return inline_off_ + (seq % slots_) * kInlineBytes; }
+  // Where an eager operation whose largest stage is `stage_bytes` stages a
+  // rank's data: up to kArriveStageBytes in its arrive line, beside the
+  // flag, in place of the buffer offsets eager operations do not publish
+  // (a reader then takes one line from the writer, not two), else the
+  // inline area. The stage size follows from the fingerprint, so writer
+  // and readers agree.
+  static constexpr size_t kArriveStageBytes = 24;
+  uint64_t StageOff(uint64_t seq, size_t stage_bytes) const {
+    return stage_bytes <= kArriveStageBytes ? ArriveOff(seq) + offsetof(ArrivalSlot, send_off)
+                                            : InlineOff(seq);
+  }
   uint64_t slots() const { return slots_; }
   uint64_t ScratchOff(int half) const { return scratch_off_ + half * scratch_bytes_; }
 
@@ -323,8 +337,9 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // Free when an earlier Arrive or wait already proved it.
   void AwaitReuse(OpContext& ctx);
   // Fingerprint of operation ctx.seq published in its arrive slot with no
-  // buffer offsets, for eager operations (after AwaitReuse).
-  void PublishArrival(OpContext& ctx, const Fingerprint& fp);
+  // buffer offsets, for eager operations (after AwaitReuse and staging;
+  // `stage_bytes` as for StageOff: a stage in the arrive line is kept).
+  void PublishArrival(OpContext& ctx, const Fingerprint& fp, size_t stage_bytes);
   // Asks for this rank's arrive line and first `staged_bytes` of inline
   // data of operation ctx.seq + 1 in exclusive state, for eager operations
   // once their arrival is out. A peer read those lines slots() operations
