@@ -105,11 +105,13 @@ void DirectReduceScatterV(OpContext&, const CollArgs&);
 void DirectAllToAllV(OpContext&, const CollArgs&);
 void DirectBarrier(OpContext&, const CollArgs&);
 // eager.cc: the direct algorithm's small-message path, which skips the full
-// arrival handshake (see the file). Eligibility depends only on fingerprinted
-// arguments, so every rank takes the same path.
+// arrival handshake (see the file). A call is eligible when its largest
+// stage (EagerStagedBytes) fits an inline slot. That depends only on
+// fingerprinted arguments, so every rank takes the same path.
 size_t EagerStagedBytes(const CollArgs& a, int n);
-bool EagerEligible(const CollArgs& a, int n);
-void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp);
+// `stage_bytes`: EagerStagedBytes(a, group size).
+void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp,
+              size_t stage_bytes);
 // rabenseifner.cc
 void RabenseifnerAllReduce(OpContext&, const CollArgs&);
 // ring.cc

@@ -88,6 +88,7 @@ struct Plan {
   std::chrono::nanoseconds timeout;
   int n;
   bool eager;
+  size_t eager_stage_bytes;  // EagerStagedBytes, when eager
 };
 
 // The body of every collective, on whichever thread runs it.
@@ -108,7 +109,7 @@ void RunBody(OpContext& ctx, const CollArgs& a, const Plan& p) {
   ctx.work->SetAlgorithm(AlgorithmName(p.algo));
   MC2_LOG(kDebug, "{} #{}: {}{} count={} dtype={} on {} ranks", ctx.name, ctx.seq,
           AlgorithmName(p.algo), p.eager ? " (eager)" : "", a.count, DTypeName(a.dtype), p.n);
-  if (p.eager) return RunEager(ctx, a, p.fp);
+  if (p.eager) return RunEager(ctx, a, p.fp, p.eager_stage_bytes);
   // Stage what travels with the arrival handshake.
   char* inl = g->Ptr(g->rank(), g->InlineOff(ctx.seq));
   // Small direct calls always stage: copying a few bytes is cheaper
@@ -154,8 +155,9 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
   MC2_ENFORCE(fn != nullptr, "no implementation of {} for {}", AlgorithmName(algo),
               internal::OpKindName(a.kind));
 
-  const bool eager =
-      algo == Algorithm::kDirect && !gi->strict_check() && EagerEligible(a, n);
+  const size_t eager_stage_bytes = EagerStagedBytes(a, n);
+  const bool eager = algo == Algorithm::kDirect && !gi->strict_check() &&
+                     eager_stage_bytes <= GroupImpl::kInlineBytes;
   // In place, an all-to-all overwrites blocks of its input that peers have
   // yet to read. The eager path stages the whole input before it writes any
   // output. The staged rounds of the direct all-to-all stage window k of
@@ -218,7 +220,16 @@ Work Launch(const Group& g, CollArgs a, const CollectiveOptions& opts, size_t se
   // that overlap set may_run_inline = false.
   bool small = opts.may_run_inline && select_bytes <= kInlineMaxBytes;
   const char* name = internal::OpKindName(a.kind);
-  const Plan plan{fn, algo, fp, expose_send, expose_bytes, expose_recv, opts.timeout, n, eager};
+  const Plan plan{.fn = fn,
+                  .algo = algo,
+                  .fp = fp,
+                  .expose_send = expose_send,
+                  .expose_bytes = expose_bytes,
+                  .expose_recv = expose_recv,
+                  .timeout = opts.timeout,
+                  .n = n,
+                  .eager = eager,
+                  .eager_stage_bytes = eager_stage_bytes};
   if (small) {
     // Runs before this function returns: the arguments need not be moved.
     if (auto w = gi->TryRunInline(name, [&](OpContext& ctx) { RunBody(ctx, a, plan); }))

@@ -47,18 +47,13 @@ size_t EagerStagedBytes(const CollArgs& a, int n) {
   }
 }
 
-bool EagerEligible(const CollArgs& a, int n) {
-  // Everything here is fingerprinted, so every rank decides alike.
-  return EagerStagedBytes(a, n) <= GroupImpl::kInlineBytes;
-}
-
-void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp) {
+void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp,
+              size_t stage_bytes) {
   GroupImpl* g = ctx.g;
   const int me = g->rank();
   const int n = g->size();
   const size_t e = a.esize;
-  const size_t stage_bytes = EagerStagedBytes(a, n);
-  const bool in_arrive = stage_bytes <= GroupImpl::kArriveStageBytes;
+  const bool in_arrive = GroupImpl::StagesInArriveLine(stage_bytes);
   auto staged = [&](int r) { return g->Ptr(r, g->StageOff(ctx.seq, stage_bytes)); };
   // `r`'s staged data this rank reads next, if any (see WaitArrival).
   auto wait = [&](int r, const void* reads = nullptr, size_t bytes = 0) {
@@ -105,7 +100,7 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
     case OpKind::kReduceScatterV:
       // In place (all-to-all), this copy is taken before any output is
       // written, so the input needs no private copy (see Launch).
-      mine_bytes = EagerStagedBytes(a, n);
+      mine_bytes = stage_bytes;
       break;
     default: break;
   }

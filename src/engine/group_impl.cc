@@ -158,14 +158,16 @@ uint64_t GroupImpl::SlotsFor(bool oversubscribed) {
   return oversubscribed ? kSlots : kDedicatedSlots;
 }
 
+size_t GroupImpl::FixedBytes(int size) {
+  return (kP2POff + static_cast<size_t>(size) * 64 + 4095) / 4096 * 4096;
+}
+
 size_t GroupImpl::AreaBytes(int size, uint64_t slots, size_t scratch_bytes) {
-  size_t fixed = kP2POff + static_cast<size_t>(size) * 64;
-  fixed = (fixed + 4095) / 4096 * 4096;
-  return fixed + slots * kInlineBytes + 2 * scratch_bytes;
+  return FixedBytes(size) + slots * kInlineBytes + 2 * scratch_bytes;
 }
 
 void GroupImpl::ClearArea(char* area, int size, uint64_t slots) {
-  size_t fixed = (kP2POff + static_cast<size_t>(size) * 64 + 4095) / 4096 * 4096;
+  const size_t fixed = FixedBytes(size);
   // The fixed part holds flags that peers may already be polling (the world
   // group's area has a known offset, so a fast peer's Arrive reads ours
   // while we clear it): clear them with atomic stores, never memset, or the
@@ -185,7 +187,7 @@ GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int
       arrival_offsets_(2 * members_.size(), kPrivate) {
   for (int m : members_) bases_.push_back(world_->transport->HeapBase(m));
   heap_bytes_ = world_->transport->HeapBytes();
-  size_t fixed = (kP2POff + static_cast<size_t>(size_) * 64 + 4095) / 4096 * 4096;
+  const size_t fixed = FixedBytes(size_);
   slots_ = world_->slots;
   MC2_ENFORCE(slots_ > 0 && slots_ <= kSlots, "world with {} operation slots", slots_);
   inline_off_ = fixed;
@@ -349,7 +351,7 @@ void GroupImpl::AwaitReuse(OpContext& ctx) {
 void GroupImpl::PublishArrival(OpContext& ctx, const Fingerprint& fp, size_t stage_bytes) {
   auto* slot = reinterpret_cast<ArrivalSlot*>(Ptr(rank_, ArriveOff(ctx.seq)));
   slot->fp = fp;
-  if (stage_bytes > kArriveStageBytes) {
+  if (!StagesInArriveLine(stage_bytes)) {
     slot->send_off = kPrivate;
     slot->recv_off = kPrivate;
   }

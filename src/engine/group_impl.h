@@ -135,7 +135,6 @@ struct alignas(64) ArrivalSlot {
   Fingerprint fp;
 };
 static_assert(sizeof(ArrivalSlot) <= 128);
-static_assert(offsetof(ArrivalSlot, fp) - offsetof(ArrivalSlot, send_off) >= 24);
 
 class GroupImpl;
 
@@ -186,6 +185,10 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // world of `slots` operation slots (World::slots): the inline data of the
   // unused slots is neither allocated nor cleared nor touched.
   static size_t AreaBytes(int size, uint64_t slots, size_t scratch_bytes);
+  // Bytes of the fixed part of a control area for a group of `size`
+  // members (arrive slots, flags, signals, p2p lines), rounded up to whole
+  // pages: the inline slots follow it.
+  static size_t FixedBytes(int size);
   // Zeroes the flags and inline areas of a control area at `area` (this
   // rank's memory) for a group of `size` members; scratch needs no reset.
   static void ClearArea(char* area, int size, uint64_t slots);
@@ -214,9 +217,10 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // inline area. The stage size follows from the fingerprint, so writer
   // and readers agree.
   static constexpr size_t kArriveStageBytes = 24;
+  static bool StagesInArriveLine(size_t stage_bytes) { return stage_bytes <= kArriveStageBytes; }
   uint64_t StageOff(uint64_t seq, size_t stage_bytes) const {
-    return stage_bytes <= kArriveStageBytes ? ArriveOff(seq) + offsetof(ArrivalSlot, send_off)
-                                            : InlineOff(seq);
+    return StagesInArriveLine(stage_bytes) ? ArriveOff(seq) + offsetof(ArrivalSlot, send_off)
+                                           : InlineOff(seq);
   }
   uint64_t slots() const { return slots_; }
   uint64_t ScratchOff(int half) const { return scratch_off_ + half * scratch_bytes_; }
@@ -439,6 +443,11 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // is released first, while the world it allocated from is still alive.
   std::shared_ptr<void> ops_state;
 };
+
+// The stage GroupImpl::StageOff puts in the arrive line fits between the
+// flag and the fingerprint.
+static_assert(offsetof(ArrivalSlot, fp) - offsetof(ArrivalSlot, send_off) >=
+              GroupImpl::kArriveStageBytes);
 
 }  // namespace mc2::internal
 
