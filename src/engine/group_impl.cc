@@ -360,7 +360,7 @@ void GroupImpl::PublishArrival(OpContext& ctx, const Fingerprint& fp, size_t sta
 
 void GroupImpl::PrepareNextSlot(const OpContext& ctx, size_t staged_bytes) const {
   core::PrefetchForWrite(Ptr(rank_, ArriveOff(ctx.seq + 1)), 1);
-  core::PrefetchForWrite(Ptr(rank_, InlineOff(ctx.seq + 1)), std::min(staged_bytes, kHintBytes));
+  core::PrefetchForWrite(Ptr(rank_, InlineOff(ctx.seq + 1)), std::min(staged_bytes, kPrepareBytes));
 }
 
 void GroupImpl::WaitArrival(OpContext& ctx, int grank, const Fingerprint& fp, const void* payload,
@@ -368,7 +368,7 @@ void GroupImpl::WaitArrival(OpContext& ctx, int grank, const Fingerprint& fp, co
   if (grank == rank_) return;
   const int owner = members_[grank];
   const uint64_t off = area_[grank] + ArriveOff(ctx.seq);
-  if (payload && bytes) {
+  if (payload && bytes && bytes <= kHintBytes) {
     // A first stretch of polling that also loads the payload's lines
     // (WaitGE below then returns at once, or spins, yields and sleeps as
     // usual). Each flag read is followed by those loads, so the one that
@@ -377,7 +377,6 @@ void GroupImpl::WaitArrival(OpContext& ctx, int grank, const Fingerprint& fp, co
     // (the flags are words of the mapped heap); the virtual call cost
     // ~0.03 us per call (measured).
     const auto* flag = reinterpret_cast<const uint64_t*>(Ptr(grank, ArriveOff(ctx.seq)));
-    bytes = std::min(bytes, kHintBytes);
     for (int i = 0; i < hint_polls_; ++i) {
       const bool arrived = __atomic_load_n(flag, __ATOMIC_ACQUIRE) >= ctx.seq;
       core::TouchForRead(payload, bytes);

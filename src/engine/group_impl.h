@@ -344,23 +344,35 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // buffer offsets, for eager operations (after AwaitReuse and staging;
   // `stage_bytes` as for StageOff: a stage in the arrive line is kept).
   void PublishArrival(OpContext& ctx, const Fingerprint& fp, size_t stage_bytes);
-  // Asks for this rank's arrive line and first `staged_bytes` of inline
-  // data of operation ctx.seq + 1 in exclusive state, for eager operations
-  // once their arrival is out. A peer read those lines slots() operations
-  // ago, so writing them takes them back from its cache; left to the next
-  // operation, that round trip stalls the fence of its PublishArrival on the
-  // latency path (2 ranks, 8 B all_reduce: ~0.07 us of ~0.65 per call).
-  // Requested now, it completes while this operation waits for its peers.
+  // Asks for this rank's arrive line and first `staged_bytes` (up to
+  // kPrepareBytes) of inline data of operation ctx.seq + 1 in exclusive
+  // state, for eager operations once their arrival is out. A peer read
+  // those lines slots() operations ago, so writing them takes them back
+  // from its cache; left to the next operation, those round trips stall
+  // the fence of its PublishArrival on the latency path (2 ranks, 8 B
+  // all_reduce: ~0.07 us of ~0.65 per call). Requested now, they complete
+  // while this operation waits for its peers.
   void PrepareNextSlot(const OpContext& ctx, size_t staged_bytes) const;
+  // The whole stage, up to 2 KiB. 2 ranks, all_reduce, per call (probe,
+  // alternating runs), with the first 256 B asked for against the whole
+  // stage: 1 KiB 0.84-0.85 -> 0.77-0.78 us, 2 KiB 1.13 -> 1.02-1.03. At
+  // 8 KiB the whole stage lost (2.12-2.40 us against 1.97-2.16 with 2 KiB):
+  // the requests queue ahead of the operation's own misses.
+  static constexpr size_t kPrepareBytes = 2048;
   // Waits until member `grank` published operation ctx.seq and checks its
   // fingerprint against `fp`; throws kMismatch naming both sides. `payload`
-  // (`bytes`, in `grank`'s memory) is what the caller reads next: its first
-  // lines are requested with every check of the flag, so that their misses
-  // overlap the flag's instead of following it.
+  // (`bytes`, in `grank`'s memory) is what the caller reads next: if it is
+  // at most kHintBytes, its lines are requested with every check of the
+  // flag, so that their misses overlap the flag's instead of following it.
   void WaitArrival(OpContext& ctx, int grank, const Fingerprint& fp, const void* payload = nullptr,
                    size_t bytes = 0);
-  // Lines of staged data PrepareNextSlot and WaitArrival ask for: the sizes
-  // whose latency is the cache-line round trips (beyond, the copy streams).
+  // The largest payload WaitArrival loads while it polls. Only a payload
+  // loaded whole gains: a reader that loads the first lines of a larger
+  // stage takes them from the writer while it is still filling the stage
+  // behind them, and both pay more round trips. 2 ranks, all_reduce, per
+  // call (probe, alternating runs): 256 B 0.49-0.52 us with the loads,
+  // 0.60 without; loading the first 256 B of larger stages, 1 KiB
+  // 1.03-1.04 us against 0.84-0.85 without, 2 KiB 1.29-1.30 against 1.13.
   static constexpr size_t kHintBytes = 256;
   // Flag checks of WaitArrival's first polling stretch (a few
   // microseconds); a single one with more ranks than CPUs, where a wait
