@@ -170,10 +170,12 @@ void ValidateEnvironment() {
   }
   if (auto v = GetEnv("MC2_TRACE")) CheckWritableDirectory(*v, "MC2_TRACE");
   static const char* const kKnown[] = {
-      "MC2_RANK", "MC2_WORLD_SIZE", "MC2_LOCAL_RANK", "MC2_LOCAL_SIZE", "MC2_JOB_ID",
-      "MC2_SHM_FDS", "MC2_HEAP_BYTES", "MC2_SHM_DIR", "MC2_TIMEOUT", "MC2_ALGO",
-      "MC2_DETERMINISTIC", "MC2_CHECK", "MC2_SCRATCH_BYTES", "MC2_SPIN_US", "MC2_LOG_LEVEL",
-      "MC2_TUNING_FILE", "MC2_OPS_TUNING_FILE", "MC2_KERNELS", "MC2_TRACE", "MC2_LINK", "MC2_GEMM_THREADS"};
+      "MC2_RANK", "MC2_WORLD_SIZE", "MC2_LOCAL_RANK", "MC2_LOCAL_SIZE", "MC2_JOB_ID", "MC2_SHM_FDS",
+      "MC2_HEAP_BYTES", "MC2_SHM_DIR", "MC2_TIMEOUT", "MC2_ALGO", "MC2_DETERMINISTIC", "MC2_CHECK",
+      "MC2_SCRATCH_BYTES", "MC2_SPIN_US", "MC2_LOG_LEVEL", "MC2_TUNING_FILE", "MC2_OPS_TUNING_FILE",
+      "MC2_KERNELS", "MC2_TRACE", "MC2_LINK", "MC2_GEMM_THREADS",
+      // Set by `mc2 bench` for its ranks (a person watches its stderr).
+      "MC2_BENCH_STDERR_TTY"};
   for (char** e = ::environ; *e; ++e) {
     std::string_view entry(*e);
     if (entry.rfind("MC2_", 0) != 0) continue;

@@ -73,5 +73,22 @@ TEST(Env, ValidateEnvironmentNamesTheBadVariable) {
   EXPECT_EQ(ErrorOf([] { ValidateEnvironment(); }), "");
 }
 
+// An unknown MC2_ variable is named in a warning; the ones mc2's own tools
+// set for their ranks are known.
+TEST(Env, ValidateEnvironmentWarnsOfUnknownVariablesOnly) {
+  setenv("MC2_TIMEOUTT", "5s", 1);
+  testing::internal::CaptureStderr();
+  ValidateEnvironment();
+  EXPECT_THAT(testing::internal::GetCapturedStderr(), HasSubstr("MC2_TIMEOUTT"));
+  unsetenv("MC2_TIMEOUTT");
+
+  setenv("MC2_BENCH_STDERR_TTY", "1", 1);
+  testing::internal::CaptureStderr();
+  ValidateEnvironment();
+  EXPECT_THAT(testing::internal::GetCapturedStderr(),
+              ::testing::Not(HasSubstr("MC2_BENCH_STDERR_TTY")));
+  unsetenv("MC2_BENCH_STDERR_TTY");
+}
+
 }  // namespace
 }  // namespace mc2::core
