@@ -2,8 +2,8 @@
 // tuning of the algorithm selector (--tune).
 //
 // Outside an mc2 job the command re-executes itself under the launcher with
-// N ranks and a heap sized for the sweep, passing the output through
-// unprefixed (only rank 0 prints); inside a job (as every rank of that
+// N ranks and a heap sized for the sweep, the ranks writing to its own
+// output (only rank 0 prints); inside a job (as every rank of that
 // launch, or under `mc2 run -n N mc2 bench ...`) it runs the sweep.
 #include <unistd.h>
 
@@ -150,8 +150,9 @@ void RunCallback(const BenchArgs& a) {
   }
   lo.argv[0] = SelfExe();
   lo.prefix_output = false;
+  lo.direct_output = DirectOutputIsSafe();
   lo.heap_bytes = bench::HeapBytesFor(cfg, lo.nranks);
-  // The ranks write to pipes; tell rank 0 whether a person is watching.
+  // Tell rank 0 whether a person is watching (its stderr may be a pipe).
   if (isatty(STDERR_FILENO)) setenv("MC2_BENCH_STDERR_TTY", "1", 1);
   const int status = RunLaunch(lo);
   if (status != 0) throw CLI::RuntimeError(status);

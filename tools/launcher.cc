@@ -17,12 +17,13 @@
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -379,13 +380,15 @@ void Launcher::StartRanks() {
 
     // Close-on-exec, so that no rank holds another rank's pipe (which would
     // delay that pipe's EOF until every rank has exited).
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0) {
+    int out[2] = {-1, STDOUT_FILENO}, err[2] = {-1, STDERR_FILENO};
+    if (options_.direct_output) {
+      // dup2 onto the same descriptor is a no-op: the rank keeps ours.
+    } else if (pipe2(out, O_CLOEXEC) != 0) {
       Say("cannot create a pipe for rank {}: {}", r, std::strerror(errno));
       launch_error_ = true;
       break;
     }
-    if (pipe2(err, O_CLOEXEC) != 0) {
+    if (!options_.direct_output && pipe2(err, O_CLOEXEC) != 0) {
       Say("cannot create a pipe for rank {}: {}", r, std::strerror(errno));
       close(out[0]);
       close(out[1]);
@@ -398,11 +401,15 @@ void Launcher::StartRanks() {
     const pid_t pid = fork();
     if (pid == 0) ExecRank(setup);
     const int fork_errno = errno;
-    close(out[1]);
-    close(err[1]);
+    if (!options_.direct_output) {
+      close(out[1]);
+      close(err[1]);
+    }
     if (pid < 0) {
-      close(out[0]);
-      close(err[0]);
+      if (!options_.direct_output) {
+        close(out[0]);
+        close(err[0]);
+      }
       Say("cannot start rank {}: fork failed: {}", r, std::strerror(fork_errno));
       launch_error_ = true;
       break;
@@ -417,6 +424,7 @@ void Launcher::StartRanks() {
     // The ranks store their pid too; storing it here as well lets a rank
     // watch a peer that died before it got that far.
     segments_.control->pids[r].store(pid, std::memory_order_release);
+    if (options_.direct_output) continue;
     for (auto [fd, target] : {std::pair{out[0], STDOUT_FILENO}, std::pair{err[0], STDERR_FILENO}}) {
       fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
       OutputStream stream;
@@ -683,6 +691,14 @@ void Launcher::PrintSummary() {
 }
 
 }  // namespace
+
+bool DirectOutputIsSafe() {
+  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    termios t{};
+    if (isatty(fd) && (tcgetattr(fd, &t) != 0 || (t.c_lflag & TOSTOP) != 0)) return false;
+  }
+  return true;
+}
 
 int RunLaunch(const LaunchOptions& options) {
   if (options.nranks < 1 || options.nranks > shm::kMaxRanks) {
