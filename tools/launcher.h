@@ -54,9 +54,10 @@ struct LaunchOptions {
   // it (prefix_output is then ignored). For benchmarks: relaying a line
   // wakes the launcher, which on a host with a CPU per rank takes a CPU
   // from a rank in the middle of the next measurement (2 ranks, `mc2 bench
-  // all_reduce -b 8 -e 16 -i 2000`, 16 runs: the first row, measured while
-  // the header was relayed, took up to 0.92 us a call relayed and up to
-  // 0.68 direct, ~0.5 usually). Only if DirectOutputIsSafe().
+  // all_reduce -b 8 -e 16 -i 2000`: the first row, measured while the
+  // header was relayed, took 0.78-0.93 us a call in 6 of 10 runs, ~0.5 in
+  // the others; 8 runs each, alternating: 0.50-0.83 relayed, 0.48-0.65
+  // direct). Only if DirectOutputIsSafe().
   bool direct_output = false;
   // Heap segment bytes per rank; 0 means MC2_HEAP_BYTES, else 256 MiB. Both
   // that variable and `mc2 run --heap` take core::ParseBytes' forms ("512M").
