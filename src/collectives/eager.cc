@@ -5,7 +5,7 @@
 // ranks than cores (4 ranks on this 2-core host) that costs several context
 // switches per call, while MPI's eager protocols let a broadcast root or a
 // reduce contributor return as soon as its data is posted. Here each rank
-// stages its input in its inline area, publishes its fingerprint, and waits
+// stages its input (GroupImpl::StageOff), publishes its fingerprint, and waits
 // only for the ranks whose data it needs: a broadcast root or a reduce
 // contributor waits for nobody, and runs ahead of the others by up to
 // GroupImpl::slots() operations (AwaitReuse bounds the skew; group_impl.h).
@@ -110,7 +110,7 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
   g->PublishArrival(ctx, fp, stage_bytes);
   // The next call is most likely this one again: its lines, as staged now.
   g->PrepareNextSlot(ctx, in_arrive ? 0 : mine_bytes);
-  if (in_arrive) {
+  if (GroupImpl::StagesInArriveSlot(stage_bytes)) {
     // Nothing is staged in the inline slots, but the next larger call
     // will be: keep their pages in this process's TLB and their first
     // lines cached (one load per member, a cache hit once warm). Without

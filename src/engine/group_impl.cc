@@ -360,7 +360,9 @@ void GroupImpl::PublishArrival(OpContext& ctx, const Fingerprint& fp, size_t sta
 
 void GroupImpl::PrepareNextSlot(const OpContext& ctx, size_t staged_bytes) const {
   core::PrefetchForWrite(Ptr(rank_, ArriveOff(ctx.seq + 1)), 1);
-  core::PrefetchForWrite(Ptr(rank_, InlineOff(ctx.seq + 1)), std::min(staged_bytes, kPrepareBytes));
+  if (staged_bytes)
+    core::PrefetchForWrite(Ptr(rank_, StageOff(ctx.seq + 1, staged_bytes)),
+                           std::min(staged_bytes, kPrepareBytes));
 }
 
 void GroupImpl::WaitArrival(OpContext& ctx, int grank, const Fingerprint& fp, const void* payload,

@@ -31,9 +31,10 @@ int32_t Val(int it, int r, size_t i) { return it * 1000 + r * 100 + static_cast<
 // with a large all_reduce (full handshake path), while random ranks sleep.
 // Broadcast roots and reduce contributors return early, so ranks are up to
 // two operations apart; every result is checked against its closed form.
-// `c` elements per block: 37 stages in the inline area; 1 and 5 stage
+// `c` elements per block: 37 stages in the inline area; 1, 3 and 5 stage
 // (some calls, at some rank counts) beside the flag in the arrive line,
-// whose offset words the full-handshake calls in between overwrite.
+// whose offset words the full-handshake calls in between overwrite; 3, 5
+// and 12 (some calls) in the arrive slot's second line (GroupImpl::StageOff).
 void DriftingMix(Group& g, int iters, size_t c) {
   const int n = g.size(), me = g.rank();
   std::mt19937 rng(1234 + me);
@@ -117,7 +118,7 @@ void DriftingMix(Group& g, int iters, size_t c) {
 }
 
 TEST(Eager, DriftingRanksGetEveryValueRight) {
-  for (size_t c : {37, 5, 1})
+  for (size_t c : {37, 12, 5, 3, 1})
     for (int n : {2, 3, 4, 5})
       Group::RunInProcess(
           n, [c](Group& g) { DriftingMix(g, 210, c); }, Quick());
