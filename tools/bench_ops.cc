@@ -1250,7 +1250,7 @@ int Launch(int nranks, std::vector<std::string> argv, size_t heap) {
   lo.nranks = nranks;
   lo.argv = std::move(argv);
   lo.prefix_output = false;
-  lo.direct_output = DirectOutputIsSafe();
+  lo.direct_output = true;
   lo.heap_bytes = heap;
   return RunLaunch(lo);
 }

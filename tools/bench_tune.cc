@@ -292,7 +292,7 @@ int RunTune(const std::string& self_exe, const std::vector<int>& nranks,
     lo.nranks = n;
     lo.argv = {self_exe, "bench", "--tune", "-n", std::to_string(n), "--tune-result", tmp};
     lo.prefix_output = false;
-    lo.direct_output = DirectOutputIsSafe();
+    lo.direct_output = true;
     lo.heap_bytes = TuneHeapBytes();
     const int status = RunLaunch(lo);
     json r;

@@ -196,6 +196,7 @@ std::vector<cpu_set_t> RankBindings(Bind bind, int nranks) {
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != c.launcher_pid) {
     _exit(kExitLaunchFailed);
   }
+  // A no-op for a rank that writes to our stdout and stderr.
   if (dup2(c.out_fd, STDOUT_FILENO) < 0 || dup2(c.err_fd, STDERR_FILENO) < 0) {
     _exit(kExitLaunchFailed);
   }
@@ -234,6 +235,17 @@ std::string FormatRanks(const std::vector<int>& ranks) {
   return out;
 }
 
+// Whether ranks may write to our stdout and stderr directly: not if either
+// is a terminal that stops background process groups writing to it
+// (TOSTOP), since every rank runs in a process group of its own.
+bool DirectOutputIsSafe() {
+  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    termios t{};
+    if (isatty(fd) && (tcgetattr(fd, &t) != 0 || (t.c_lflag & TOSTOP) != 0)) return false;
+  }
+  return true;
+}
+
 class Launcher {
  public:
   Launcher(const LaunchOptions& options, size_t heap_bytes, std::string dir)
@@ -260,8 +272,11 @@ class Launcher {
   std::string Describe(const RankProcess& rank) const;
   bool AnyRunning() const;
   std::vector<std::string> ChildEnvironment(int rank) const;
+  bool OpenOutputPipes(int rank, int out[2], int err[2]);
 
   const LaunchOptions& options_;
+  // options_.direct_output, unless a terminal forbids it.
+  const bool direct_output_ = options_.direct_output && DirectOutputIsSafe();
   const size_t heap_bytes_;
   const std::string dir_;
   std::string job_id_;
@@ -337,6 +352,22 @@ bool Launcher::SetUpSignals() {
   return true;
 }
 
+// Close-on-exec, so that no rank holds another rank's pipe (which would
+// delay that pipe's EOF until every rank has exited).
+bool Launcher::OpenOutputPipes(int rank, int out[2], int err[2]) {
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    Say("cannot create a pipe for rank {}: {}", rank, std::strerror(errno));
+    return false;
+  }
+  if (pipe2(err, O_CLOEXEC) != 0) {
+    Say("cannot create a pipe for rank {}: {}", rank, std::strerror(errno));
+    close(out[0]);
+    close(out[1]);
+    return false;
+  }
+  return true;
+}
+
 std::vector<std::string> Launcher::ChildEnvironment(int rank) const {
   static constexpr std::string_view kOwned[] = {
       "MC2_RANK=",   "MC2_WORLD_SIZE=", "MC2_LOCAL_RANK=", "MC2_LOCAL_SIZE=",
@@ -378,20 +409,10 @@ void Launcher::StartRanks() {
     for (const auto& entry : env) envp.push_back(const_cast<char*>(entry.c_str()));
     envp.push_back(nullptr);
 
-    // Close-on-exec, so that no rank holds another rank's pipe (which would
-    // delay that pipe's EOF until every rank has exited).
+    // The rank's stdout and stderr: ours, or pipes we relay.
     int out[2] = {-1, STDOUT_FILENO}, err[2] = {-1, STDERR_FILENO};
-    if (options_.direct_output) {
-      // dup2 onto the same descriptor is a no-op: the rank keeps ours.
-    } else if (pipe2(out, O_CLOEXEC) != 0) {
-      Say("cannot create a pipe for rank {}: {}", r, std::strerror(errno));
-      launch_error_ = true;
-      break;
-    }
-    if (!options_.direct_output && pipe2(err, O_CLOEXEC) != 0) {
-      Say("cannot create a pipe for rank {}: {}", r, std::strerror(errno));
-      close(out[0]);
-      close(out[1]);
+    const bool relay = !direct_output_;
+    if (relay && !OpenOutputPipes(r, out, err)) {
       launch_error_ = true;
       break;
     }
@@ -401,12 +422,12 @@ void Launcher::StartRanks() {
     const pid_t pid = fork();
     if (pid == 0) ExecRank(setup);
     const int fork_errno = errno;
-    if (!options_.direct_output) {
+    if (relay) {
       close(out[1]);
       close(err[1]);
     }
     if (pid < 0) {
-      if (!options_.direct_output) {
+      if (relay) {
         close(out[0]);
         close(err[0]);
       }
@@ -424,7 +445,7 @@ void Launcher::StartRanks() {
     // The ranks store their pid too; storing it here as well lets a rank
     // watch a peer that died before it got that far.
     segments_.control->pids[r].store(pid, std::memory_order_release);
-    if (options_.direct_output) continue;
+    if (!relay) continue;
     for (auto [fd, target] : {std::pair{out[0], STDOUT_FILENO}, std::pair{err[0], STDERR_FILENO}}) {
       fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
       OutputStream stream;
@@ -691,14 +712,6 @@ void Launcher::PrintSummary() {
 }
 
 }  // namespace
-
-bool DirectOutputIsSafe() {
-  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
-    termios t{};
-    if (isatty(fd) && (tcgetattr(fd, &t) != 0 || (t.c_lflag & TOSTOP) != 0)) return false;
-  }
-  return true;
-}
 
 int RunLaunch(const LaunchOptions& options) {
   if (options.nranks < 1 || options.nranks > shm::kMaxRanks) {

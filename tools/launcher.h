@@ -57,7 +57,9 @@ struct LaunchOptions {
   // all_reduce -b 8 -e 16 -i 2000`: the first row, measured while the
   // header was relayed, took 0.78-0.93 us a call in 6 of 10 runs, ~0.5 in
   // the others; 8 runs each, alternating: 0.50-0.83 relayed, 0.48-0.65
-  // direct). Only if DirectOutputIsSafe().
+  // direct). Not when stdout or stderr is a terminal that stops background
+  // process groups writing to it (TOSTOP), since every rank runs in a
+  // process group of its own: the launcher then relays.
   bool direct_output = false;
   // Heap segment bytes per rank; 0 means MC2_HEAP_BYTES, else 256 MiB. Both
   // that variable and `mc2 run --heap` take core::ParseBytes' forms ("512M").
@@ -82,12 +84,6 @@ struct LaunchOptions {
 // unblocked could swallow them. It restores the signal mask and the SIGPIPE
 // disposition before returning, so it may be called repeatedly.
 int RunLaunch(const LaunchOptions& options);
-
-// Whether ranks may write to this process's stdout and stderr directly
-// (LaunchOptions::direct_output): not if either is a terminal that stops
-// background process groups writing to it (TOSTOP), since every rank runs
-// in a process group of its own.
-bool DirectOutputIsSafe();
 
 // The path of the running executable (/proc/self/exe resolved), for the
 // tools that re-execute themselves as the ranks of a job.
