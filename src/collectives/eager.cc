@@ -110,7 +110,7 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
   g->PublishArrival(ctx, fp, stage_bytes);
   // The next call is most likely this one again: its lines, as staged now.
   g->PrepareNextSlot(ctx, in_arrive ? 0 : mine_bytes);
-  if (GroupImpl::StagesInArriveSlot(stage_bytes)) {
+  if (g->StagesInArriveSlot(stage_bytes)) {
     // Nothing is staged in the inline slots, but the next larger call
     // will be: keep their pages in this process's TLB and their first
     // lines cached (one load per member, a cache hit once warm). Without

@@ -193,6 +193,7 @@ GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int
   inline_off_ = fixed;
   scratch_off_ = fixed + slots_ * kInlineBytes;
   hint_polls_ = world_->oversubscribed ? 1 : kHintPolls;
+  arrive_slot_stage_bytes_ = world_->oversubscribed ? kArriveSlotStageBytes : kArriveStageBytes;
   // Touch every page of every member's flags and inline slots now, once.
   // Otherwise each page is touched first inside an operation, and on a VM
   // such a first access costs ~10 us: the first slots() small operations of

@@ -217,25 +217,32 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // Where an eager operation whose largest stage is `stage_bytes` stages a
   // rank's data: up to kArriveStageBytes in its arrive line, beside the
   // flag, in place of the buffer offsets eager operations do not publish
-  // (a reader then takes one line from the writer, not two); else up to
-  // kArriveSlotStageBytes in the second line of the arrive slot; else the
-  // inline area. The stage size follows from the fingerprint, so writer
-  // and readers agree.
+  // (a reader then takes one line from the writer, not two); else, in a
+  // world with more ranks than CPUs, up to kArriveSlotStageBytes in the
+  // second line of the arrive slot; else the inline area. The stage size
+  // follows from the fingerprint, and World::oversubscribed is the same on
+  // every rank (World::slots depends on it too), so writer and readers
+  // agree.
   static constexpr size_t kArriveStageBytes = 24;
   static bool StagesInArriveLine(size_t stage_bytes) { return stage_bytes <= kArriveStageBytes; }
   // The arrive slots are contiguous (16 KiB at 128 slots), the inline slots
   // kInlineBytes apart (1 MiB). With 4 ranks on 2 cores a 32-64 B reduce
   // staged in the inline slots took 0.71-0.82 us per call, 0.44-0.53 in
   // the arrive slot (`mc2 bench reduce -n 4 -b 8 -e 512 -i 1000`, 4 runs
-  // each, alternating); 2 ranks lost nothing (probe). Spacing the inline
-  // slots by a line more (other cache sets) gained nothing, so it is not
-  // set conflicts; it is likely the pages, which processes that take turns
-  // on a core keep losing from their TLBs. Stages above 64 B stay in the
-  // inline slots: with 512 B arrive slots, 128-256 B stages there took
-  // ~0.04 us more per call with 2 ranks, and 8-16 B ~0.13 us more with 4.
+  // each, alternating). Spacing the inline slots by a line more (other
+  // cache sets) gained nothing, so it is not set conflicts; it is likely
+  // the pages, which processes that take turns on a core keep losing from
+  // their TLBs. With a CPU per rank (32 slots) the inline slots are better:
+  // 2 ranks, 32 and 64 B all_reduce against Open MPI (`compare_mpi.sh -n 2
+  // -b 8 -e 512 -r 5`, 10 runs each, alternating), medians 1.09x and 1.14x
+  // in the arrive slot, 1.13x and 1.18x in the inline slots; a reader
+  // polling the flag likely pulls in the line beside it before the writer
+  // has filled it. Stages above 64 B stay in the inline slots: with 512 B
+  // arrive slots, 128-256 B stages there took ~0.04 us more per call with
+  // 2 ranks, and 8-16 B ~0.13 us more with 4.
   static constexpr size_t kArriveSlotStageBytes = kArriveSlotBytes - 64;
-  static bool StagesInArriveSlot(size_t stage_bytes) {
-    return stage_bytes <= kArriveSlotStageBytes;
+  bool StagesInArriveSlot(size_t stage_bytes) const {
+    return stage_bytes <= arrive_slot_stage_bytes_;
   }
   uint64_t StageOff(uint64_t seq, size_t stage_bytes) const {
     if (StagesInArriveLine(stage_bytes)) return ArriveOff(seq) + offsetof(ArrivalSlot, send_off);
@@ -451,6 +458,9 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   uint64_t inline_off_;
   uint64_t scratch_off_;
   int hint_polls_;
+  // kArriveSlotStageBytes in an oversubscribed world, else
+  // kArriveStageBytes (StageOff).
+  size_t arrive_slot_stage_bytes_;
   uint64_t slots_;  // World::slots
   std::atomic<uint64_t> seq_{0};
   // Highest seq that every member is known to have finished, and the last

@@ -34,7 +34,8 @@ int32_t Val(int it, int r, size_t i) { return it * 1000 + r * 100 + static_cast<
 // `c` elements per block: 37 stages in the inline area; 1, 3 and 5 stage
 // (some calls, at some rank counts) beside the flag in the arrive line,
 // whose offset words the full-handshake calls in between overwrite; 3, 5
-// and 12 (some calls) in the arrive slot's second line (GroupImpl::StageOff).
+// and 12 (some calls, with more ranks than CPUs) in the arrive slot's
+// second line (GroupImpl::StageOff).
 void DriftingMix(Group& g, int iters, size_t c) {
   const int n = g.size(), me = g.rank();
   std::mt19937 rng(1234 + me);
