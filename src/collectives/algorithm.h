@@ -22,6 +22,9 @@ using internal::GroupImpl;
 using internal::OpContext;
 using internal::OpKind;
 
+// CollArgs::root of the collectives that have none.
+inline constexpr int kNoRoot = -1;
+
 struct CollArgs {
   OpKind kind = OpKind::kBarrier;
   const char* send = nullptr;
@@ -29,7 +32,7 @@ struct CollArgs {
   size_t count = 0;  // elements: per rank block for gather/scatter/rs/a2a kinds
   DType dtype = DType::kF32;
   ReduceOp op = ReduceOp::kSum;
-  int root = -1;
+  int root = kNoRoot;
   size_t esize = 4;
   bool in_place = false;
   bool deterministic = true;
@@ -112,6 +115,10 @@ size_t EagerStagedBytes(const CollArgs& a, int n);
 // `stage_bytes`: EagerStagedBytes(a, group size).
 void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp,
               size_t stage_bytes);
+// RunEager for an all_reduce, from its arguments without a CollArgs (the
+// latency path of the smallest calls; see AllReduce).
+void RunEagerAllReduce(OpContext& ctx, const void* send, void* recv, size_t count, DType dtype,
+                       ReduceOp op, const internal::Fingerprint& fp);
 // rabenseifner.cc
 void RabenseifnerAllReduce(OpContext&, const CollArgs&);
 // ring.cc

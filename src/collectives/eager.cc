@@ -47,23 +47,39 @@ size_t EagerStagedBytes(const CollArgs& a, int n) {
   }
 }
 
-void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp,
-              size_t stage_bytes) {
-  GroupImpl* g = ctx.g;
-  const int me = g->rank();
-  const int n = g->size();
-  const size_t e = a.esize;
-  const bool in_arrive = GroupImpl::StagesInArriveLine(stage_bytes);
-  auto staged = [&](int r) { return g->Ptr(r, g->StageOff(ctx.seq, stage_bytes)); };
-  // `r`'s staged data this rank reads next, if any (see WaitArrival).
-  auto wait = [&](int r, const void* reads = nullptr, size_t bytes = 0) {
-    g->WaitArrival(ctx, r, fp, reads, bytes);
-  };
-  // memcpy with a null pointer is undefined even for 0 bytes (empty calls).
-  auto copy = [](void* dst, const void* src, size_t bytes) {
-    if (bytes) std::memcpy(dst, src, bytes);
-  };
+namespace {
 
+// Stages `mine_bytes` from `src` where the peers read this rank's data of an
+// eager call whose largest stage is `stage_bytes`, and publishes the arrival.
+void StageAndPublish(OpContext& ctx, const internal::Fingerprint& fp, size_t stage_bytes,
+                     const void* src, size_t mine_bytes) {
+  GroupImpl* g = ctx.g;
+  g->AwaitReuse(ctx);
+  // memcpy with a null pointer is undefined even for 0 bytes (empty calls).
+  if (mine_bytes)
+    std::memcpy(g->Ptr(g->rank(), g->StageOff(ctx.seq, stage_bytes)), src, mine_bytes);
+  // The flag orders the data.
+  g->PublishArrival(ctx, fp, stage_bytes);
+  // The next call is most likely this one again: its lines, as staged now.
+  g->PrepareNextSlot(ctx, GroupImpl::StagesInArriveLine(stage_bytes) ? 0 : mine_bytes);
+  if (g->StagesInArriveSlot(stage_bytes)) {
+    // Nothing is staged in the inline slots, but the next larger call
+    // will be: keep their pages in this process's TLB and their first
+    // lines cached (one load per member, a cache hit once warm). Without
+    // this, after the program touched much memory, the first larger calls
+    // paid a page walk per slot: 2 ranks, `mc2 bench all_reduce -e 256M`,
+    // the 32 B row after the 8-16 B ones took 0.67-1.48 us a call in 4 of
+    // 5 runs, against ~0.5 for its neighbours.
+    for (int r = 0; r < g->size(); ++r) core::TouchForRead(g->Ptr(r, g->InlineOff(ctx.seq)), 1);
+  }
+}
+
+// Waits for every member's stage and reduces `count` elements at byte
+// `offset` of each into `recv`, in rank order (deterministic).
+void ReduceStages(OpContext& ctx, const internal::Fingerprint& fp, size_t stage_bytes,
+                  size_t offset, void* recv, size_t count, DType dtype, ReduceOp op) {
+  GroupImpl* g = ctx.g;
+  const int n = g->size();
   // Reduction sources: on the stack for the group sizes of one host, so
   // that a small call allocates nothing.
   constexpr int kStackSrcs = 64;
@@ -74,10 +90,34 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
     heap_srcs.resize(n);
     srcs = heap_srcs.data();
   }
+  const uint64_t stage_off = g->StageOff(ctx.seq, stage_bytes);
+  const size_t bytes = count * DTypeSize(dtype);
+  for (int r = 0; r < n; ++r) {
+    srcs[r] = g->Ptr(r, stage_off) + offset;
+    g->WaitArrival(ctx, r, fp, srcs[r], bytes);
+  }
+  if (count) core::ReduceTree(dtype, op, recv, srcs, n, count, n);
+}
 
-  g->AwaitReuse(ctx);
-  char* mine = staged(me);
-  // Stage what others read, then publish: the flag orders the data.
+}  // namespace
+
+void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp,
+              size_t stage_bytes) {
+  GroupImpl* g = ctx.g;
+  const int me = g->rank();
+  const int n = g->size();
+  const size_t e = a.esize;
+  auto staged = [&](int r) { return g->Ptr(r, g->StageOff(ctx.seq, stage_bytes)); };
+  // `r`'s staged data this rank reads next, if any (see WaitArrival).
+  auto wait = [&](int r, const void* reads = nullptr, size_t bytes = 0) {
+    g->WaitArrival(ctx, r, fp, reads, bytes);
+  };
+  // memcpy with a null pointer is undefined even for 0 bytes (empty calls).
+  auto copy = [](void* dst, const void* src, size_t bytes) {
+    if (bytes) std::memcpy(dst, src, bytes);
+  };
+
+  // Stage what others read, then publish.
   size_t mine_bytes = 0;
   switch (a.kind) {
     case OpKind::kAllReduce:
@@ -106,20 +146,8 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
   }
   const bool gathers =
       a.kind == OpKind::kAllGather || a.kind == OpKind::kAllGatherV || a.kind == OpKind::kGather;
-  copy(mine, gathers && a.in_place ? a.recv + a.displs[me] * e : a.send, mine_bytes);
-  g->PublishArrival(ctx, fp, stage_bytes);
-  // The next call is most likely this one again: its lines, as staged now.
-  g->PrepareNextSlot(ctx, in_arrive ? 0 : mine_bytes);
-  if (g->StagesInArriveSlot(stage_bytes)) {
-    // Nothing is staged in the inline slots, but the next larger call
-    // will be: keep their pages in this process's TLB and their first
-    // lines cached (one load per member, a cache hit once warm). Without
-    // this, after the program touched much memory, the first larger calls
-    // paid a page walk per slot: 2 ranks, `mc2 bench all_reduce -e 256M`,
-    // the 32 B row after the 8-16 B ones took 0.67-1.48 us a call in 4 of
-    // 5 runs, against ~0.5 for its neighbours.
-    for (int r = 0; r < n; ++r) core::TouchForRead(g->Ptr(r, g->InlineOff(ctx.seq)), 1);
-  }
+  StageAndPublish(ctx, fp, stage_bytes, gathers && a.in_place ? a.recv + a.displs[me] * e : a.send,
+                  mine_bytes);
 
   switch (a.kind) {
     case OpKind::kBarrier:
@@ -144,15 +172,10 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
       }
       break;
     case OpKind::kAllReduce:
-    case OpKind::kReduce: {
+    case OpKind::kReduce:
       if (a.kind == OpKind::kReduce && me != a.root) break;
-      for (int r = 0; r < n; ++r) {
-        srcs[r] = staged(r);
-        wait(r, staged(r), a.count * e);
-      }
-      if (a.count) core::ReduceTree(a.dtype, a.op, a.recv, srcs, n, a.count, n);
+      ReduceStages(ctx, fp, stage_bytes, 0, a.recv, a.count, a.dtype, a.op);
       break;
-    }
     case OpKind::kBroadcast:
       if (me == a.root) {
         if (!a.in_place) copy(a.recv, a.send, a.count * e);
@@ -183,18 +206,20 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
       }
       break;
     case OpKind::kReduceScatter:
-    case OpKind::kReduceScatterV: {
-      for (int r = 0; r < n; ++r) {
-        srcs[r] = staged(r) + a.displs[me] * e;
-        wait(r, srcs[r], a.counts[me] * e);
-      }
-      if (a.counts[me])
-        core::ReduceTree(a.dtype, a.op, a.recv, srcs, n, a.counts[me], n);
+    case OpKind::kReduceScatterV:
+      ReduceStages(ctx, fp, stage_bytes, a.displs[me] * e, a.recv, a.counts[me], a.dtype, a.op);
       break;
-    }
     default: break;
   }
   g->FinishReads(ctx);
+}
+
+void RunEagerAllReduce(OpContext& ctx, const void* send, void* recv, size_t count, DType dtype,
+                       ReduceOp op, const internal::Fingerprint& fp) {
+  const size_t bytes = count * DTypeSize(dtype);
+  StageAndPublish(ctx, fp, bytes, send, bytes);
+  ReduceStages(ctx, fp, bytes, 0, recv, count, dtype, op);
+  ctx.g->FinishReads(ctx);
 }
 
 }  // namespace mc2::collectives

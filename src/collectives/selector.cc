@@ -197,10 +197,8 @@ Algorithm SelectAlgorithm(OpKind kind, Algorithm requested, int ranks, size_t by
   // sources are read once per process, so the answer cannot change).
   if (requested == Algorithm::kAuto) {
     static const bool defaults_only = AlgoEnv().empty() && Table().rules.empty();
-    if (defaults_only) {
-      Algorithm a = Default(kind, bytes);
-      return Implements(a, kind) ? a : Algorithm::kDirect;
-    }
+    // Every default implements its kind (Launch enforces it).
+    if (defaults_only) return Default(kind, bytes);
   }
   const char* name = internal::OpKindName(kind);
   Algorithm a = requested;

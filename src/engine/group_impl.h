@@ -170,6 +170,8 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // 6 runs) took 0.84-0.94 us a call with 128 slots, 0.55-0.57 with 32.
   static constexpr uint64_t kSlots = 128;
   static constexpr uint64_t kDedicatedSlots = 32;
+  static_assert((kSlots & (kSlots - 1)) == 0 && (kDedicatedSlots & (kDedicatedSlots - 1)) == 0,
+                "slots are indexed by a mask (Slot)");
   static uint64_t SlotsFor(bool oversubscribed);
   static constexpr size_t kArriveOff = 0;
   // An arrive slot: the line of the flag (ArrivalSlot) and one line of
@@ -209,11 +211,14 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   size_t scratch_bytes() const { return scratch_bytes_; }
 
   // Area-relative layout.
-  uint64_t ArriveOff(uint64_t seq) const { return kArriveOff + (seq % slots_) * kArriveSlotBytes; }
+  // seq % slots() as a mask: a small call forms these offsets about ten
+  // times, and with slots() a run-time value each was a 64-bit division.
+  uint64_t Slot(uint64_t seq) const { return seq & slot_mask_; }
+  uint64_t ArriveOff(uint64_t seq) const { return kArriveOff + Slot(seq) * kArriveSlotBytes; }
   static uint64_t StepOff(int stream) { return kStepsOff + stream * 64; }
   static uint64_t SignalOff(int slot) { return kSignalsOff + slot * 8; }
   uint64_t P2POff(int peer) const { return kP2POff + peer * 64; }
-  uint64_t InlineOff(uint64_t seq) const { return inline_off_ + (seq % slots_) * kInlineBytes; }
+  uint64_t InlineOff(uint64_t seq) const { return inline_off_ + Slot(seq) * kInlineBytes; }
   // Where an eager operation whose largest stage is `stage_bytes` stages a
   // rank's data: up to kArriveStageBytes in its arrive line, beside the
   // flag, in place of the buffer offsets eager operations do not publish
@@ -366,7 +371,10 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // Waits until every member's done >= seq - slots(), the condition for
   // writing this rank's slots of operation `seq` (see Reuse safety).
   // Free when an earlier Arrive or wait already proved it.
-  void AwaitReuse(OpContext& ctx);
+  void AwaitReuse(OpContext& ctx) {
+    if (ctx.seq <= slots_ || peers_done_through_ >= ctx.seq - slots_) return;
+    AwaitPeersDone(ctx);
+  }
   // Fingerprint of operation ctx.seq published in its arrive slot with no
   // buffer offsets, for eager operations (after AwaitReuse and staging;
   // `stage_bytes` as for StageOff: a stage in the arrive line is kept).
@@ -445,6 +453,9 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   std::vector<PeerChannel>& channels() { return channels_; }
 
  private:
+  // AwaitReuse when the flags already seen do not prove it: waits for the
+  // peers' done flags.
+  void AwaitPeersDone(OpContext& ctx);
   std::shared_ptr<World> world_;
   std::vector<int> members_;
   int rank_;
@@ -461,7 +472,8 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // kArriveSlotStageBytes in an oversubscribed world, else
   // kArriveStageBytes (StageOff).
   size_t arrive_slot_stage_bytes_;
-  uint64_t slots_;  // World::slots
+  uint64_t slots_;      // World::slots, a power of two
+  uint64_t slot_mask_;  // slots_ - 1
   std::atomic<uint64_t> seq_{0};
   // Highest seq that every member is known to have finished, and the last
   // done value this rank published (both touched only by the operation
