@@ -267,8 +267,8 @@ Work Launch(const Group& g, CollArgs&& a, const CollectiveOptions& opts, size_t 
 // arguments: the same protocol, fingerprint, span and checks as Launch's
 // path, without building a CollArgs and a Plan and without RunEager's
 // dispatch on the kind. The software of a call, measured alone (1 rank,
-// 2 million calls, alternating runs): 8 B 0.071-0.081 -> 0.057-0.065 us,
-// 32 B 0.076-0.084 -> 0.056, 256 B 0.077-0.089 -> 0.059-0.060, 2 KiB
+// 2 million calls, alternating runs): 8 B 0.071-0.081 -> 0.054-0.065 us,
+// 32 B 0.075-0.084 -> 0.056, 256 B 0.077-0.089 -> 0.059-0.060, 2 KiB
 // 0.106-0.111 -> 0.085-0.092 (with the cheaper offsets and waits of the
 // same change). Empty when the call takes Launch's path instead:
 // an algorithm other than direct (forced or tuned), MC2_CHECK=1,
