@@ -103,8 +103,31 @@ struct Entry {
   bool usable = true;
 };
 
+// oneDNN's AMX kernels (bf16 on hosts with AMX tiles) choose their blocking
+// of M from the row count, so a row block of a product is not bitwise the
+// same rows of the full product. The pipelines rely on that invariance for
+// their results to equal serial's, so the ISA is capped below AMX, before
+// any kernel is made, unless the user chose one with ONEDNN_MAX_CPU_ISA
+// (or DNNL_MAX_CPU_ISA), e.g. ALL: faster bf16 on such hosts, without the
+// bitwise guarantee.
+void CapCpuIsa() {
+  if (std::getenv("ONEDNN_MAX_CPU_ISA") != nullptr || std::getenv("DNNL_MAX_CPU_ISA") != nullptr)
+    return;
+  try {
+    dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16);
+  } catch (const dnnl::error& e) {
+    // Too late: the process made a oneDNN kernel before mc2's first GEMM.
+    MC2_LOG(kWarn, "oneDNN's CPU ISA could not be capped below AMX ({}): bf16 pipelines may "
+                 "differ from serial in the last bits",
+                 e.what());
+  }
+}
+
 dnnl::engine& Engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  static dnnl::engine engine = [] {
+    CapCpuIsa();
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
   return engine;
 }
 
