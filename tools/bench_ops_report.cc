@@ -35,9 +35,9 @@ namespace {
 
 // "93%", "noise" (below the floor) or "-" (nothing to hide).
 std::string OverlapText(const Bounds& b, double t) {
-  if (std::min(b.tc, b.tm) <= 0) return "-";
+  if (b.BelowFloor(t)) return "noise";
   std::optional<double> o = b.Overlap(t);
-  return o ? fmt::format("{:.0f}%", 100 * *o) : "noise";
+  return o ? fmt::format("{:.0f}%", 100 * *o) : "-";
 }
 
 nlohmann::json OverlapJson(const Bounds& b, double t) {

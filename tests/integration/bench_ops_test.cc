@@ -164,6 +164,30 @@ INSTANTIATE_TEST_SUITE_P(Ops, BenchOpsTest,
                                            "matmul_all_reduce", "all_gather_batch_matmul", "moe",
                                            "moe_mlp"));
 
+// One rank: no comm-only, so the floor is compute-only and nothing can be
+// hidden (overlap "-", null in JSON), unless a time beats the floor.
+TEST(BenchOpsOneRank, FloorIsComputeOnlyAndNothingIsHidden) {
+  const std::string json_path = TempPath("bench-ops-one-rank");
+  Result r = RunMc2(
+      {"bench", "ops", "-n",       "1", "--operator", "moe", "-m", "40", "-k",     "24",
+       "-N",    "16",  "--splits", "2", "-i",         "2",   "-w", "0",  "--json", json_path},
+      {{"MC2_HEAP_BYTES", "64M"}}, 60);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  std::ifstream in(json_path);
+  ASSERT_TRUE(in) << json_path;
+  nlohmann::json j = nlohmann::json::parse(in);
+  std::filesystem::remove(json_path);
+  EXPECT_EQ(j["comm_ms"].get<double>(), 0.0);
+  EXPECT_EQ(j["floor_ms"].get<double>(), j["compute_ms"].get<double>());
+  auto rows = DataRows(r.out);
+  ASSERT_EQ(rows.size(), j["rows"].size()) << r.out;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& row = j["rows"][i];
+    EXPECT_TRUE(row["overlap"].is_null()) << row.dump();
+    EXPECT_EQ(rows[i][6], row["below_floor"].get<bool>() ? "noise" : "-") << r.out;
+  }
+}
+
 TEST(BenchOpsLink, EmulatedLinkIsLabelledAndResultsStayExact) {
   Result r = RunMc2({"bench",      "ops",
                      "-n",         "2",
