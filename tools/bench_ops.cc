@@ -359,13 +359,18 @@ void RunOpsCallback(const OpsArgs& a, bool link_was_auto) {
 }
 
 constexpr const char* kColumns =
-    "Columns: time_ms (median of the slowest rank over round-robin iterations), floor_ms = "
-    "max(compute-only, comm-only), both timed in the same iterations (no pipeline can be "
-    "faster), vs_floor = time / floor, overlap = (compute-only + comm-only - time) / "
-    "min(compute-only, comm-only) (at most 100%; `noise` when a time beats the floor, which only "
-    "the medians' noise can do), model_ms = the pipeline-fill prediction max + min / stages "
-    "(stages = splits for chunked, ranks x splits for fused; a prediction, not a bound), speedup "
-    "= serial / time, #wrong = elements that differ bitwise from serial's result.";
+    "Columns:\n"
+    "  time_ms   median over round-robin iterations of the slowest rank's time\n"
+    "  floor_ms  max(compute-only, comm-only), timed in the same iterations: no pipeline can\n"
+    "            be faster\n"
+    "  vs_floor  time / floor\n"
+    "  overlap   (compute-only + comm-only - time) / min(compute-only, comm-only): at most\n"
+    "            100%; `noise` when a time beats the floor (only the medians' noise can)\n"
+    "  model_ms  the pipeline-fill prediction max + min / stages (stages = splits for chunked,\n"
+    "            ranks x splits for fused): a prediction, not a bound\n"
+    "  speedup   serial / time\n"
+    "  #wrong    elements that differ bitwise from serial's result, summed over ranks\n"
+    "-m, -k and -N are element counts: plain integers, no size suffixes.";
 
 }  // namespace
 
