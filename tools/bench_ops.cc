@@ -147,10 +147,8 @@ const CLI::Validator kDimValidator(
       const bool digits = !text.empty() && text.size() <= 8 &&
                           text.find_first_not_of("0123456789") == std::string::npos;
       if (digits && std::stoul(text) >= 1 && std::stoul(text) <= kMaxDim) return "";
-      return fmt::format(
-          "'{}' is invalid: expected an element count from 1 to {}, a plain "
-          "integer",
-          text, kMaxDim);
+      return fmt::format("'{}' is invalid: expected an element count from 1 to {}, a plain integer",
+                         text, kMaxDim);
     },
     "COUNT");
 
@@ -189,29 +187,21 @@ OpsConfig Validate(const OpsArgs& a) {
 std::vector<std::string> JobArgs(const OpsConfig& c, const std::string& link, bool link_auto,
                                  const std::string& extra_flag = {},
                                  const std::string& extra_value = {}) {
-  std::vector<std::string> v = {SelfExe(),
-                                "bench",
-                                "ops",
-                                "--operator",
-                                c.op,
-                                "-m",
-                                std::to_string(c.m),
-                                "-k",
-                                std::to_string(c.k),
-                                "-N",
-                                std::to_string(c.n),
-                                "--dtype",
-                                DTypeName(c.dtype),
-                                "--link",
-                                link,
-                                "--iters",
-                                std::to_string(c.iters),
-                                "--warmup",
-                                std::to_string(c.warmup),
-                                "--confirm",
-                                std::to_string(c.confirm)};
-  v.insert(v.end(), {"--pipeline", c.pipelines.size() > 1 ? "all" : PipelineName(c.pipelines[0])});
-  v.insert(v.end(), {"--splits", fmt::format("{}", fmt::join(c.splits, ","))});
+  std::vector<std::string> v = {SelfExe(), "bench", "ops", "--operator", c.op};
+  auto add = [&v](const char* flag, std::string value) {
+    v.push_back(flag);
+    v.push_back(std::move(value));
+  };
+  add("-m", std::to_string(c.m));
+  add("-k", std::to_string(c.k));
+  add("-N", std::to_string(c.n));
+  add("--dtype", DTypeName(c.dtype));
+  add("--link", link);
+  add("--iters", std::to_string(c.iters));
+  add("--warmup", std::to_string(c.warmup));
+  add("--confirm", std::to_string(c.confirm));
+  add("--pipeline", c.pipelines.size() > 1 ? "all" : PipelineName(c.pipelines[0]));
+  add("--splits", fmt::format("{}", fmt::join(c.splits, ",")));
   if (!c.json_path.empty()) v.insert(v.end(), {"--json", c.json_path});
   if (!c.trace_ab.empty()) v.insert(v.end(), {"--trace-ab", c.trace_ab});
   if (link_auto) v.push_back("--link-was-auto");
