@@ -51,7 +51,7 @@ require_mc2 "$build"
 make_output_dir "" trace-overhead
 
 for op in "${ops[@]}"; do
-  shape=(bench ops -n "$nranks" --op "$op" -m "$m" -k "$k" -N "$n" --dtype "$dtype")
+  shape=(bench ops -n "$nranks" --operator "$op" -m "$m" -k "$k" -N "$n" --dtype "$dtype")
   common=("${shape[@]}" --pipeline all --splits 4 --iters "$iters" --warmup 1)
   linkspec=$link
   if [[ $link == auto ]]; then
