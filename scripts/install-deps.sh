@@ -6,7 +6,8 @@
 # Usage: scripts/install-deps.sh [--test]
 #   --test  also what only the test suite and the benchmark scripts use:
 #           Debian's chromium (the headless screenshot of the SVG timeline,
-#           tests/trace/render_check.sh) and python3 (bench/*.sh join JSON)
+#           tests/trace/render_check.sh), python3 (bench/*.sh join JSON),
+#           iproute2 and ethtool (the cluster in a box, scripts/cluster.sh)
 set -euo pipefail
 
 with_test=0
@@ -33,7 +34,7 @@ packages=(
   libomp-14-dev            # OpenMP for the clang (fuzz) build
 )
 if (( with_test )); then
-  packages+=(chromium fonts-dejavu-core python3)
+  packages+=(chromium fonts-dejavu-core python3 iproute2 ethtool)
 fi
 
 missing=()
