@@ -190,8 +190,9 @@ Work Launch(const Group& g, CollArgs&& a, const CollectiveOptions& opts, size_t 
   // every outgoing block, then write window k of every incoming block: with
   // one count for all blocks (not v) both windows cover the same bytes, so
   // in place they need no copy either, only an input the peers do not read
-  // directly (expose_send below), which saves copying a large input. All-to-allv works from a
-  // private copy of the input (documented cost of in-place all-to-allv).
+  // directly (expose_send below), which saves copying a large input.
+  // All-to-allv works from a private copy of the input (documented cost of
+  // in-place all-to-allv).
   const bool a2a_stages_in_place = a.in_place && !eager && a.kind == OpKind::kAllToAll;
   if (a.in_place && !eager && a.kind == OpKind::kAllToAllV) {
     size_t span = 0;

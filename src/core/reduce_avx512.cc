@@ -57,10 +57,10 @@ constexpr size_t kPrefetchBytes = 2048;
 constexpr int kPrefetchMinSources = 8;
 // Results at least this large are written with non-temporal stores: they
 // will not stay in cache anyway, and skipping the read-for-ownership of dst
-// saves a quarter of the traffic of a 2-source reduction. Smaller results (pipelined chunks a peer reads next) stay
-// in cache. Also when dst is one of the sources (in place): no RFO to save
-// then, but the peers that read the result next get it from memory instead
-// of out of this core's cache.
+// saves a quarter of the traffic of a 2-source reduction. Smaller results
+// (pipelined chunks a peer reads next) stay in cache. Also when dst is one
+// of the sources (in place): no RFO to save then, but the peers that read
+// the result next get it from memory instead of out of this core's cache.
 constexpr size_t kStreamMinBytes = size_t{8} << 20;
 // The same for results other cores read next (ResultUse::kPeers, reduce.h).
 constexpr size_t kPeerStreamMinBytes = size_t{64} << 10;
