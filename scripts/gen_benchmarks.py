@@ -56,9 +56,9 @@ scripts/record_bench.py ops_matmul_all_reduce -- build/tools/mc2 bench ops -n 2 
 scripts/record_bench.py demo -- build/tools/mc2 demo
 ```
 
-Record on a quiet machine, from a Release build of a committed tree: a
-build shared with other work varies by up to 2x from one minute to the
-next. Only ratios measured side by side in one run mean much, which is why
+Record on a quiet machine, from a Release build of a committed tree: on a
+machine shared with other work the same command can vary by a factor of
+two from one minute to the next. Only ratios measured side by side in one run mean much, which is why
 every tool below runs the things it compares in alternation.
 
 ### Collectives: `mc2 bench` and `bench/compare_mpi.sh`
@@ -116,6 +116,16 @@ steps with each pipeline (serial first), checks that the losses are
 bitwise identical across them, and reports per pipeline the median step
 time, the speedup against serial and the share of the step spent in
 communication that no computation covered.
+
+### Exploring
+
+These print tables for a human and are not recorded: `bench/ops_table.sh`
+(every dense operator and rank count in three regimes: balanced over an
+emulated link, raw shared memory, communication-bound), `bench/demo_table.sh`
+(the transformer's step time against pipeline and split count),
+`bench/trace_overhead.sh` (what tracing costs on `mc2 bench ops`) and
+`build/bench/gemm_bench` (GEMM throughput per backend and type, per core).
+Each script's header explains its columns.
 
 ### Emulated links
 
