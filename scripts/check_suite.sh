@@ -8,8 +8,9 @@
 # Each configures its own tree (build-asan, build-tsan, build-fuzz;
 # BUILD_ROOT prefixes them), builds only what its tests run, runs ctest
 # there and prints how long the build and the run took. Which test runs
-# under which sanitizer is decided in tests/CMakeLists.txt, by what each
-# sanitizer can find there. Environment: JOBS (2), MC2_FUZZ_SECONDS (30).
+# under which sanitizer follows from what that sanitizer can find in it:
+# the labels of tests/CMakeLists.txt and the exclusions below, each with its
+# reason. Environment: JOBS (2), MC2_FUZZ_SECONDS (30).
 #
 # Every sanitizer report fails the stage, whichever process it comes from.
 # The runtimes write reports to files (log_path) instead of stderr, so that
