@@ -103,19 +103,32 @@ times one fused operator (all_gather_matmul, matmul_reduce_scatter,
 matmul_all_reduce, all_gather_batch_matmul, moe, moe_mlp) on an M x K x N
 problem with every pipeline (serial, chunked, fused, auto) and split count
 in round-robin iterations, and checks every pipeline's result against the
-serial one (`#wrong`). The tables below show, from its confirmation
-iterations: compute-only and comm-only time, the serial pipeline (compute
-then communicate), the best pipeline and its time, best vs serial = serial
-time / best time, and what `auto` chose. `mc2 bench ops --help` explains
-its other columns.
+serial one. After the sweep it re-times compute-only, comm-only, serial,
+the best pipeline and auto on fresh iterations (`--confirm`), because the
+best of a sweep is biased low. Times are medians over iterations of the
+slowest rank. `mc2 bench ops --help` explains its own columns; the table
+below shows, from the confirmation when the run made one:
+
+- compute ms / comm ms: the operator's GEMMs alone and its collective
+  alone;
+- serial ms: the serial pipeline (compute, then communicate);
+- best: the fastest pipeline and its split count, and its time;
+- best vs serial: serial time / best time (> 1: the overlap pays);
+- auto ran: what the `auto` pipeline chose, and its time;
+- #wrong: elements that differ from the serial result, over all rows.
 
 ### The transformer: `mc2 demo`
 
 `mc2 demo` trains the reference tensor-parallel transformer for a few
-steps with each pipeline (serial first), checks that the losses are
-bitwise identical across them, and reports per pipeline the median step
-time, the speedup against serial and the share of the step spent in
-communication that no computation covered.
+steps with each pipeline (serial first), from the same weights, and checks
+that the losses are bitwise identical across them. Per pipeline:
+
+- step ms: the median step time over the timed steps;
+- vs serial: serial step time / this step time;
+- communication %: the share of the step in which communication ran;
+- uncovered %: the share in which communication ran and no computation
+  covered it;
+- tokens/s: tokens trained per second.
 
 ### Exploring
 
