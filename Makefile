@@ -4,13 +4,15 @@
 #
 #   make demo    install deps, build (Release, build/), run the main demo
 #   make test    install deps, build, run the whole test suite: the normal
-#                build (test-quick), then the same code under ASan+UBSan
-#                (test-asan) and ThreadSanitizer (test-tsan), then every
-#                fuzz target for 30 s (test-fuzz); CI runs this (.ci/run)
+#                build (test-quick), then the tests each sanitizer can find
+#                something in under ASan+UBSan (test-asan) and
+#                ThreadSanitizer (test-tsan), then every fuzz target for
+#                30 s (test-fuzz); CI runs this (.ci/run)
 #   make test-quick   only the normal build and suite (the quick check)
 #   make test-asan / test-tsan / test-fuzz   one instrumented stage, in its
 #                own build directory (build-asan, build-tsan, build-fuzz;
-#                scripts/check_suite.sh); any sanitizer report fails it
+#                scripts/check_suite.sh says which tests each runs and
+#                why); any sanitizer report fails it
 #   make build   install deps, configure and build
 #   make clean   remove the build directories
 #

@@ -10,6 +10,8 @@
 # "paired" is the median over repetitions of MPI time / mc2 time within a
 # repetition (the two runs back to back), which cancels the host's slow
 # phases that last seconds and hit whichever side happens to run then.
+# The same figures go to summary_COLLECTIVE.json in the output directory
+# (--keep), which scripts/record_bench.py records for docs/benchmarks.md.
 #
 # Usage: bench/compare_mpi.sh [-n N] [-b MIN] [-e MAX] [-f F] [-r REPS]
 #            [-i ITERS] [-w WARMUP] [-c 0|1] [-d DTYPE] [--buffers symmetric|private]
@@ -31,7 +33,7 @@ nranks=2 minb=8 maxb=256M factor=2 reps=3 iters=20 warmup=5 check=0 dtype=f32
 buffers=symmetric build=${MC2_BUILD_DIR:-$repo/build} keep="" stat=avg mpich=0
 colls=()
 
-usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 die() { echo "compare_mpi.sh: $*" >&2; exit 2; }
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -173,6 +175,7 @@ print(f"# {'size':>10}  {'mc2 us':>9} {'MPI us':>9} {'mc2 bw':>7} {'MPI bw':>7} 
 best_ratios = []
 ratios = []
 paired_ratios = []
+summary_rows = []
 for i, size in enumerate(sizes):
     mt, pt = med(mc2, i, "out_of_place", "time_us"), med(mpi, i, "out_of_place", "time_us")
     mb, pb = med(mc2, i, "out_of_place", "busbw_gbs"), med(mpi, i, "out_of_place", "busbw_gbs")
@@ -195,6 +198,12 @@ for i, size in enumerate(sizes):
         extra = f"  {f(cb, '8.2f')} {f(rbest, '6.2f')}"
     print(f"  {size:>10}  {f(mt, '9.2f')} {f(pt, '9.2f')} {f(mb, '7.2f')} {f(pb, '7.2f')} "
           f"{f(rb, '6.2f')} {f(rp, '6.2f')}  {f(mbi, '7.2f')} {f(pbi, '7.2f')} {f(rbi, '6.2f')}  {algo}{extra}")
+    summary_rows.append({"size": size, "mc2_us": mt, "mpi_us": pt, "mc2_busbw_gbs": mb,
+                         "mpi_busbw_gbs": pb, "ratio": rb, "paired": rp,
+                         "mc2_busbw_in_place_gbs": mbi, "mpi_busbw_in_place_gbs": pbi,
+                         "ratio_in_place": rbi, "mc2_algo": algo})
+    if with_mpich:
+        summary_rows[-1].update({"mpich_busbw_gbs": cb, "best_mpi_ratio": rbest})
 lt_m, lt_p = med(mc2, 0, "out_of_place", "time_us"), med(mpi, 0, "out_of_place", "time_us")
 print(f"# latency at {sizes[0]} B: mc2 {f(lt_m, '.2f')} us, MPI {f(lt_p, '.2f')} us, "
       f"ratio mc2/MPI = {f(ratio(lt_m, lt_p), '.2f')} (< 1: mc2 faster)")
@@ -209,6 +218,11 @@ if ratios:
 if best_ratios:
     print(f"# against the better of Open MPI and MPICH: slowest ratio {min(best_ratios):.2f}, "
           f"geometric mean {statistics.geometric_mean([r for r in best_ratios if r > 0]):.2f}")
+with open(f"{out}/summary_{coll}.json", "w") as fh:
+    json.dump({"collective": coll, "ranks": mc2[0]["ranks"], "dtype": mc2[0]["dtype"],
+               "buffers": mc2[0]["buffers"], "iters": mc2[0]["iters"], "reps": reps, "stat": stat,
+               "mpich": with_mpich, "rows": summary_rows}, fh, indent=1)
+    fh.write("\n")
 EOF
 done
 [[ -n $keep ]] && echo "# raw outputs kept in $out"

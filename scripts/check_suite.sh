@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The instrumented stages of `make test` (see the Makefile):
 #
-#   scripts/check_suite.sh asan    the suite under AddressSanitizer + UBSan
-#   scripts/check_suite.sh tsan    the suite under ThreadSanitizer (a subset)
+#   scripts/check_suite.sh asan    the tests labelled "asan" under AddressSanitizer + UBSan
+#   scripts/check_suite.sh tsan    the tests labelled "tsan" under ThreadSanitizer
 #   scripts/check_suite.sh fuzz    every libFuzzer target for MC2_FUZZ_SECONDS
 #
-# Each configures and builds its own tree (build-asan, build-tsan,
-# build-fuzz; BUILD_ROOT prefixes them), runs ctest there and prints how
-# long the build and the run took. Environment: JOBS (2), MC2_FUZZ_SECONDS
-# (30).
+# Each configures its own tree (build-asan, build-tsan, build-fuzz;
+# BUILD_ROOT prefixes them), builds only what its tests run, runs ctest
+# there and prints how long the build and the run took. Which test runs
+# under which sanitizer follows from what that sanitizer can find in it:
+# the labels of tests/CMakeLists.txt and the exclusions below, each with its
+# reason. Environment: JOBS (2), MC2_FUZZ_SECONDS (30).
 #
 # Every sanitizer report fails the stage, whichever process it comes from.
 # The runtimes write reports to files (log_path) instead of stderr, so that
@@ -49,11 +51,14 @@ case "$mode" in
   *) echo "check_suite.sh: unknown stage '$mode' (asan, tsan or fuzz)" >&2; exit 2 ;;
 esac
 
+# Only the stage's test binaries and the programs they launch: the tools,
+# the shared library and the packaging checks' targets are left out when no
+# test of the stage needs them (check_<stage>_programs, tests/CMakeLists.txt).
 build_start=$(date +%s)
 if [ "$mode" = fuzz ]; then
   cmake --build "$dir" -j "$jobs" --target fuzzers
 else
-  cmake --build "$dir" -j "$jobs"
+  cmake --build "$dir" -j "$jobs" --target "check_${mode}_programs"
 fi
 build_s=$(elapsed "$build_start")
 
@@ -75,15 +80,48 @@ export TSAN_OPTIONS="log_path=$reports/tsan:halt_on_error=1:exitcode=66:second_d
 if [ "$mode" = asan ]; then export MC2_CHECK=1; fi
 
 ctest_args=(--test-dir "$dir" --output-on-failure -j "$jobs")
+# What runs under each sanitizer is chosen by what that sanitizer can find;
+# the normal stage runs every test. Binaries carry the labels "asan" and
+# "tsan" (tests/CMakeLists.txt); the packaging, render and docs checks carry
+# neither, since they compile other programs, drive a browser or run Python
+# and exercise no library code of their own.
+#
+# Both sanitizers skip tests that only repeat code other tests of the stage
+# run, where the repetition is what makes them expensive. Rank counts 2 and
+# 3 (a power of two and not; on two CPUs, a CPU per rank and more ranks than
+# CPUs) reach the branches of the algorithms' schedules and staging, and 4
+# (a power of two with more ranks than CPUs) stays where it is cheap:
+#   - the collective sweep at 5 and 8 ranks, and its large-message sweep
+#     (the multi-window staging) at 4 as well;
+#   - the per-algorithm tests at 5 and 8 ranks;
+#   - the timing tests of the trace recorder: loops of thousands of small
+#     calls that other tests already make, traced and not, timed against
+#     each other (tests/trace/overhead_test.cc carries no label at all);
+#   - the models' learning tests: a hundred training steps through the code
+#     one step of the other model tests runs.
+same_code='Ranks/Sweep\.[A-Za-z]+/(5|8)$|Ranks/Sweep\.LargeMessagesMatchReference/4$'
+same_code+='|Ranks/Algorithms\.[A-Za-z]+/n(5|8) |TraceRunTest\.Overhead'
+same_code+='|\.LossDecreasesOnLearnableTask$'
 case "$mode" in
-  # The packaging checks compile and link other programs against the build
-  # and say nothing about memory or threads: the normal stage runs them.
-  asan) ctest_args+=(-LE 'packaging|render') ;;
-  # ThreadSanitizer costs 5-15x; it runs the layers where threads share
-  # memory: everything but the packaging checks and the real-process
-  # integration tests, whose processes run the same code as the in-process
-  # tests (one progress thread each) and which ASan covers.
-  tsan) ctest_args+=(-LE 'packaging|render|integration') ;;
+  # AddressSanitizer + UBSan: every test binary, since all of them run
+  # library code on memory, including the integration tests, the only ones
+  # that run the launcher, the job's segments and the command-line tools.
+  # Besides the repetitions above it skips: the process sample at 4-8 ranks
+  # (its in-process twin and the 2- and 3-rank runs cover the same code),
+  # bench ops' `--link auto` calibration (its time goes to GEMMs; the other
+  # bench ops tests run the same tool code) and the idle-rank CPU test (it
+  # waits a fixed time in code every other test runs).
+  asan)
+    skip="$same_code|Ranks/CasesOnProcesses\.[A-Za-z]+/(4|5|8)$"
+    skip+='|BenchOpsLink\.LinkAutoCalibratesAgainstCompute|ProcessesTest\.IdleRankUsesUnderOnePercentOfACore'
+    ctest_args+=(-L asan -E "$skip") ;;
+  # ThreadSanitizer: the tests where threads share memory -- the engine and
+  # transport, the collectives, the recorder, the fused operators and the
+  # models that drive them. Not the binaries whose code under test runs on
+  # one thread (parsers, reduction kernels, the cost model, trace files) or
+  # that launch real processes (each rank runs the same code as the
+  # in-process tests, one progress thread each): ASan runs those.
+  tsan) ctest_args+=(-L tsan -E "$same_code") ;;
   fuzz) ctest_args+=(-L fuzz) ;;
 esac
 

@@ -1,5 +1,5 @@
-// mc2/tensor.h: element types, reduction operators and a non-owning buffer
-// view used by the collectives and operators.
+// mc2/tensor.h: the element types and reduction operators that the
+// collectives and operators take, with their names.
 #ifndef MC2_TENSOR_H_
 #define MC2_TENSOR_H_
 

@@ -190,9 +190,9 @@ Work Launch(const Group& g, CollArgs&& a, const CollectiveOptions& opts, size_t 
   // every outgoing block, then write window k of every incoming block: with
   // one count for all blocks (not v) both windows cover the same bytes, so
   // in place they need no copy either, only an input the peers do not read
-  // directly (expose_send below). Without the copy, 2 ranks in place:
-  // 16 MiB 1520 -> 620 us, 64 MiB 8.3 -> 2.4 ms. All-to-allv works from a
-  // private copy of the input (documented cost of in-place all-to-allv).
+  // directly (expose_send below), which saves copying a large input.
+  // All-to-allv works from a private copy of the input (documented cost of
+  // in-place all-to-allv).
   const bool a2a_stages_in_place = a.in_place && !eager && a.kind == OpKind::kAllToAll;
   if (a.in_place && !eager && a.kind == OpKind::kAllToAllV) {
     size_t span = 0;
@@ -208,13 +208,12 @@ Work Launch(const Group& g, CollArgs&& a, const CollectiveOptions& opts, size_t 
   // in-place buffer (it is overwritten while others still read it), except
   // Rabenseifner's all-reduce: there a rank writes only the chunk it owns
   // until every rank has reduced (rabenseifner.cc), so its peers read their
-  // chunks of the input undisturbed, and in place needs no staged copy
-  // (2 MiB: 192 us in place against 82 us out of place, 2 ranks, before).
+  // chunks of the input undisturbed, and in place needs no staged copy.
   const bool reducing = a.kind == OpKind::kAllReduce || a.kind == OpKind::kReduce;
   // The direct reduce is the other exception: only the root writes, and
   // only the root reads the root's input (ReduceTree lets the result alias
-  // it); a non-root's buffer is not written at all. Staging in place cost a
-  // 4-rank 32 KiB reduce 26-29 us against 18-20 us out of place.
+  // it); a non-root's buffer is not written at all, so staging it in place
+  // would be a copy for nothing.
   const bool input_intact_while_read =
       (a.kind == OpKind::kAllReduce && algo == Algorithm::kRabenseifner) ||
       (a.kind == OpKind::kReduce && algo == Algorithm::kDirect);
@@ -233,8 +232,8 @@ Work Launch(const Group& g, CollArgs&& a, const CollectiveOptions& opts, size_t 
 
   // Calls up to kInlineMaxBytes run on the caller when the engine is idle:
   // a hand-off to the progress thread and back costs two thread wake-ups
-  // and a queued task, measured 20-45% of a 512 KiB - 2 MiB call-and-wait
-  // here (docs/architecture.md). Larger calls stay asynchronous; callers
+  // and a queued task, a large share of such a call-and-wait
+  // (docs/architecture.md). Larger calls stay asynchronous; callers
   // that overlap set may_run_inline = false.
   bool small = opts.may_run_inline && select_bytes <= kInlineMaxBytes;
   const char* name = internal::OpKindName(a.kind);
@@ -266,11 +265,8 @@ Work Launch(const Group& g, CollArgs&& a, const CollectiveOptions& opts, size_t 
 // GroupImpl::kInlineBytes: the latency-bound calls) runs inline from its
 // arguments: the same protocol, fingerprint, span and checks as Launch's
 // path, without building a CollArgs and a Plan and without RunEager's
-// dispatch on the kind. The software of a call, measured alone (1 rank,
-// 2 million calls, alternating runs): 8 B 0.071-0.081 -> 0.054-0.065 us,
-// 32 B 0.075-0.084 -> 0.056, 256 B 0.077-0.089 -> 0.059-0.060, 2 KiB
-// 0.106-0.111 -> 0.085-0.092 (with the cheaper offsets and waits of the
-// same change). Empty when the call takes Launch's path instead:
+// dispatch on the kind, because at these sizes that software is a large
+// part of the call. Empty when the call takes Launch's path instead:
 // an algorithm other than direct (forced or tuned), MC2_CHECK=1,
 // may_run_inline off, or a busy engine.
 std::optional<Work> TryEagerAllReduce(const Group& g, const void* send, void* recv, size_t count,

@@ -67,9 +67,7 @@ void StageAndPublish(OpContext& ctx, const internal::Fingerprint& fp, size_t sta
     // will be: keep their pages in this process's TLB and their first
     // lines cached (one load per member, a cache hit once warm). Without
     // this, after the program touched much memory, the first larger calls
-    // paid a page walk per slot: 2 ranks, `mc2 bench all_reduce -e 256M`,
-    // the 32 B row after the 8-16 B ones took 0.67-1.48 us a call in 4 of
-    // 5 runs, against ~0.5 for its neighbours.
+    // would pay a page walk per slot.
     for (int r = 0; r < g->size(); ++r) core::TouchForRead(g->Ptr(r, g->InlineOff(ctx.seq)), 1);
   }
 }
@@ -152,15 +150,14 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
   switch (a.kind) {
     case OpKind::kBarrier:
       // With a CPU per rank, every rank waits for every arrival: one hop,
-      // and the ranks leave together (2 ranks here: 0.37-0.50 us a
-      // barrier, against 0.63-0.81 us through rank 0's release and Open
-      // MPI's 0.44-0.54 us, alternating runs).
+      // and the ranks leave together, where a release by rank 0 would add
+      // a second hop.
       //
       // With more ranks than CPUs: fan-in to rank 0, release by its done
       // flag (published below, once it has seen every arrival). There the
       // ranks leave in the order the scheduler runs them, and a rank that
       // leaves first and then waits for a peer that is not running pays a
-      // round of context switches (~10 us each here). Released by rank 0,
+      // round of context switches. Released by rank 0,
       // rank 0 leaves first -- the root of rooted collectives by default,
       // which then runs ahead as MPI's eager protocols let it (see the top
       // of this file). Either way no rank leaves before all arrived.

@@ -9,8 +9,7 @@
 // a rank's own chunk, which no peer reads; symmetric send and recv buffers
 // need one window and no copies beyond the two phases. Whatever a peer reads
 // next (staged inputs, reduced chunks) is written with non-temporal stores:
-// here a core reads lines from memory faster than out of another core's
-// cache (benchmarks.md, session 14).
+// a core reads lines from memory faster than out of another core's cache.
 // In place, a symmetric buffer is read by the peers in place too: in phase 1
 // a rank writes only its own chunk (reduced over itself: ReduceTree allows
 // that alias), which no peer reads, and phase 2 overwrites the other chunks

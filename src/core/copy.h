@@ -19,9 +19,8 @@ inline constexpr size_t kStreamCopyBytes = size_t{1} << 20;
 
 // CopyBytes with non-temporal stores from 4 KiB on (with AVX-512), for
 // staging that another core reads next: the peer then reads the lines
-// from memory rather than out of this core's cache. Staging the private
-// input of Rabenseifner's all-reduce so took a 2-rank 2 MiB call from
-// 317-413 to 190-229 us (three alternating runs, raw shm).
+// from memory rather than out of this core's cache, which is faster than a
+// cache-to-cache transfer of lines this core still owns.
 void StreamBytes(void* dst, const void* src, size_t n);
 
 // Cache hints for the latency path of small operations (GroupImpl's
@@ -32,9 +31,9 @@ void StreamBytes(void* dst, const void* src, size_t n);
 // writing them.
 void PrefetchForWrite(const void* p, size_t bytes);
 // Loads one word of each line of [p, p + bytes) and drops it. A demand
-// load, not a prefetch: polling a peer's flag together with its staged
-// lines, loads cut a 2-rank 8 B all_reduce by ~0.05 us where prefetches
-// gained little (measured side by side). The loads are inline assembly.
+// load, not a prefetch: a prefetch may be dropped or issued late, while a
+// load's miss is sure to overlap the flag's when polled together. The
+// loads are inline assembly.
 inline void TouchForRead(const void* p, size_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (size_t off = 0; off < bytes; off += 64) {

@@ -39,8 +39,8 @@ bool EnvBool(const char* name, bool dflt);
 long EnvInt(const char* name, long dflt, long lo, long hi);
 
 // The host's online CPUs (std::thread::hardware_concurrency(), at least 1),
-// read once: glibc reads /sys for every call (~10 us), and the operators'
-// cost model asks on every call (auto evaluated ~130 candidates, 1.2 ms).
+// read once: glibc reads /sys for every call, and the operators' cost model
+// asks for every candidate it evaluates.
 int HostCpus();
 
 // Creates `dir` (and its parents) if missing and checks that it is a

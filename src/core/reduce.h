@@ -42,9 +42,8 @@ void Combine(DType t, ReduceOp op, void* dst, const void* a, const void* b,
 // `use` says who reads dst next, a hint for how to write it: kPeers (other
 // cores, e.g. the chunk a rank reduced for an all-gather phase) has the
 // AVX-512 kernels write results from 64 KiB with non-temporal stores. The
-// peers then read them from memory instead of out of this core's cache:
-// 2-rank Rabenseifner all_reduce, 512 KiB 63-79 -> 14-15 us, 8 MiB 1100-1150
-// -> 300-310 us (alternating runs). kLocal streams only from 8 MiB.
+// peers then read them from memory instead of out of this core's cache,
+// which is faster for them. kLocal streams only from 8 MiB.
 enum class ResultUse { kLocal, kPeers };
 void ReduceTree(DType t, ReduceOp op, void* dst, const void* const* srcs, int n, size_t count,
                 int divisor, ResultUse use = ResultUse::kLocal);

@@ -52,17 +52,15 @@ constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
 // With many sources the hardware prefetchers lose track of the streams:
 // from kPrefetchMinSources on, each block also prefetches the same source
-// kPrefetchBytes ahead (measured: 64 sources 5 -> 7.5 GB/s; no gain below 8).
+// kPrefetchBytes ahead; with fewer sources the prefetchers keep up alone.
 constexpr size_t kPrefetchBytes = 2048;
 constexpr int kPrefetchMinSources = 8;
 // Results at least this large are written with non-temporal stores: they
 // will not stay in cache anyway, and skipping the read-for-ownership of dst
-// saves a quarter of the traffic of a 2-source reduction (measured 16 ->
-// 22 GB/s input). Smaller results (pipelined chunks a peer reads next) stay
-// in cache. Also when dst is one of the sources (in place): no RFO to save
-// then, but the peers that read the result next get it from memory instead
-// of out of this core's cache (2-rank in-place all_reduce, 16 MiB: 2160-2460
-// -> 930-1000 us, 64 MiB: 6700-7500 -> 3600-3800 us, alternating runs).
+// saves a quarter of the traffic of a 2-source reduction. Smaller results
+// (pipelined chunks a peer reads next) stay in cache. Also when dst is one
+// of the sources (in place): no RFO to save then, but the peers that read
+// the result next get it from memory instead of out of this core's cache.
 constexpr size_t kStreamMinBytes = size_t{8} << 20;
 // The same for results other cores read next (ResultUse::kPeers, reduce.h).
 constexpr size_t kPeerStreamMinBytes = size_t{64} << 10;

@@ -2,12 +2,11 @@
 // packed inputs, partial products, a collective's staging), taken from a
 // per-thread cache of blocks instead of the allocator.
 //
-// Why: on this class of machine (a VM whose guest memory is backed lazily,
-// with free pages handed back to the host), the first touch of a page
-// costs ~12 us, so an 8 MiB buffer that the allocator returns to the kernel
-// and maps again on every call costs ~25 ms per call in page faults, as
-// much as the GEMM it feeds. Keeping the blocks makes the second call and
-// every later one touch pages that are already mapped.
+// Why: on a VM whose guest memory is backed lazily (free pages handed back
+// to the host), the first touch of a page is expensive, so a large buffer
+// that the allocator returns to the kernel and maps again on every call can
+// cost as much in page faults as the GEMM it feeds. Keeping the blocks makes
+// the second call and every later one touch pages that are already mapped.
 #ifndef MC2_CORE_SCRATCH_H_
 #define MC2_CORE_SCRATCH_H_
 

@@ -5,10 +5,11 @@
 // its first span and registered once (under a mutex) in a process-wide
 // list; after that, recording is lock-free: the span is written into the
 // buffer's current chunk and the buffer's count is published with a release
-// store. Cost when on: two clock reads (~25 ns each here), the append
-// (~9 ns) and, amortised, mapping the chunks' pages (~20 ns a span). Chunks are never moved or
-// freed, so Flush() can read every buffer's first `count` spans (acquire) while their owners keep
-// appending. Buffers outlive their threads (the progress thread ends before its world flushes).
+// store. Cost when on: two clock reads, the append and, amortised, mapping
+// the chunks' pages. Chunks are never moved or freed, so Flush() can read
+// every buffer's first `count` spans (acquire) while their owners keep
+// appending. Buffers outlive their threads (the progress thread ends before
+// its world flushes).
 //
 // Each buffer holds at most kMaxSpansPerThread spans; later ones are
 // counted as dropped and the count is written to the file's metadata.

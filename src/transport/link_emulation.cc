@@ -100,9 +100,8 @@ LinkEmulationTransport::~LinkEmulationTransport() {
 void LinkEmulationTransport::ArmLocked(Clock::time_point due) {
   // Absolute CLOCK_MONOTONIC (steady_clock's clock); a time in the past
   // fires at once, and zero would disarm, hence at least 1 ns. A timerfd
-  // gets no timer slack (measured here: 43 us late at the median with the
-  // default 50 us slack and with 1 ns, where clock_nanosleep is 92 / 42),
-  // so the thread needs no PR_SET_TIMERSLACK.
+  // fires as late with the default timer slack as with the smallest, so the
+  // thread needs no PR_SET_TIMERSLACK.
   const int64_t ns = std::max<int64_t>(
       1, std::chrono::duration_cast<std::chrono::nanoseconds>(due.time_since_epoch()).count());
   itimerspec t{};
@@ -177,12 +176,10 @@ void LinkEmulationTransport::Submit(Kind kind, int owner, uint64_t off, uint64_t
   queue_.push(e);
   pending_.fetch_add(1, std::memory_order_relaxed);
   // Re-arms the delivery thread's timer instead of waking it: a wake-up
-  // here ran that thread on this rank's CPU at once, and on a core shared
-  // with another rank the caller then waited out the other rank's time
-  // slice (matmul_all_reduce fused, 4 ranks, emulated: 1.8-3.9 ms after 8
-  // of 12 hand-offs; the other rank computed meanwhile, so the call's
-  // time did not change). With a core per rank it saves a context switch
-  // pair per transfer (2 ranks, fused s=8 / 16: 1-3% faster, within noise).
+  // here would run that thread on this rank's CPU at once, and on a core
+  // shared with another rank the caller would then wait out the other
+  // rank's time slice. With a core per rank it saves a context switch pair
+  // per transfer.
   if (first) ArmLocked(e.due);
 }
 

@@ -39,7 +39,7 @@ using Clock = std::chrono::steady_clock;
 
 class LinkModel;  // link_emulation.h
 
-// Clock::now() to within a scheduler tick (~1-4 ms), at a fraction of the
+// Clock::now() to within a scheduler tick, at a fraction of the
 // cost: used for operation deadlines, which need no more precision.
 Clock::time_point CoarseNow();
 

@@ -167,7 +167,8 @@ void PublishAborted(JobControl* ctl) {
 // (e.g. SIGKILLed in that window), publish on its behalf so that nobody
 // waits forever for an abort that was decided.
 void AwaitPublished(JobControl* ctl) {
-  constexpr long kMaxWaitNs = 100'000'000;  // 100 ms; the winner needs ~1 us
+  // Far longer than the few stores between a winner's claim and its publish.
+  constexpr long kMaxWaitNs = 100'000'000;
   struct timespec start;
   clock_gettime(CLOCK_MONOTONIC, &start);
   while (ctl->aborted.load(std::memory_order_acquire) == 0) {

@@ -113,7 +113,7 @@ ShmTransport::ShmTransport(std::shared_ptr<WorldMemory> mem, int rank, int size,
   // (tests) are judged the same way.
   oversubscribed_ = size_ > core::HostCpus();
   // MC2_SPIN_US, when set, is the budget as given (0: sleep at once, to
-  // save CPU); unset, the budgets measured to keep small collectives out of
+  // save CPU); unset, budgets long enough to keep small collectives out of
   // the sleep/wake cycle (see WaitGE).
   spin_ns_ = core::GetEnv("MC2_SPIN_US")
                  ? core::EnvInt("MC2_SPIN_US", 20, 0, 1000000) * 1000
@@ -183,12 +183,11 @@ void ShmTransport::WaitGE(int owner, uint64_t off, uint64_t value,
     core::CpuRelax();
   }
   // Then keep spinning for a while before sleeping. Going to sleep makes
-  // the peer's Publish pay a futex wake (a system call, ~2 us in a VM) and
-  // our return a scheduler wake-up (~10 us here). Once one wait sleeps, the
-  // peer's next wait for us is as long, so both keep sleeping: on a loaded
-  // host (a compile on the other core) a 2-rank 64 B all_reduce stayed at
-  // ~12 us per call with a 20 us budget, against ~0.6 us (as Open MPI,
-  // which never sleeps) when waits spin kDedicatedSpinNs by default. The
+  // the peer's Publish pay a futex wake (a system call) and our return a
+  // scheduler wake-up, each many times a small collective's cost. Once one
+  // wait sleeps, the peer's next wait for us is as long, so both keep
+  // sleeping; a budget of kDedicatedSpinNs keeps a loaded host's small
+  // collectives out of that cycle, as Open MPI (which never sleeps) is. The
   // budget stays bounded: then the wait sleeps and checks health and the
   // deadline as before.
   //
@@ -196,11 +195,9 @@ void ShmTransport::WaitGE(int owner, uint64_t off, uint64_t value,
   // (sched_yield returns at once otherwise). Even with a core per rank the
   // yields are needed: on a loaded host the two ranks of a job can end up
   // on one core, and pure spinning then holds the peer off for the whole
-  // budget (~220 us per 2-rank all_reduce, measured). With more ranks than
-  // cores, yield at every check, for kOversubscribedYieldNs by default: the
-  // peer we wait for is usually waiting for a core, and a yield hands it
-  // ours. (4 ranks / 2 cores: a 32 B-2 KiB all_reduce took ~45 us per call
-  // with the 20 us budget, ~25 us with this one.)
+  // budget. With more ranks than cores, yield at every check, for the
+  // longer kOversubscribedYieldNs by default: the peer we wait for is
+  // usually waiting for a core, and a yield hands it ours.
   const int64_t spin_end = NowNs() + spin_ns_;
   const int yield_mask = oversubscribed_ ? 0 : 15;
   for (int i = 0;; ++i) {

@@ -1,0 +1,410 @@
+#!/usr/bin/python3
+"""Writes docs/benchmarks.md from the recorded results in bench/results/*.json.
+
+Usage: scripts/gen_benchmarks.py [--results DIR] [--output FILE | --check FILE]
+
+--output FILE   where to write the page (default: docs/benchmarks.md)
+--check FILE    write nothing; exit 1 with a diff if FILE differs from the
+                page the results give (the `docs` ctest runs this)
+
+The page is a pure function of the result files (scripts/record_bench.py
+writes them), so it can be regenerated at any time and never drifts from
+them. Results are shown in the order of their file names.
+"""
+
+import difflib
+import json
+import pathlib
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+KINDS = ("compare_mpi", "bench_ops", "demo", "bench")
+REQUIRED = ("name", "kind", "date", "commit", "host", "command", "emulated", "result")
+# The judged figure of the all_reduce comparison.
+HEADLINE_SIZE = 16 << 20
+
+HOW_TO = """\
+## How to measure
+
+### Recording a result
+
+Every figure on this page comes from a result file under `bench/results/`,
+one per measurement, written by the recorder:
+
+```
+scripts/record_bench.py NAME [--note TEXT] -- COMMAND ...
+scripts/gen_benchmarks.py
+```
+
+The recorder runs COMMAND (`bench/compare_mpi.sh`, `mc2 bench`,
+`mc2 bench ops` or `mc2 demo`), adds the option that makes it write JSON,
+and writes `bench/results/NAME.json` with the date (UTC), the commit (and
+whether the tree had uncommitted changes), the host (CPU model, logical
+cores), the exact command, `emulated` (the link emulation in force, or
+null) and the tool's JSON. The generator then rewrites this page; the
+`docs` test fails when the page and the results disagree. The figures of
+the project's claims are recorded with:
+
+```
+scripts/record_bench.py all_reduce_vs_openmpi -- bench/compare_mpi.sh -n 2 -b 8 -e 256M -r 5 all_reduce
+scripts/record_bench.py ops_all_gather_matmul -- build/tools/mc2 bench ops -n 2 --op all_gather_matmul \\
+    -m 2048 -k 2048 -N 2048 --pipeline all --link auto
+scripts/record_bench.py ops_matmul_reduce_scatter -- build/tools/mc2 bench ops -n 2 \\
+    --op matmul_reduce_scatter -m 2048 -k 2048 -N 2048 --pipeline all --link auto
+scripts/record_bench.py ops_matmul_all_reduce -- build/tools/mc2 bench ops -n 2 --op matmul_all_reduce \\
+    -m 2048 -k 2048 -N 2048 --pipeline all --link auto
+scripts/record_bench.py demo -- build/tools/mc2 demo
+```
+
+Record on a quiet machine, from a Release build of a committed tree: on a
+machine shared with other work the same command can vary by a factor of
+two from one minute to the next. Only ratios measured side by side in one run mean much, which is why
+every tool below runs the things it compares in alternation.
+
+### Collectives: `mc2 bench` and `bench/compare_mpi.sh`
+
+`mc2 bench COLLECTIVE -n N -b MIN -e MAX -f FACTOR [--json FILE]` follows
+nccl-tests: one row per size with the time, algorithm bandwidth and bus
+bandwidth of the out-of-place and the in-place call and `#wrong` (with
+`-c 1`), then the average bus bandwidth and OK/FAILED. It starts its own N
+ranks, or runs inside `mc2 run`; `mc2 bench --help` lists the other options
+(data type, reduction, algorithm, buffers, iterations). A debug build prints
+a warning.
+
+- size: bytes per rank as nccl-tests counts them (all_gather: the output,
+  reduce_scatter: the input).
+- time: the average of the timed iterations, in microseconds, of the
+  slowest rank.
+- algbw: size / time, in GB/s.
+- busbw: algbw times a factor that makes the figure comparable with the
+  hardware's bandwidth whatever the rank count, as nccl-tests'
+  `doc/PERFORMANCE.md` explains: it counts the bytes each rank must move
+  over the slowest link of an optimal algorithm.
+
+| collective | busbw factor (n ranks) |
+|---|---|
+| all_reduce | 2(n-1)/n |
+| all_gather, reduce_scatter, all_to_all | (n-1)/n |
+| broadcast, reduce, send_recv | 1 |
+
+`bench/compare_mpi.sh [-n N] [-b MIN] [-e MAX] [-r REPS] [--mpich]
+COLLECTIVE...` runs the same sweep through Open MPI's collectives
+(`bench/mpi_coll_bench.c`, the same columns and checkable data),
+alternating mc2 and MPI `REPS` times. Per size it reports the median over
+the repetitions of each side's time and busbw, `ratio` = busbw mc2 / busbw
+MPI (> 1: mc2 faster) and `paired` = the median over repetitions of MPI
+time / mc2 time of two runs made back to back, which cancels the host's
+slow phases.
+
+### Fused operators: `mc2 bench ops`
+
+`mc2 bench ops -n N --op OP -m M -k K -N N --pipeline all --link auto`
+times one fused operator (all_gather_matmul, matmul_reduce_scatter,
+matmul_all_reduce, all_gather_batch_matmul, moe, moe_mlp) on an M x K x N
+problem with every pipeline (serial, chunked, fused, auto) and split count
+in round-robin iterations, and checks every pipeline's result against the
+serial one. After the sweep it re-times compute-only, comm-only, serial,
+the best pipeline and auto on fresh iterations (`--confirm`), because the
+best of a sweep is biased low. Times are medians over iterations of the
+slowest rank. `mc2 bench ops --help` explains its own columns; the table
+below shows, from the confirmation when the run made one:
+
+- compute ms / comm ms: the operator's GEMMs alone and its collective
+  alone;
+- serial ms: the serial pipeline (compute, then communicate);
+- best: the fastest pipeline and its split count, and its time;
+- best vs serial: serial time / best time (> 1: the overlap pays);
+- auto ran: what the `auto` pipeline chose, and its time;
+- #wrong: elements that differ from the serial result, over all rows.
+
+### The transformer: `mc2 demo`
+
+`mc2 demo` trains the reference tensor-parallel transformer for a few
+steps with each pipeline (serial first), from the same weights, and checks
+that the losses are bitwise identical across them. Per pipeline:
+
+- step ms: the median step time over the timed steps;
+- vs serial: serial step time / this step time;
+- communication %: the share of the step in which communication ran;
+- uncovered %: the share in which communication ran and no computation
+  covered it;
+- tokens/s: tokens trained per second.
+
+### Exploring
+
+These print tables for a human and are not recorded: `bench/ops_table.sh`
+(every dense operator and rank count in three regimes: balanced over an
+emulated link, raw shared memory, communication-bound), `bench/demo_table.sh`
+(the transformer's step time against pipeline and split count),
+`bench/trace_overhead.sh` (what tracing costs on `mc2 bench ops`) and
+`build/bench/gemm_bench` (GEMM throughput per backend and type, per core).
+Each script's header explains its columns.
+
+### Emulated links
+
+On one host the "link" between ranks is shared memory, so fast that there
+is little communication to hide. `--link SPEC` (or `MC2_LINK`) paces every
+transfer as a slower link would (`bw=50MB/s,lat=5us`); `--link auto`
+calibrates the bandwidth so that communication takes about as long as
+computation, the regime the fused operators are built for
+([link-emulation.md](link-emulation.md)). A figure measured under emulation
+says so: its `link` column reads **emulated** with the setting used; "raw
+shm" means no emulation.
+"""
+
+
+def die(msg):
+    print(f"gen_benchmarks.py: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def load_results(directory):
+    results = []
+    for path in sorted(pathlib.Path(directory).glob("*.json")):
+        try:
+            r = json.loads(path.read_text())
+        except ValueError as e:
+            die(f"{path}: not valid JSON ({e})")
+        if not isinstance(r, dict):
+            die(f"{path}: expected a JSON object")
+        missing = [k for k in REQUIRED if k not in r]
+        if missing:
+            die(f"{path}: missing {', '.join(missing)} (write results with scripts/record_bench.py)")
+        if r["kind"] not in KINDS:
+            die(f"{path}: unknown kind '{r['kind']}' (expected {', '.join(KINDS)})")
+        r["_file"] = path.name
+        results.append(r)
+    return results
+
+
+def num(v, spec=".2f"):
+    return "N/A" if v is None else format(v, spec)
+
+
+def size_text(b):
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if b >= 1 << shift and b % (1 << shift) == 0:
+            return f"{b >> shift} {unit}"
+    return f"{b} B"
+
+
+def link_text(r):
+    return f"**emulated** `{r['emulated']}`" if r["emulated"] else "raw shm"
+
+
+def source_line(ref, r):
+    host = r["host"] if isinstance(r["host"], dict) else {}
+    dirty = " (uncommitted changes)" if r.get("dirty") else ""
+    note = f" {r['note']}" if r.get("note") else ""
+    return (f"- [{ref}] `{r['_file']}`: {r['date']}, commit `{r['commit']}`{dirty}, "
+            f"{host.get('cpu', 'unknown CPU')}, {host.get('cores', '?')} cores, "
+            f"{link_text(r)}: `{r['command']}`.{note}")
+
+
+def table(header, rows):
+    out = ["| " + " | ".join(h for h, _ in header) + " |",
+           "|" + "|".join("---:" if right else "---" for _, right in header) + "|"]
+    out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return out
+
+
+def compare_rows(r):
+    for coll in r["result"].get("collectives", []):
+        for row in coll.get("rows", []):
+            yield coll, row
+
+
+def ops_summary(j):
+    """Serial, best and auto of one mc2 bench ops result, from its
+    confirmation iterations when it ran them, else from its sweep."""
+    c = j.get("confirm")
+    if c:
+        best = f"{c.get('best_pipeline')} s={c.get('best_splits')}"
+        return (c.get("compute_ms"), c.get("comm_ms"), c.get("serial_ms"), best,
+                c.get("best_ms"), c.get("auto_ran"), c.get("auto_ms"))
+    rows = [row for row in j.get("rows", []) if row.get("pipeline") != "auto"]
+    auto = [row for row in j.get("rows", []) if row.get("pipeline") == "auto"]
+    b = min(rows, key=lambda row: row["time_ms"]) if rows else {}
+    return (j.get("compute_ms"), j.get("comm_ms"), j.get("serial_ms"),
+            f"{b.get('pipeline')} s={b.get('splits')}" if b else None, b.get("time_ms"),
+            auto[0].get("ran") if auto else None, auto[0].get("time_ms") if auto else None)
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def headline(results, refs):
+    rows = []
+    for r in sorted(results, key=lambda r: KINDS.index(r["kind"])):
+        ref = f"[{refs[r['_file']]}]"
+        if r["kind"] == "compare_mpi":
+            for coll, row in compare_rows(r):
+                if coll.get("collective") == "all_reduce" and row.get("size") == HEADLINE_SIZE:
+                    rows.append([f"all_reduce {size_text(HEADLINE_SIZE)}, {coll.get('ranks')} ranks, "
+                                 f"{coll.get('buffers')} buffers: busbw mc2 / Open MPI",
+                                 f"{num(row.get('ratio'))}x (paired {num(row.get('paired'))}x)",
+                                 link_text(r), ref])
+        elif r["kind"] == "bench_ops":
+            j = r["result"]
+            _, _, serial, best, best_ms, _, _ = ops_summary(j)
+            rows.append([f"{j.get('op')} {j.get('M')}x{j.get('K')}x{j.get('N')}, "
+                         f"{j.get('ranks')} ranks: serial / best ({best})",
+                         f"{num(ratio(serial, best_ms))}x", link_text(r), ref])
+        elif r["kind"] == "demo":
+            j = r["result"]
+            runs = j.get("runs", [])
+            fastest = max(runs, key=lambda x: x.get("speedup", 0)) if runs else {}
+            same = "identical" if j.get("losses_identical") else "NOT identical"
+            rows.append([f"mc2 demo, {j.get('ranks')} ranks: serial step / {fastest.get('pipeline')} step",
+                         f"{num(fastest.get('speedup'))}x, losses {same}", link_text(r), ref])
+    if not rows:
+        return []
+    return ["### Summary", ""] + table(
+        [("figure", False), ("value", True), ("link", False), ("source", False)], rows) + [""]
+
+
+def compare_section(results, refs):
+    out = []
+    for r in results:
+        for coll in r["result"].get("collectives", []):
+            out += [f"### {coll.get('collective')}, {coll.get('ranks')} ranks, {coll.get('dtype')}, "
+                    f"{coll.get('buffers')} buffers: mc2 against Open MPI [{refs[r['_file']]}]", "",
+                    f"Medians of {coll.get('reps')} alternated repetitions, time = {coll.get('stat')} of "
+                    f"{coll.get('iters')} iterations, busbw in GB/s, ratio = mc2 / MPI (> 1: mc2 "
+                    f"faster).", ""]
+            header = [("size", True), ("mc2 us", True), ("MPI us", True), ("mc2 busbw", True),
+                      ("MPI busbw", True), ("ratio", True), ("paired", True),
+                      ("in-place ratio", True), ("mc2 algorithm", False)]
+            rows = [[size_text(row["size"]), num(row.get("mc2_us")), num(row.get("mpi_us")),
+                     num(row.get("mc2_busbw_gbs")), num(row.get("mpi_busbw_gbs")),
+                     num(row.get("ratio")), num(row.get("paired")), num(row.get("ratio_in_place")),
+                     row.get("mc2_algo", "")] for row in coll.get("rows", [])]
+            out += table(header, rows) + [""]
+    return out
+
+
+def ops_section(results, refs):
+    rows = []
+    for r in results:
+        j = r["result"]
+        tc, tm, serial, best, best_ms, auto_ran, auto_ms = ops_summary(j)
+        wrong = sum(row.get("wrong", 0) or 0 for row in j.get("rows", []))
+        rows.append([j.get("op"), j.get("ranks"), f"{j.get('M')}x{j.get('K')}x{j.get('N')}",
+                     j.get("dtype"), link_text(r), num(tc, ".1f"), num(tm, ".1f"),
+                     num(serial, ".1f"), best, num(best_ms, ".1f"),
+                     f"{num(ratio(serial, best_ms))}x", auto_ran or "N/A", num(auto_ms, ".1f"),
+                     wrong, f"[{refs[r['_file']]}]"])
+    if not rows:
+        return []
+    header = [("operator", False), ("ranks", True), ("M x K x N", False), ("dtype", False),
+              ("link", False), ("compute ms", True), ("comm ms", True), ("serial ms", True),
+              ("best", False), ("best ms", True), ("best vs serial", True), ("auto ran", False),
+              ("auto ms", True), ("#wrong", True), ("source", False)]
+    return ["### Fused operators (`mc2 bench ops`)", ""] + table(header, rows) + [""]
+
+
+def demo_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        out += [f"### The transformer (`mc2 demo`), {j.get('ranks')} ranks, tp {j.get('tp')} "
+                f"[{refs[r['_file']]}]", "",
+                f"Link: {link_text(r)}. Losses "
+                f"{'bitwise identical' if j.get('losses_identical') else 'NOT identical'} "
+                "across the pipelines.", ""]
+        header = [("pipeline", False), ("ran", False), ("step ms", True), ("vs serial", True),
+                  ("communication %", True), ("uncovered %", True), ("tokens/s", True)]
+        rows = [[x.get("pipeline"), x.get("ran"), num(x.get("step_ms"), ".0f"),
+                 f"{num(x.get('speedup'))}x", num(x.get("comm_pct"), ".1f"),
+                 num(x.get("uncovered_pct"), ".1f"), num(x.get("tokens_per_s"), ".0f")]
+                for x in j.get("runs", [])]
+        out += table(header, rows) + [""]
+    return out
+
+
+def bench_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        out += [f"### `mc2 bench` {j.get('collective')}, {j.get('ranks')} ranks, {j.get('dtype')}, "
+                f"{j.get('buffers')} buffers [{refs[r['_file']]}]", "",
+                f"Link: {link_text(r)}. Times in us, bandwidths in GB/s.", ""]
+        header = [("size", True), ("count", True), ("time", True), ("algbw", True),
+                  ("busbw", True), ("in-place time", True), ("in-place busbw", True),
+                  ("algorithm", False), ("#wrong", True)]
+        rows = []
+        for row in j.get("rows", []):
+            o, i = row.get("out_of_place") or {}, row.get("in_place") or {}
+            wrong = o.get("wrong")
+            rows.append([size_text(row["size"]), row.get("count"), num(o.get("time_us")),
+                         num(o.get("algbw_gbs")), num(o.get("busbw_gbs")),
+                         num(i.get("time_us")), num(i.get("busbw_gbs")), o.get("algo", ""),
+                         "N/A" if wrong is None else wrong])
+        out += table(header, rows) + [f"", f"Average busbw {num(j.get('avg_busbw_gbs'))} GB/s.", ""]
+    return out
+
+
+def render(results):
+    lines = ["# Benchmarks", "",
+             "<!-- Generated by scripts/gen_benchmarks.py from bench/results/*.json: edit those",
+             "     (scripts/record_bench.py) or the script, not this page. -->", "",
+             "How to measure mc2, then the current figures, each with the date, commit, host",
+             "and command that produced it. Earlier figures live in the git history of",
+             "`bench/results/`.", "", HOW_TO.rstrip("\n"), "", "## Current figures", ""]
+    if not results:
+        lines += ["No results are recorded yet: `bench/results/` holds no result file. Record",
+                  "them with `scripts/record_bench.py` (the commands are under",
+                  "[Recording a result](#recording-a-result)), then run",
+                  "`scripts/gen_benchmarks.py` to rewrite this page.", ""]
+        return "\n".join(lines)
+    refs = {r["_file"]: i + 1 for i, r in enumerate(results)}
+    by_kind = {k: [r for r in results if r["kind"] == k] for k in KINDS}
+    lines += headline(results, refs)
+    lines += compare_section(by_kind["compare_mpi"], refs)
+    lines += ops_section(by_kind["bench_ops"], refs)
+    lines += demo_section(by_kind["demo"], refs)
+    lines += bench_section(by_kind["bench"], refs)
+    lines += ["### Sources", ""] + [source_line(refs[r["_file"]], r) for r in results] + [""]
+    return "\n".join(lines)
+
+
+def main(argv):
+    results_dir, output, check = REPO / "bench" / "results", REPO / "docs" / "benchmarks.md", None
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("-h", "--help"):
+            print(__doc__)
+            return 0
+        if a not in ("--results", "--output", "--check") or i + 1 >= len(argv):
+            die(f"unexpected argument {a} (see --help)")
+        value = pathlib.Path(argv[i + 1])
+        if a == "--results":
+            results_dir = value
+        elif a == "--output":
+            output = value
+        else:
+            check = value
+        i += 2
+    if not results_dir.is_dir():
+        die(f"results directory {results_dir} does not exist")
+    page = render(load_results(results_dir))
+    if check is None:
+        output.write_text(page)
+        return 0
+    try:
+        current = check.read_text()
+    except OSError as e:
+        die(f"cannot read {check}: {e.strerror}")
+    if current == page:
+        return 0
+    sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), page.splitlines(True),
+                                               str(check), "generated"))
+    print(f"\ngen_benchmarks.py: {check} differs from what {results_dir} gives; "
+          "run scripts/gen_benchmarks.py and commit the page", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,205 @@
+#!/usr/bin/python3
+"""Runs one benchmark command and records its result under bench/results/.
+
+Usage: scripts/record_bench.py NAME [--results DIR] [--note TEXT] -- COMMAND ...
+
+COMMAND is one of
+  bench/compare_mpi.sh ...        (the recorder adds --keep DIR and reads the
+                                   summary_COLLECTIVE.json files it writes)
+  BUILD/tools/mc2 bench ...       (the recorder adds --json FILE)
+  BUILD/tools/mc2 bench ops ...   (the recorder adds --json FILE)
+  BUILD/tools/mc2 demo ...        (the recorder adds --json FILE, and --out DIR
+                                   in a temporary directory unless given)
+and must not carry those options itself. The command runs with the caller's
+environment; its standard output is shown and recorded.
+
+Writes DIR/NAME.json (DIR defaults to bench/results), replacing an earlier
+result of that name (git keeps the old one), with: name, kind, date (UTC),
+commit (and whether the tree had uncommitted changes), host (CPU model,
+logical cores, kernel), command (the exact command line, as run), emulated
+(the link emulation in force, or null on raw shared memory), env (the MC2_*
+variables set), note, stdout, and result (the tool's JSON). Then
+regenerate the page: scripts/gen_benchmarks.py.
+"""
+
+import datetime
+import json
+import os
+import pathlib
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def die(msg):
+    print(f"record_bench.py: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_args(argv):
+    if "--" not in argv:
+        die("expected NAME [--results DIR] [--note TEXT] -- COMMAND ... (see --help)")
+    sep = argv.index("--")
+    opts, command = argv[:sep], argv[sep + 1:]
+    if not command:
+        die("no command after --")
+    name, results, note = None, REPO / "bench" / "results", ""
+    i = 0
+    while i < len(opts):
+        a = opts[i]
+        if a in ("--results", "--note"):
+            if i + 1 >= len(opts):
+                die(f"{a} needs a value")
+            if a == "--results":
+                results = pathlib.Path(opts[i + 1])
+            else:
+                note = opts[i + 1]
+            i += 2
+        elif a.startswith("-"):
+            die(f"unknown option {a} (see --help)")
+        elif name is None:
+            name = a
+            i += 1
+        else:
+            die(f"unexpected argument {a}: one NAME, then -- COMMAND")
+    if name is None:
+        die("missing NAME (the result file's name, e.g. all_reduce_vs_openmpi)")
+    if not NAME_RE.match(name):
+        die(f"NAME '{name}' must be letters, digits, '_', '.' or '-'")
+    return name, results, note, command
+
+
+def command_kind(command):
+    """Which tool the command runs: compare_mpi, bench, bench_ops or demo."""
+    if os.path.basename(command[0]) == "compare_mpi.sh" or (
+            len(command) > 1 and os.path.basename(command[1]) == "compare_mpi.sh"):
+        return "compare_mpi"
+    if os.path.basename(command[0]) == "mc2" and len(command) > 1:
+        if command[1] == "bench":
+            return "bench_ops" if len(command) > 2 and command[2] == "ops" else "bench"
+        if command[1] == "demo":
+            return "demo"
+    die(f"cannot record '{shlex.join(command)}': expected bench/compare_mpi.sh, "
+        "mc2 bench, mc2 bench ops or mc2 demo")
+
+
+def option_value(command, name):
+    """The value of `name VALUE` or `name=VALUE` in the command, else None."""
+    for i, a in enumerate(command):
+        if a == name and i + 1 < len(command):
+            return command[i + 1]
+        if a.startswith(name + "="):
+            return a[len(name) + 1:]
+    return None
+
+
+def git(*args):
+    try:
+        return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True,
+                              text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def host_info():
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release()}
+
+
+def emulated_link(kind, command, result):
+    """The link emulation a result ran under, or None on raw shared memory.
+
+    mc2 bench ops and mc2 demo take --link (the demo's default is auto) and
+    report the link they used (the calibrated one for `auto`); mc2 bench and
+    compare_mpi.sh follow MC2_LINK.
+    """
+    requested = option_value(command, "--link") if kind in ("bench_ops", "demo") else None
+    if requested is None and kind == "demo":
+        requested = "auto"  # mc2 demo's default
+    if requested is None:
+        requested = os.environ.get("MC2_LINK", "")
+    resolved = result.get("link") if isinstance(result, dict) else None
+    if requested in ("", "none"):
+        return None if resolved in (None, "", "none") else resolved
+    if requested == "auto" and resolved not in (None, "", "none"):
+        return f"auto ({resolved})"
+    return requested
+
+
+def main(argv):
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    name, results, note, command = parse_args(argv)
+    kind = command_kind(command)
+    added = {"compare_mpi": ["--keep"], "bench": ["--json"], "bench_ops": ["--json"],
+             "demo": ["--json"]}[kind]
+    for opt in added:
+        if option_value(command, opt) is not None:
+            die(f"the command carries {opt}: the recorder sets it")
+    if not results.is_dir():
+        die(f"results directory {results} does not exist")
+
+    with tempfile.TemporaryDirectory(prefix="mc2-record.") as tmp:
+        run = list(command)
+        if kind == "compare_mpi":
+            run += ["--keep", f"{tmp}/keep"]
+        else:
+            run += ["--json", f"{tmp}/result.json"]
+            if kind == "demo" and option_value(command, "--out") is None:
+                run += ["--out", f"{tmp}/demo"]
+        date = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+        print(f"record_bench.py: running {shlex.join(run)}", file=sys.stderr)
+        proc = subprocess.run(run, stdout=subprocess.PIPE, text=True)
+        sys.stdout.write(proc.stdout)
+        if proc.returncode != 0:
+            die(f"the command failed (exit {proc.returncode}); nothing recorded")
+        if kind == "compare_mpi":
+            files = sorted(pathlib.Path(tmp, "keep").glob("summary_*.json"))
+            if not files:
+                die("compare_mpi.sh wrote no summary_*.json; nothing recorded")
+            result = {"collectives": [json.loads(f.read_text()) for f in files]}
+        else:
+            try:
+                result = json.loads(pathlib.Path(tmp, "result.json").read_text())
+            except (OSError, ValueError) as e:
+                die(f"cannot read the command's JSON output: {e}; nothing recorded")
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    record = {
+        "name": name,
+        "kind": kind,
+        "date": date.isoformat().replace("+00:00", "Z"),
+        "commit": git("rev-parse", "--short=12", "HEAD"),
+        "dirty": bool(status) if status is not None else None,
+        "host": host_info(),
+        "command": shlex.join(command),
+        "emulated": emulated_link(kind, command, result),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MC2_")},
+        "note": note,
+        "stdout": proc.stdout,
+        "result": result,
+    }
+    path = results / f"{name}.json"
+    replaced = path.exists()
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"record_bench.py: {'replaced' if replaced else 'wrote'} {path}; "
+          "now run scripts/gen_benchmarks.py", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,170 @@
+#!/usr/bin/python3
+"""Tests of scripts/gen_benchmarks.py and scripts/record_bench.py on made-up
+results: the page shows the recorded values and the ratios computed from
+them, says which figures ran under emulation, and refuses malformed files.
+
+Usage: gen_benchmarks_test.py SOURCE_DIR
+"""
+
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SOURCE = pathlib.Path(sys.argv.pop(1) if len(sys.argv) > 1 else ".").resolve()
+GEN = SOURCE / "scripts" / "gen_benchmarks.py"
+
+
+def load_recorder():
+    spec = importlib.util.spec_from_file_location("record_bench", SOURCE / "scripts" / "record_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def record(name, kind, result, emulated=None, command="cmd"):
+    return {"name": name, "kind": kind, "date": "2030-01-02T03:04:05Z", "commit": "0123456789ab",
+            "dirty": False, "host": {"cpu": "Test CPU", "cores": 2, "kernel": "6"},
+            "command": command, "emulated": emulated, "env": {}, "note": "", "stdout": "",
+            "result": result}
+
+
+COMPARE = record("ar", "compare_mpi", {"collectives": [{
+    "collective": "all_reduce", "ranks": 2, "dtype": "f32", "buffers": "symmetric", "iters": 20,
+    "reps": 5, "stat": "avg", "mpich": False, "rows": [
+        {"size": 8, "mc2_us": 1.0, "mpi_us": 2.0, "mc2_busbw_gbs": 0.01, "mpi_busbw_gbs": 0.005,
+         "ratio": 2.0, "paired": 2.0, "ratio_in_place": 1.5, "mc2_algo": "direct"},
+        {"size": 16 << 20, "mc2_us": 1000.0, "mpi_us": 3500.0, "mc2_busbw_gbs": 16.78,
+         "mpi_busbw_gbs": 4.79, "ratio": 3.503, "paired": 3.41, "ratio_in_place": 3.0,
+         "mc2_algo": "rabenseifner"}]}]}, command="bench/compare_mpi.sh -n 2 all_reduce")
+
+OPS = record("ops_agmm", "bench_ops", {
+    "op": "all_gather_matmul", "ranks": 2, "dtype": "f32", "M": 2048, "K": 2048, "N": 2048,
+    "link": "bw=81 MB/s, lat=5 us", "rows": [
+        {"pipeline": "serial", "splits": 1, "time_ms": 300.0, "wrong": 0, "ran": "serial s=1"},
+        {"pipeline": "fused", "splits": 4, "time_ms": 160.0, "wrong": 0, "ran": "fused s=4"}],
+    "confirm": {"compute_ms": 150.0, "comm_ms": 140.0, "serial_ms": 290.0,
+                "best_pipeline": "fused", "best_splits": 4, "best_ms": 145.0,
+                "auto_ran": "fused s=4", "auto_ms": 150.0}}, emulated="auto (bw=81MB/s,lat=5us)")
+
+DEMO = record("demo", "demo", {"ranks": 2, "tp": 2, "link": "bw=81MB/s,lat=5us",
+                               "losses_identical": True, "runs": [
+    {"pipeline": "serial", "ran": "serial s=1", "step_ms": 1000.0, "speedup": 1.0, "comm_pct": 45.0,
+     "uncovered_pct": 43.0, "tokens_per_s": 1024.0},
+    {"pipeline": "fused", "ran": "fused s=16", "step_ms": 625.0, "speedup": 1.6, "comm_pct": 40.0,
+     "uncovered_pct": 8.0, "tokens_per_s": 1638.0}]}, emulated="auto (bw=81MB/s,lat=5us)")
+
+
+def run_gen(*args):
+    return subprocess.run([sys.executable, str(GEN), *args], capture_output=True, text=True)
+
+
+class GenBenchmarksTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = pathlib.Path(self.tmp.name)
+        self.results = self.dir / "results"
+        self.results.mkdir()
+        self.page = self.dir / "page.md"
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def write(self, *records):
+        for r in records:
+            (self.results / f"{r['name']}.json").write_text(json.dumps(r))
+
+    def generate(self):
+        proc = run_gen("--results", str(self.results), "--output", str(self.page))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        return self.page.read_text()
+
+    def test_empty_results_say_so(self):
+        page = self.generate()
+        self.assertIn("## How to measure", page)
+        self.assertIn("No results are recorded yet", page)
+        self.assertNotIn("### Summary", page)
+
+    def test_summary_rows_carry_the_judged_figures(self):
+        self.write(COMPARE, OPS, DEMO)
+        lines = self.generate().splitlines()
+        summary = [l for l in lines if l.startswith("| all_reduce 16 MiB")]
+        self.assertEqual(len(summary), 1)
+        self.assertIn("| 3.50x (paired 3.41x) | raw shm |", summary[0])
+        ops = [l for l in lines if l.startswith("| all_gather_matmul 2048x2048x2048")]
+        # serial / best of the confirmation: 290 / 145.
+        self.assertIn(f"| {290.0 / 145.0:.2f}x | **emulated** `auto (bw=81MB/s,lat=5us)` |", ops[0])
+        demo = [l for l in lines if l.startswith("| mc2 demo, 2 ranks")]
+        self.assertIn("fused step | 1.60x, losses identical |", demo[0])
+
+    def test_tables_and_sources(self):
+        self.write(COMPARE, OPS)
+        page = self.generate()
+        self.assertIn("| 16 MiB | 1000.00 | 3500.00 | 16.78 | 4.79 | 3.50 | 3.41 | 3.00 | rabenseifner |",
+                      page)
+        self.assertIn("| all_gather_matmul | 2 | 2048x2048x2048 | f32 | **emulated** "
+                      "`auto (bw=81MB/s,lat=5us)` | 150.0 | 140.0 | 290.0 | fused s=4 | 145.0 | 2.00x | "
+                      "fused s=4 | 150.0 | 0 | [2] |", page)
+        self.assertIn("- [1] `ar.json`: 2030-01-02T03:04:05Z, commit `0123456789ab`, Test CPU, 2 cores, "
+                      "raw shm: `bench/compare_mpi.sh -n 2 all_reduce`.", page)
+
+    def test_ops_without_confirmation_use_the_sweep(self):
+        ops = json.loads(json.dumps(OPS))
+        del ops["result"]["confirm"]
+        ops["result"]["serial_ms"] = 300.0
+        self.write(ops)
+        page = self.generate()
+        self.assertIn(f"| fused s=4 | 160.0 | {300.0 / 160.0:.2f}x |", page)
+
+    def test_check_detects_drift(self):
+        self.write(COMPARE)
+        self.generate()
+        self.assertEqual(run_gen("--results", str(self.results), "--check", str(self.page)).returncode, 0)
+        self.page.write_text(self.page.read_text().replace("3.50", "9.99"))
+        proc = run_gen("--results", str(self.results), "--check", str(self.page))
+        self.assertEqual(proc.returncode, 1)
+        self.assertIn("9.99", proc.stdout)
+
+    def test_malformed_results_are_refused_by_name(self):
+        (self.results / "bad.json").write_text("{not json")
+        proc = run_gen("--results", str(self.results), "--output", str(self.page))
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("bad.json: not valid JSON", proc.stderr)
+        bad = dict(COMPARE)
+        del bad["commit"]
+        (self.results / "bad.json").write_text(json.dumps(bad))
+        proc = run_gen("--results", str(self.results), "--output", str(self.page))
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("bad.json: missing commit", proc.stderr)
+        self.assertFalse(self.page.exists())
+
+
+class RecordBenchTest(unittest.TestCase):
+    def setUp(self):
+        self.rec = load_recorder()
+
+    def test_command_kinds(self):
+        self.assertEqual(self.rec.command_kind(["bench/compare_mpi.sh", "all_reduce"]), "compare_mpi")
+        self.assertEqual(self.rec.command_kind(["bash", "bench/compare_mpi.sh"]), "compare_mpi")
+        self.assertEqual(self.rec.command_kind(["build/tools/mc2", "bench", "all_reduce"]), "bench")
+        self.assertEqual(self.rec.command_kind(["build/tools/mc2", "bench", "ops"]), "bench_ops")
+        self.assertEqual(self.rec.command_kind(["mc2", "demo"]), "demo")
+        with self.assertRaises(SystemExit):
+            self.rec.command_kind(["ls", "-l"])
+
+    def test_emulated_link(self):
+        ops = ["mc2", "bench", "ops", "--link", "auto"]
+        self.assertEqual(self.rec.emulated_link("bench_ops", ops, {"link": "bw=81MB/s,lat=5us"}),
+                         "auto (bw=81MB/s,lat=5us)")
+        self.assertIsNone(self.rec.emulated_link("bench_ops", ["mc2", "bench", "ops", "--link", "none"],
+                                                 {"link": "none"}))
+        self.assertEqual(self.rec.emulated_link("demo", ["mc2", "demo", "--link=bw=1GB/s"], {}), "bw=1GB/s")
+        self.assertEqual(self.rec.emulated_link("demo", ["mc2", "demo"], {"link": "bw=9MB/s"}),
+                         "auto (bw=9MB/s)")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=1)
