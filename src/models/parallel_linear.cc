@@ -1,7 +1,5 @@
 #include "models/parallel_linear.h"
 
-#include <cstring>
-
 #include "mc2/trace.h"
 
 namespace mc2::models {
@@ -12,39 +10,22 @@ ParallelLinear::ParallelLinear(const Dims& dims, const Group& tp, ParamStore& pa
   dy_g_.resize(dims.S * dims.h * dims.esz);
 }
 
-void ParallelLinear::ColumnParallel(const float* x, int p, float* out, std::vector<char>& gathered,
+void ParallelLinear::ColumnParallel(const float* x, int p, float* out,
+                                    std::vector<char>& gathered,
                                     const std::function<void()>& independent) {
   const size_t n = params_[p].cols;
   const void* a = op_a.Set(x, dims_.s * dims_.h, dims_.dt);
-  const size_t S = dims_.S, h = dims_.h;
-  const DType dt = dims_.dt;
-  if (dims_.tp == 1) {
-    std::memcpy(gathered.data(), a, S * h * dims_.esz);
-    trace::Scope span("gemm", trace::Category::kCompute, GemmFlops(S, n, h));
-    Gemm(S, n, h, dt, gathered.data(), params_.W(p), DType::kF32, out);
-    if (independent) independent();
-    return;
-  }
   trace::Scope span(params_[p].span_fwd, trace::Category::kHost);
   FusedOptions o = fused_;
   o.overlap_work = independent;
-  AllGatherMatmulSync(tp_, a, dims_.s, dims_.h, params_.W(p), n, dims_.dt, out, gathered.data(), o);
+  AllGatherMatmulSync(tp_, a, dims_.s, dims_.h, params_.W(p), n, dims_.dt, out, gathered.data(),
+                      o);
 }
 
 void ParallelLinear::RowParallel(const float* a_full, int p, float* y,
                                  const std::function<void()>& independent) {
   const size_t k = params_[p].rows;
   const void* a = op_a.Set(a_full, dims_.S * k, dims_.dt);
-  const size_t S = dims_.S, h = dims_.h;
-  const DType dt = dims_.dt;
-  if (dims_.tp == 1) {
-    {
-      trace::Scope span("gemm", trace::Category::kCompute, GemmFlops(S, h, k));
-      Gemm(S, h, k, dt, a, params_.W(p), DType::kF32, y);
-    }
-    if (independent) independent();
-    return;
-  }
   trace::Scope span(params_[p].span_fwd, trace::Category::kHost);
   FusedOptions o = fused_;
   o.overlap_work = independent;
@@ -55,17 +36,6 @@ void ParallelLinear::RowParallelDgrad(const float* dy, int p, float* da,
                                       const std::function<void()>& independent) {
   const size_t k = params_[p].rows;
   const void* a = op_a.Set(dy, dims_.s * dims_.h, dims_.dt);
-  const size_t S = dims_.S, h = dims_.h;
-  const DType dt = dims_.dt;
-  if (dims_.tp == 1) {
-    std::memcpy(dy_g_.data(), a, S * h * dims_.esz);
-    {
-      trace::Scope span("gemm", trace::Category::kCompute, GemmFlops(S, k, h));
-      Gemm(S, k, h, dt, dy_g_.data(), params_.WT(p), DType::kF32, da);
-    }
-    if (independent) independent();
-    return;
-  }
   trace::Scope span(params_[p].span_dgrad, trace::Category::kHost);
   FusedOptions o = fused_;
   o.overlap_work = independent;
@@ -76,21 +46,11 @@ void ParallelLinear::ColumnParallelDgrad(const float* dy, int p, float* dx_shard
                                          const std::function<void()>& independent) {
   const size_t n = params_[p].cols;
   const void* a = op_a.Set(dy, dims_.S * n, dims_.dt);
-  const size_t S = dims_.S, h = dims_.h;
-  const DType dt = dims_.dt;
-  if (dims_.tp == 1) {
-    {
-      trace::Scope span("gemm", trace::Category::kCompute, GemmFlops(S, h, n));
-      Gemm(S, h, n, dt, a, params_.WT(p), DType::kF32, dx_shard);
-    }
-    if (independent) independent();
-    return;
-  }
   trace::Scope span(params_[p].span_dgrad, trace::Category::kHost);
   FusedOptions o = fused_;
   o.overlap_work = independent;
-  MatmulReduceScatterSync(tp_, a, dims_.S, n, params_.WT(p), dims_.h, dims_.dt, dx_shard, dims_.s,
-                          o);
+  MatmulReduceScatterSync(tp_, a, dims_.S, n, params_.WT(p), dims_.h, dims_.dt, dx_shard,
+                          dims_.s, o);
 }
 
 void ParallelLinear::Wgrad(const void* a, const void* b, int p) {
