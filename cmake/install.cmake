@@ -4,13 +4,19 @@
 #   include/mc2/*.h                      the public API
 #   lib/libmc2.so.0.1.0 (+ .so.0, .so)   the shared library (SOVERSION 0)
 #   lib/libmc2.a                         the static library
+#   lib/libmc2_models.so.0.1.0 (+ .so.0, .so), lib/libmc2_models.a
+#                                        the reference models (<mc2/models.h>),
+#                                        on top of libmc2
 #   bin/mc2                              the command (rule in tools/)
-#   lib/cmake/mc2/                       the CMake package: mc2::mc2 (shared)
-#                                        and mc2::mc2_static
-#   lib/pkgconfig/mc2.pc                 the pkg-config file
+#   lib/cmake/mc2/                       the CMake package: mc2::mc2 (shared),
+#                                        mc2::mc2_static, mc2::models (shared)
+#                                        and mc2::models_static
+#   lib/pkgconfig/mc2.pc, mc2_models.pc  the pkg-config files
 # ("lib" is CMAKE_INSTALL_LIBDIR.) Everything installed is relocatable: the
 # package and the .pc file find the prefix relative to their own location,
 # so `--prefix` at install time works whatever prefix was configured.
+# mc2::models links mc2::mc2 (mc2_models.pc requires mc2), so a consumer of
+# the models names only them.
 #
 # Consumers need no fmt or nlohmann_json headers: the public headers include
 # only <mc2/...> and std. The static library's link dependencies (fmt,
@@ -32,7 +38,7 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/mc2
         COMPONENT mc2_development
         FILES_MATCHING PATTERN "*.h")
 
-install(TARGETS mc2 mc2_static
+install(TARGETS mc2 mc2_static mc2_models_shared mc2_models_static
         EXPORT mc2Targets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
                 COMPONENT mc2_runtime
@@ -75,6 +81,8 @@ else()
   set(MC2_PC_INCLUDEDIR "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
 endif()
 configure_file(${CMAKE_CURRENT_LIST_DIR}/mc2.pc.in ${PROJECT_BINARY_DIR}/cmake/mc2.pc @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/cmake/mc2.pc
+configure_file(${CMAKE_CURRENT_LIST_DIR}/mc2_models.pc.in ${PROJECT_BINARY_DIR}/cmake/mc2_models.pc
+               @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/cmake/mc2.pc ${PROJECT_BINARY_DIR}/cmake/mc2_models.pc
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig
         COMPONENT mc2_development)

@@ -11,6 +11,7 @@
 // --seq N [128], --batch N [8, global], --task modadd|copy [modadd],
 // --lr X [3e-3], --bf16, --seed N [1].
 #include <mc2/mc2.h>
+#include <mc2/models.h>
 
 #include <cstdio>
 #include <cstdlib>

@@ -9,6 +9,9 @@
 //   cfg.fused.pipeline = mc2::Pipeline::kChunked;
 //   auto stats = mc2::models::TrainSteps(world, cfg, /*tp=*/2, /*steps=*/20);
 //
+// Not part of <mc2/mc2.h>: link the library mc2::models (libmc2_models,
+// which links libmc2) to use it.
+//
 // Every rank of the world makes the same calls with the same arguments
 // (like a collective). Invalid configurations throw
 // mc2::Error(kInvalidArgument) naming the field, on every rank, before any

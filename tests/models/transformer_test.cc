@@ -3,28 +3,34 @@
 // - every parameter tensor's gradient against central finite differences,
 //   at TP=1, TP=2, TP=4 and DP=2 x TP=2;
 // - losses bitwise identical for every pipeline and split count at a grid;
+// - every projection is a fused operator call at every TP size (TP=1 too);
 // - losses across grids (1, 2, 4 ranks; DP x TP) within a tolerance;
 // - the loss falls on the learnable synthetic task;
 // - invalid configurations fail with kInvalidArgument naming the cause.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "mc2/mc2.h"
-#include "mc2/models.h"
 #include "common/gradient_check.h"
 #include "common/reference_model.h"
+#include "mc2/mc2.h"
+#include "mc2/models.h"
 #include "models/data.h"
+#include "trace/trace_file.h"
 
 namespace mc2::models {
 namespace {
+
+namespace fs = std::filesystem;
 
 // A tiny model: 2 layers, 4 heads of width 4, every TP size 1, 2, 4 valid.
 TransformerConfig Tiny() { return TinyConfig(); }
@@ -203,7 +209,7 @@ TEST(Transformer, GradientCheckTp4) { GradientCheck(4, 4); }  // one head per ra
 // In deterministic mode every pipeline and split count gives the serial
 // losses bit for bit, at TP=2 and at DP=2 x TP=2.
 TEST(Transformer, LossesBitwiseIdenticalAcrossPipelines) {
-  for (auto [ranks, tp] : {std::pair{2, 2}, std::pair{4, 2}}) {
+  for (auto [ranks, tp] : {std::pair{2, 1}, std::pair{2, 2}, std::pair{4, 2}}) {
     TransformerConfig c = Tiny();
     c.seq_len = 16;  // 16 rows per TP rank: every chunk of s = 4 non-empty
     const int steps = 4;
@@ -236,6 +242,41 @@ TEST(Transformer, LossesBitwiseIdenticalAcrossPipelines) {
 // of ForwardBackward + OptimizerStep, which update at once, for f32 and
 // bf16 GEMM inputs (whose bf16 weight copies are remade per update), dense
 // and with a MoE layer.
+// Every projection is a fused operator call on the TP group, whatever its
+// size: the model's span of each call (the projection's name and operator)
+// appears once per step on every rank, forward and backward, at TP = 1 as
+// at TP = 2.
+TEST(Transformer, EveryTpSizeCallsTheFusedOperators) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("mc2-models-spans-" + std::to_string(::getpid()));
+  for (int tp : {1, 2}) {
+    fs::remove_all(dir);
+    TransformerConfig c = Tiny();
+    const int steps = 2;
+    trace::Enable(dir.string());
+    Group::RunInProcess(2, [&](Group& world) { TrainSteps(world, c, tp, steps); });
+    trace::Disable();
+    trace::Flush();
+    trace::TraceData t = trace::LoadTrace(dir.string());
+    fs::remove_all(dir);
+    for (int l = 0; l < c.layers; ++l) {
+      const std::string b = "block" + std::to_string(l);
+      for (const std::string& name :
+           {b + ".attn.qkv.all_gather_matmul", b + ".attn.o.matmul_reduce_scatter",
+            b + ".mlp.gate_up.all_gather_matmul", b + ".mlp.down.matmul_reduce_scatter",
+            b + ".attn.qkv.dgrad.matmul_reduce_scatter", b + ".attn.o.dgrad.all_gather_matmul",
+            b + ".mlp.gate_up.dgrad.matmul_reduce_scatter",
+            b + ".mlp.down.dgrad.all_gather_matmul"}) {
+        for (int rank = 0; rank < 2; ++rank) {
+          int n = 0;
+          for (const trace::SpanRecord& sp : t.spans) n += sp.rank == rank && sp.name == name;
+          EXPECT_EQ(n, steps) << name << " on rank " << rank << " at tp " << tp;
+        }
+      }
+    }
+  }
+}
+
 TEST(Transformer, DeferredUpdatesEqualImmediateOnes) {
   for (int variant = 0; variant < 3; ++variant) {
     TransformerConfig c = Tiny();

@@ -4,12 +4,13 @@
 #
 #   tests/packaging/layering_check.sh --binary-dir BUILD [--source-dir SRC]
 #       [--cxx COMPILER] [--core-includes "DIR;DIR"] [--engine-includes "DIR;DIR"]
-#       [--implicit-includes "DIR;DIR"]
+#       [--models-includes "DIR;DIR"] [--implicit-includes "DIR;DIR"]
 #
 # Each layer src/L is compiled with the public include/ and its own include
 # root BUILD/layer_include/L, which holds symlinks to src/L and to the lower
 # layers L may use, and nothing else (mc2_layer() in CMakeLists.txt). ctest
-# passes the include directories of the real mc2_core and mc2_engine targets;
+# passes the include directories of the real mc2_core, mc2_engine and
+# mc2_models targets;
 # without them the script assumes SRC/include plus that layer's root. Those
 # lists may name the compiler's implicit directories (e.g. /usr/include, from
 # fmt's target); like CMake, the script leaves out the ones given with
@@ -21,7 +22,10 @@
 #      fail because the header is not found (core may not see engine);
 #   2. in src/engine, #include "core/env.h" must compile (engine may see core);
 #   3. in src/engine, #include "engine/group_impl.h" must compile (the header
-#      itself is fine: check 1 failed only because of the layer root).
+#      itself is fine: check 1 failed only because of the layer root);
+#   4. src/models (a library on the public API) sees no internal layer: its
+#      root holds only models/, #include "ops/gemm.h" must FAIL for want of
+#      the header, and "models/kernels.h" with <mc2/ops.h> must compile.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -30,6 +34,7 @@ binary_dir=""
 cxx="${CXX:-c++}"
 core_includes=""
 engine_includes=""
+models_includes=""
 implicit_includes=""
 
 while [ $# -gt 0 ]; do
@@ -39,8 +44,9 @@ while [ $# -gt 0 ]; do
     --cxx) cxx="$2"; shift 2 ;;
     --core-includes) core_includes="$2"; shift 2 ;;
     --engine-includes) engine_includes="$2"; shift 2 ;;
+    --models-includes) models_includes="$2"; shift 2 ;;
     --implicit-includes) implicit_includes="$2"; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "layering_check: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -49,7 +55,7 @@ binary_dir=$(cd "$binary_dir" && pwd)
 
 fail() { echo "layering_check: FAILED: $*" >&2; exit 1; }
 
-for layer in core engine; do
+for layer in core engine models; do
   [ -d "$binary_dir/layer_include/$layer" ] ||
     fail "$binary_dir/layer_include/$layer does not exist (is $binary_dir configured?)"
 done
@@ -57,6 +63,9 @@ done
   fail "the core layer's include root contains engine/"
 [ -z "$core_includes" ] && core_includes="$source_dir/include;$binary_dir/layer_include/core"
 [ -z "$engine_includes" ] && engine_includes="$source_dir/include;$binary_dir/layer_include/engine"
+[ -z "$models_includes" ] && models_includes="$source_dir/include;$binary_dir/layer_include/models"
+extra=$(ls -A "$binary_dir/layer_include/models" | grep -vx models || true)
+[ -z "$extra" ] || fail "the models layer's include root holds more than models/: $extra"
 case ";$core_includes;" in
   *";$binary_dir/layer_include/core;"*) ;;
   *) fail "the core target does not use its layer root (includes: $core_includes)" ;;
@@ -101,5 +110,21 @@ compile engine "$engine_includes" core/env.h ||
 echo "== layering_check: engine includes engine/group_impl.h (must compile)"
 compile engine "$engine_includes" engine/group_impl.h ||
   { cat "$tmp/engine.log"; fail "a file of src/engine cannot include engine/group_impl.h"; }
+
+echo "== layering_check: models includes ops/gemm.h (must fail)"
+if compile models "$models_includes" ops/gemm.h; then
+  fail "a file of src/models compiled with #include \"ops/gemm.h\": the models see internals"
+fi
+if ! grep -q 'ops/gemm.h' "$tmp/models.log" || ! grep -qiE 'no such file|file not found' "$tmp/models.log"; then
+  cat "$tmp/models.log"
+  fail "the probe failed, but not because ops/gemm.h was not found"
+fi
+head -3 "$tmp/models.log"
+
+echo "== layering_check: models includes models/kernels.h and mc2/ops.h (must compile)"
+compile models "$models_includes" models/kernels.h ||
+  { cat "$tmp/models.log"; fail "a file of src/models cannot include models/kernels.h"; }
+compile models "$models_includes" mc2/ops.h ||
+  { cat "$tmp/models.log"; fail "a file of src/models cannot include mc2/ops.h"; }
 
 echo "layering_check: OK: a wrong include fails to build, allowed ones compile"

@@ -1,0 +1,36 @@
+#include "models/dims.h"
+
+namespace mc2::models {
+
+Dims::Dims(const ProcessGrid& g, const TransformerConfig& c) {
+  tp = g.tp_size;
+  dp = g.dp_size;
+  ValidateConfig(c, tp, dp, g.ep_size);
+  dt = c.gemm_dtype;
+  esz = DTypeSize(dt);
+  V = c.vocab;
+  h = c.hidden;
+  heads = c.heads;
+  hl = heads / tp;
+  d = h / heads;
+  f = c.ffn;
+  fl = f / tp;
+  L = c.layers;
+  T = c.seq_len;
+  Bl = c.batch / dp;
+  S = T * Bl;
+  s = S / tp;
+  grad_scale = 1.0f / static_cast<float>(static_cast<double>(c.batch) * T);
+  E = c.moe_experts;
+  El = E / g.ep_size;
+  K = c.moe_topk;
+  Fm = c.moe_ffn > 0 ? c.moe_ffn : c.ffn;
+  is_moe.resize(L);
+  moe_index.assign(L, -1);
+  for (size_t l = 0; l < L; ++l) {
+    is_moe[l] = IsMoeLayer(c, static_cast<int>(l));
+    if (is_moe[l]) moe_index[l] = n_moe++;
+  }
+}
+
+}  // namespace mc2::models

@@ -1,0 +1,86 @@
+// Transformer::Impl: one rank's transformer, put together from its parts
+// (dims.h, parameters.h, grad_sync.h, parallel_linear.h, activations.h).
+// Its member functions live by concern: the attention sublayer in
+// attention.cc, the dense MLP in mlp.cc, the MoE MLP in moe_layer.cc, and
+// the forward / backward driver and the public Transformer in
+// transformer.cc (whose opening comment explains how it all works).
+#ifndef MC2_MODELS_MODEL_H_
+#define MC2_MODELS_MODEL_H_
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mc2/models.h"
+#include "mc2/work.h"
+#include "models/activations.h"
+#include "models/dims.h"
+#include "models/grad_sync.h"
+#include "models/kernels.h"
+#include "models/parallel_linear.h"
+#include "models/parameters.h"
+
+namespace mc2::models {
+
+// The loss all-reduce (f64): [0] the cross-entropy sum, then per MoE layer
+// its routed slots per expert (E) and probability sums (E), from which
+// every rank computes the same load-balancing loss (and backward its
+// gradient) for the global batch.
+struct LossSync {
+  std::vector<double> local, total;
+  Work work;
+  double aux = 0;  // the load-balancing loss of the last Transformer::Impl::WaitLoss
+};
+
+// Invariants: those of its parts; between ForwardBackward calls no
+// deferred_wgrad is left.
+// Thread safety: one thread per rank (the Transformer's contract).
+struct Transformer::Impl {
+  Impl(const ProcessGrid& g, const TransformerConfig& c);
+
+  ProcessGrid grid;
+  TransformerConfig cfg;
+  Dims dims;
+  ParamStore params;
+  GradSync sync;
+  ParallelLinear linear;
+  Activations acts;
+  Rope rope;
+  LossSync loss;
+
+  bool has_grads = false;
+  bool updates_deferred = false;                 // set by TrainStep for its OptimizerStep
+  std::vector<double> block_fwd_s, block_bwd_s;  // of the last step, per block
+  std::vector<std::string> block_span_fwd, block_span_bwd;  // "block<l>.forward", ...
+
+  // A weight gradient of the sublayer above, deferred to run under the
+  // transfers of the next sublayer's first dgrad operator (see Backward).
+  std::function<void()> deferred_wgrad;
+  std::function<void()> TakeDeferred() {
+    std::function<void()> f = std::move(deferred_wgrad);
+    deferred_wgrad = nullptr;
+    return f;
+  }
+
+  // Forward on the batch of `step`; the global loss is all-reduced in the
+  // background: WaitLoss() returns it.
+  void Forward(int step);
+  double WaitLoss();
+  void Backward();
+
+  // A block is two sublayers, each with its own forward and backward, its
+  // own gradient bucket and the same overlap scheme (transformer.cc). The
+  // MoE MLP has the dense MLP's interface (acts.block[l].x1 in, the block
+  // output out; backward: dout in, acts.dx1 out).
+  void AttentionSublayerForward(size_t l, const float* x);
+  void AttentionSublayerBackward(size_t l, float* dxio);
+  void MlpForward(size_t l, float* out);
+  void MlpBackward(size_t l, const float* dout);
+  void MoeForward(size_t l, float* out);
+  void MoeBackward(size_t l, const float* dout);
+};
+
+}  // namespace mc2::models
+
+#endif  // MC2_MODELS_MODEL_H_
