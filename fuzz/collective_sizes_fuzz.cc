@@ -16,15 +16,20 @@
 //     would let the call overrun them, which ASan reports;
 //   - in between: null buffers, and the call must throw.
 // So nothing large is ever allocated.
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "engine/group_impl.h"
 #include "mc2/collectives.h"
 #include "mc2/error.h"
 #include "mc2/group.h"
@@ -360,10 +365,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // libFuzzer's per-input timeout.
   wo.timeout = std::chrono::seconds(4);
   wo.link = "none";
+  std::mutex mu;
+  std::vector<std::shared_ptr<mc2::internal::World>> worlds;  // one per rank
   try {
     mc2::Group::RunInProcess(
         n,
         [&](mc2::Group& g) {
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            worlds.push_back(g.impl()->world_ptr());
+          }
           for (const Args& a : calls) {
             try {
               if (a.call >= Call::kAllocSymmetric)
@@ -379,6 +390,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         wo);
   } catch (const std::exception& e) {
     Fail(std::string("the world failed: ") + e.what());
+  }
+  // A finished message may still hold its world for a moment on the world's
+  // own thread, and a world released there is destroyed on a thread of its
+  // own, after this input. Wait until only the reference kept here is left
+  // and release it on this thread, which destroys the world before
+  // libFuzzer's leak check runs.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (auto& w : worlds) {
+    while (w.use_count() > 1) {
+      if (std::chrono::steady_clock::now() > deadline) Fail("a world is still held after its run");
+      std::this_thread::yield();
+    }
+    w.reset();
   }
   return 0;
 }
