@@ -1,13 +1,14 @@
 // `mc2 bench`: names, sizes, sweep geometry and checkable data.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cstring>
 #include <limits>
 
-#include <fmt/format.h>
-
 #include "bench.h"
+#include "core/reference_reduce.h"
 
 namespace mc2::tools::bench {
 
@@ -29,39 +30,6 @@ uint64_t Mix(uint64_t x) {  // splitmix64
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
-}
-
-uint16_t FloatToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t exp = (x >> 23) & 0xFFu;
-  uint32_t mant = x & 0x7FFFFFu;
-  if (exp == 0xFF) return static_cast<uint16_t>(sign | 0x7C00u | (mant ? 0x200u : 0));
-  const int e = static_cast<int>(exp) - 127 + 15;
-  if (e >= 31) return static_cast<uint16_t>(sign | 0x7C00u);
-  if (e <= 0) {  // half subnormal (or zero)
-    if (e < -10) return static_cast<uint16_t>(sign);
-    mant |= 0x800000u;
-    const int shift = 14 - e;
-    uint32_t h = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1))) ++h;
-    return static_cast<uint16_t>(sign | h);
-  }
-  uint32_t h = (static_cast<uint32_t>(e) << 10) | (mant >> 13);
-  const uint32_t rem = mant & 0x1FFFu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) ++h;  // a carry rounds up the exponent
-  return static_cast<uint16_t>(sign | h);
-}
-
-uint16_t FloatToBF16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7F800000u) == 0x7F800000u && (x & 0x7FFFFFu))
-    return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
-  x += 0x7FFFu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>(x >> 16);
 }
 
 // The largest integer magnitude every partial result may reach and stay
@@ -104,8 +72,8 @@ void WithType(DType t, void* buf, F&& f) {
 template <typename T>
 T Convert(DType t, int64_t v) {
   if constexpr (std::is_same_v<T, uint16_t>) {
-    return t == DType::kF16 ? FloatToHalf(static_cast<float>(v))
-                            : FloatToBF16(static_cast<float>(v));
+    return t == DType::kF16 ? reference::F32ToF16(static_cast<float>(v))
+                            : reference::F32ToBF16(static_cast<float>(v));
   } else {
     return static_cast<T>(v);
   }
@@ -294,22 +262,9 @@ int64_t Pattern::Value(int rank, size_t i) const {
 }
 
 int64_t Pattern::Reduced(size_t i) const {
-  int64_t acc = Value(0, i);
-  for (int r = 1; r < nranks_; ++r) {
-    const int64_t v = Value(r, i);
-    switch (op_) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAvg: acc += v; break;
-      case ReduceOp::kProd: acc *= v; break;
-      case ReduceOp::kMin: acc = std::min(acc, v); break;
-      case ReduceOp::kMax: acc = std::max(acc, v); break;
-      case ReduceOp::kBand: acc &= v; break;
-      case ReduceOp::kBor: acc |= v; break;
-      case ReduceOp::kBxor: acc ^= v; break;
-    }
-  }
-  if (op_ == ReduceOp::kAvg) acc /= nranks_;
-  return acc;
+  const int64_t acc = reference::ReduceInts(op_, nranks_, [&](int r) { return Value(r, i); });
+  // Averages of multiples of the rank count: the division is exact.
+  return op_ == ReduceOp::kAvg ? acc / nranks_ : acc;
 }
 
 void Pattern::Store(void* buf, size_t i, int64_t v) const {

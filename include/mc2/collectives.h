@@ -11,7 +11,10 @@
 // - Buffers from Group::AllocSymmetric run zero-copy; any other memory works
 //   and is staged through the group's scratch space.
 // - Invalid arguments throw mc2::Error(kInvalidArgument) from the call
-//   itself; communication failures are reported by the Work.
+//   itself, before any rank waits; communication failures are reported by
+//   the Work. Sizes are invalid when a byte count derived from them (count x
+//   element size, x group size, a sum of counts, a displacement + count)
+//   overflows size_t or exceeds PTRDIFF_MAX, the largest possible buffer.
 // - Reductions are deterministic by default (see WorldOptions): the result
 //   is bitwise identical for every algorithm, chunk size and run.
 #ifndef MC2_COLLECTIVES_H_

@@ -102,13 +102,15 @@ class Group {
   Group Split(int color, int key) const;
 
   // Collective: allocates `bytes` of symmetric memory on every rank (sizes
-  // must match). Throws kShmExhausted when the heap is full.
+  // must match). Throws kShmExhausted when the heap is full, and
+  // kInvalidArgument for more than PTRDIFF_MAX bytes.
   SymmetricBuffer AllocSymmetric(size_t bytes) const;
   // Whether [ptr, ptr+bytes) lies in this rank's symmetric heap.
   bool IsSymmetric(const void* ptr, size_t bytes) const;
 
   // One-sided access to `peer`'s instance of `buffer` at byte `offset`.
-  // Synchronous: the copy is complete when the call returns.
+  // Synchronous: the copy is complete when the call returns. A range past
+  // the buffer's end (offset + bytes, however large) throws kInvalidArgument.
   void Put(const SymmetricBuffer& buffer, int peer, size_t offset, const void* src,
            size_t bytes) const;
   void Get(const SymmetricBuffer& buffer, int peer, size_t offset, void* dst,
@@ -123,7 +125,9 @@ class Group {
   uint64_t ReadSignal(int slot) const;
 
   // Tagged point-to-point messages. A Send matches the Recv with the same
-  // (source, tag) posted in the same order; sizes must match exactly.
+  // (source, tag) posted in the same order; sizes must match exactly. A
+  // size above PTRDIFF_MAX, or a buffer whose end wraps around the address
+  // space, throws kInvalidArgument.
   Work Send(const void* data, size_t bytes, int peer, int tag = 0) const;
   Work Recv(void* data, size_t bytes, int peer, int tag = 0) const;
 

@@ -10,6 +10,7 @@
 
 #include "collectives/algorithm.h"
 #include "collectives/selector.h"
+#include "core/checked.h"
 #include "core/enforce.h"
 #include "core/log.h"
 #include "trace/recorder.h"
@@ -73,9 +74,18 @@ void CheckRoot(const Group& g, const char* name, int root) {
                 g.size());
 }
 
+// A buffer argument: not null when it holds data, and small enough that its
+// end is an address (bytes is already checked against overflow).
 void CheckPtr(const char* name, const char* what, const void* p, size_t bytes) {
   MC2_CHECK_ARG(p != nullptr || bytes == 0, "{}: {} is null but {} bytes are needed", name, what,
                 bytes);
+  core::CheckBufferRange(name, what, p, bytes);
+}
+
+// Whether `p` is the address `base` + `offset`, compared as integers so that
+// no out-of-range pointer is formed.
+bool IsAt(const void* p, const void* base, size_t offset) {
+  return reinterpret_cast<uintptr_t>(p) == reinterpret_cast<uintptr_t>(base) + offset;
 }
 
 // What Launch decided for one call, shared by its inline and queued forms.
@@ -287,12 +297,6 @@ std::optional<Work> TryEagerAllReduce(const Group& g, const void* send, void* re
   });
 }
 
-std::vector<size_t> Packed(const std::vector<size_t>& counts) {
-  std::vector<size_t> d(counts.size());
-  std::exclusive_scan(counts.begin(), counts.end(), d.begin(), size_t{0});
-  return d;
-}
-
 }  // namespace
 }  // namespace collectives
 
@@ -308,7 +312,7 @@ Work AllReduce(const Group& g, const void* send, void* recv, size_t count, DType
   CheckCommon(g, "all_reduce", dtype);
   MC2_CHECK_ARG(IsValidReduction(dtype, op), "all_reduce: op {} is not defined for dtype {}",
                 ReduceOpName(op), DTypeName(dtype));
-  size_t bytes = count * DTypeSize(dtype);
+  const size_t bytes = core::CheckedBytes("all_reduce", "count", count, dtype);
   CheckPtr("all_reduce", "send", send, bytes);
   CheckPtr("all_reduce", "recv", recv, bytes);
   MC2_CHECK_ARG(send == recv || !collectives::Overlap(send, bytes, recv, bytes),
@@ -333,7 +337,7 @@ Work Reduce(const Group& g, const void* send, void* recv, size_t count, DType dt
   CheckRoot(g, "reduce", root);
   MC2_CHECK_ARG(IsValidReduction(dtype, op), "reduce: op {} is not defined for dtype {}",
                 ReduceOpName(op), DTypeName(dtype));
-  size_t bytes = count * DTypeSize(dtype);
+  const size_t bytes = core::CheckedBytes("reduce", "count", count, dtype);
   bool is_root = g.rank() == root;
   CheckPtr("reduce", "send", send, bytes);
   if (is_root) CheckPtr("reduce", "recv", recv, bytes);
@@ -357,7 +361,7 @@ Work Broadcast(const Group& g, const void* send, void* recv, size_t count, DType
                const CollectiveOptions& opts) {
   CheckCommon(g, "broadcast", dtype);
   CheckRoot(g, "broadcast", root);
-  size_t bytes = count * DTypeSize(dtype);
+  const size_t bytes = core::CheckedBytes("broadcast", "count", count, dtype);
   bool is_root = g.rank() == root;
   if (is_root) CheckPtr("broadcast", "send", send, bytes);
   CheckPtr("broadcast", "recv", recv, bytes);
@@ -384,13 +388,20 @@ Work GatherLike(const Group& g, OpKind kind, const char* name, const void* send,
   int n = g.size();
   MC2_CHECK_ARG(static_cast<int>(counts.size()) == n, "{}: {} counts given for {} ranks", name,
                 counts.size(), n);
-  if (displs.empty()) displs = collectives::Packed(counts);
+  if (displs.empty()) displs = core::CheckedPackedDispls(name, "counts", counts);
   MC2_CHECK_ARG(static_cast<int>(displs.size()) == n, "{}: {} displacements given for {} ranks",
                 name, displs.size(), n);
   size_t e = DTypeSize(dtype);
   bool receives = root < 0 || g.rank() == root;
+  // Counts and displacements agree across ranks (the fingerprint checks
+  // them), so every rank checks the whole output extent and all fail alike.
   size_t span = 0;
-  for (int r = 0; r < n; ++r) span = std::max(span, displs[r] + counts[r]);
+  for (int r = 0; r < n; ++r)
+    span =
+        std::max(span, core::CheckedAdd(displs[r], counts[r], "{}: displs[{}] {} + counts[{}] {}",
+                                        name, r, displs[r], r, counts[r]));
+  // Every block lies within the extent, so no block's byte size overflows.
+  const size_t span_bytes = core::CheckedBytes(name, "the output extent (elements)", span, dtype);
   for (int r = 0; r < n && receives; ++r)
     for (int q = r + 1; q < n; ++q)
       MC2_CHECK_ARG(!collectives::Overlap(reinterpret_cast<void*>(displs[r] * e + 1), counts[r] * e,
@@ -398,10 +409,10 @@ Work GatherLike(const Group& g, OpKind kind, const char* name, const void* send,
                     "{}: the output blocks of ranks {} and {} overlap", name, r, q);
   size_t mine = counts[g.rank()] * e;
   char* recvc = static_cast<char*>(recv);
-  bool in_place = receives && send == recvc + displs[g.rank()] * e;
+  bool in_place = receives && collectives::IsAt(send, recv, displs[g.rank()] * e);
   if (!in_place) CheckPtr(name, "send", send, mine);
-  if (receives) CheckPtr(name, "recv", recv, span * e);
-  MC2_CHECK_ARG(in_place || !receives || !collectives::Overlap(send, mine, recv, span * e),
+  if (receives) CheckPtr(name, "recv", recv, span_bytes);
+  MC2_CHECK_ARG(in_place || !receives || !collectives::Overlap(send, mine, recv, span_bytes),
                 "{}: send overlaps recv without being this rank's block of it (in place)", name);
   CollArgs a;
   a.kind = kind;
@@ -414,15 +425,24 @@ Work GatherLike(const Group& g, OpKind kind, const char* name, const void* send,
   a.counts = std::move(counts);
   a.displs = std::move(displs);
   a.send_bytes = mine;
-  a.recv_bytes = receives ? span * e : 0;
+  a.recv_bytes = receives ? span_bytes : 0;
   size_t maxb = *std::max_element(a.counts.begin(), a.counts.end()) * e;
   return Launch(g, std::move(a), opts, maxb);
+}
+
+// The gathers with one count per rank: count x ranks elements must fit,
+// checked with a message that names the count.
+void CheckGatheredCount(const Group& g, const char* name, size_t count, DType dtype) {
+  CheckCommon(g, name, dtype);
+  const size_t total = core::CheckedMul(count, static_cast<size_t>(g.size()),
+                                        "{}: count {} x {} ranks", name, count, g.size());
+  core::CheckedBytes(name, "count x ranks", total, dtype);
 }
 }  // namespace
 
 Work AllGather(const Group& g, const void* send, void* recv, size_t count, DType dtype,
                const CollectiveOptions& opts) {
-  MC2_CHECK_ARG(g.valid(), "all_gather: the group is invalid (empty)");
+  CheckGatheredCount(g, "all_gather", count, dtype);
   return GatherLike(g, OpKind::kAllGather, "all_gather", send, recv,
                     std::vector<size_t>(g.size(), count), {}, dtype, -1, opts);
 }
@@ -436,7 +456,7 @@ Work AllGatherV(const Group& g, const void* send, void* recv, std::span<const si
 
 Work Gather(const Group& g, const void* send, void* recv, size_t count, DType dtype, int root,
             const CollectiveOptions& opts) {
-  MC2_CHECK_ARG(g.valid(), "gather: the group is invalid (empty)");
+  CheckGatheredCount(g, "gather", count, dtype);
   CheckRoot(g, "gather", root);
   return GatherLike(g, OpKind::kGather, "gather", send, recv,
                     std::vector<size_t>(g.size(), count), {}, dtype, root, opts);
@@ -446,13 +466,19 @@ Work Scatter(const Group& g, const void* send, void* recv, size_t count, DType d
              const CollectiveOptions& opts) {
   CheckCommon(g, "scatter", dtype);
   CheckRoot(g, "scatter", root);
-  size_t e = DTypeSize(dtype), bytes = count * e;
+  const size_t n = static_cast<size_t>(g.size());
+  const size_t bytes = core::CheckedBytes("scatter", "count", count, dtype);
+  // The root's input; checked on every rank, so that all fail alike.
+  const size_t send_bytes =
+      core::CheckedMul(bytes, n, "scatter: count {} x {} bytes ({}) x {} ranks", count,
+                       DTypeSize(dtype), DTypeName(dtype), n);
+  core::CheckBufferBytes("scatter", "send (count x ranks)", send_bytes);
   bool is_root = g.rank() == root;
   const char* sendc = static_cast<const char*>(send);
-  bool in_place = is_root && recv == sendc + root * bytes;
-  if (is_root) CheckPtr("scatter", "send", send, bytes * g.size());
+  bool in_place = is_root && collectives::IsAt(recv, send, static_cast<size_t>(root) * bytes);
+  if (is_root) CheckPtr("scatter", "send", send, send_bytes);
   CheckPtr("scatter", "recv", recv, bytes);
-  MC2_CHECK_ARG(!is_root || in_place || !collectives::Overlap(send, bytes * g.size(), recv, bytes),
+  MC2_CHECK_ARG(!is_root || in_place || !collectives::Overlap(send, send_bytes, recv, bytes),
                 "scatter: recv overlaps send without being the root's block of it (in place)");
   CollArgs a;
   a.kind = OpKind::kScatter;
@@ -462,7 +488,7 @@ Work Scatter(const Group& g, const void* send, void* recv, size_t count, DType d
   a.dtype = dtype;
   a.root = root;
   a.in_place = in_place;
-  a.send_bytes = is_root ? bytes * g.size() : 0;
+  a.send_bytes = is_root ? send_bytes : 0;
   a.recv_bytes = bytes;
   return Launch(g, std::move(a), opts, bytes);
 }
@@ -476,100 +502,115 @@ Work ReduceScatterV(const Group& g, const void* send, void* recv, std::span<cons
   MC2_CHECK_ARG(static_cast<int>(counts.size()) == n, "reduce_scatterv: {} counts for {} ranks",
                 counts.size(), n);
   std::vector<size_t> c(counts.begin(), counts.end());
-  auto d = collectives::Packed(c);
+  size_t total = 0;
+  auto d = core::CheckedPackedDispls("reduce_scatterv", "counts", c, &total);
+  const size_t total_bytes =
+      core::CheckedBytes("reduce_scatterv", "the sum of counts", total, dtype);
   size_t e = DTypeSize(dtype);
-  size_t total = d[n - 1] + c[n - 1];
-  const char* sendc = static_cast<const char*>(send);
-  bool in_place = recv == sendc + d[g.rank()] * e;
-  CheckPtr("reduce_scatter", "send", send, total * e);
-  CheckPtr("reduce_scatter", "recv", recv, c[g.rank()] * e);
-  MC2_CHECK_ARG(in_place || !collectives::Overlap(send, total * e, recv, c[g.rank()] * e),
+  const size_t mine = c[g.rank()] * e;  // within total_bytes
+  bool in_place = collectives::IsAt(recv, send, d[g.rank()] * e);
+  CheckPtr("reduce_scatter", "send", send, total_bytes);
+  CheckPtr("reduce_scatter", "recv", recv, mine);
+  MC2_CHECK_ARG(in_place || !collectives::Overlap(send, total_bytes, recv, mine),
                 "reduce_scatter: recv overlaps send without being this rank's block (in place)");
   CollArgs a;
   a.kind = OpKind::kReduceScatterV;
-  a.send = sendc;
+  a.send = static_cast<const char*>(send);
   a.recv = static_cast<char*>(recv);
   a.dtype = dtype;
   a.op = op;
   a.in_place = in_place;
   a.counts = std::move(c);
   a.displs = std::move(d);
-  a.send_bytes = total * e;
-  a.recv_bytes = a.counts[g.rank()] * e;
+  a.send_bytes = total_bytes;
+  a.recv_bytes = mine;
   size_t maxb = *std::max_element(a.counts.begin(), a.counts.end()) * e;
-  return Launch(g, std::move(a), opts, maxb * n);
+  return Launch(g, std::move(a), opts, core::SaturatingMul(maxb, n));
 }
 
 Work ReduceScatter(const Group& g, const void* send, void* recv, size_t count, DType dtype,
                    ReduceOp op, const CollectiveOptions& opts) {
   MC2_CHECK_ARG(g.valid(), "reduce_scatter: the group is invalid (empty)");
-  std::vector<size_t> counts(g.size(), count);
   // Same implementation; kind differs only for the fingerprint and tables.
   CheckCommon(g, "reduce_scatter", dtype);
   MC2_CHECK_ARG(IsValidReduction(dtype, op), "reduce_scatter: op {} is not defined for dtype {}",
                 ReduceOpName(op), DTypeName(dtype));
-  int n = g.size();
-  size_t e = DTypeSize(dtype);
-  const char* sendc = static_cast<const char*>(send);
-  bool in_place = recv == sendc + g.rank() * count * e;
-  CheckPtr("reduce_scatter", "send", send, count * n * e);
-  CheckPtr("reduce_scatter", "recv", recv, count * e);
-  MC2_CHECK_ARG(in_place || !collectives::Overlap(send, count * n * e, recv, count * e),
+  const size_t n = static_cast<size_t>(g.size());
+  const size_t e = DTypeSize(dtype);
+  const size_t recv_bytes = core::CheckedBytes("reduce_scatter", "count", count, dtype);
+  const size_t send_bytes =
+      core::CheckedMul(recv_bytes, n, "reduce_scatter: count {} x {} bytes ({}) x {} ranks", count,
+                       e, DTypeName(dtype), n);
+  core::CheckBufferBytes("reduce_scatter", "send (count x ranks)", send_bytes);
+  std::vector<size_t> counts(n, count);
+  bool in_place = collectives::IsAt(recv, send, g.rank() * recv_bytes);
+  CheckPtr("reduce_scatter", "send", send, send_bytes);
+  CheckPtr("reduce_scatter", "recv", recv, recv_bytes);
+  MC2_CHECK_ARG(in_place || !collectives::Overlap(send, send_bytes, recv, recv_bytes),
                 "reduce_scatter: recv overlaps send without being this rank's block (in place)");
   CollArgs a;
   a.kind = OpKind::kReduceScatter;
-  a.send = sendc;
+  a.send = static_cast<const char*>(send);
   a.recv = static_cast<char*>(recv);
   a.count = count;
   a.dtype = dtype;
   a.op = op;
   a.in_place = in_place;
   a.counts = std::move(counts);
-  a.displs = collectives::Packed(a.counts);
-  a.send_bytes = count * n * e;
-  a.recv_bytes = count * e;
-  return Launch(g, std::move(a), opts, count * n * e);
+  a.displs = core::CheckedPackedDispls("reduce_scatter", "counts", a.counts);
+  a.send_bytes = send_bytes;
+  a.recv_bytes = recv_bytes;
+  return Launch(g, std::move(a), opts, send_bytes);
 }
 
 namespace {
 // all_to_all is all_to_allv with every count equal; it keeps its own kind so
 // that the fingerprint carries the count (every rank then agrees the call is
 // small enough for the eager path).
-Work AllToAllLike(const Group& g, OpKind kind, const void* send,
+Work AllToAllLike(const Group& g, OpKind kind, const char* name, const void* send,
                   std::span<const size_t> send_counts, std::span<const size_t> send_displs,
                   void* recv, std::span<const size_t> recv_counts,
-                  std::span<const size_t> recv_displs, DType dtype,
-                  const CollectiveOptions& opts) {
-  CheckCommon(g, "all_to_allv", dtype);
+                  std::span<const size_t> recv_displs, DType dtype, const CollectiveOptions& opts) {
+  CheckCommon(g, name, dtype);
   int n = g.size();
-  MC2_CHECK_ARG(static_cast<int>(send_counts.size()) == n &&
-                    static_cast<int>(recv_counts.size()) == n,
-                "all_to_allv: need {} send and recv counts", n);
-  MC2_CHECK_ARG(n <= 512, "all_to_allv: groups of more than 512 ranks are not supported");
+  MC2_CHECK_ARG(
+      static_cast<int>(send_counts.size()) == n && static_cast<int>(recv_counts.size()) == n,
+      "{}: need {} send and recv counts", name, n);
+  MC2_CHECK_ARG(n <= 512, "{}: groups of more than 512 ranks are not supported", name);
   std::vector<size_t> sc(send_counts.begin(), send_counts.end());
   std::vector<size_t> rc(recv_counts.begin(), recv_counts.end());
-  std::vector<size_t> sd = send_displs.empty() ? collectives::Packed(sc)
-                                               : std::vector<size_t>(send_displs.begin(), send_displs.end());
-  std::vector<size_t> rd = recv_displs.empty() ? collectives::Packed(rc)
-                                               : std::vector<size_t>(recv_displs.begin(), recv_displs.end());
+  std::vector<size_t> sd = send_displs.empty()
+                               ? core::CheckedPackedDispls(name, "send_counts", sc)
+                               : std::vector<size_t>(send_displs.begin(), send_displs.end());
+  std::vector<size_t> rd = recv_displs.empty()
+                               ? core::CheckedPackedDispls(name, "recv_counts", rc)
+                               : std::vector<size_t>(recv_displs.begin(), recv_displs.end());
   MC2_CHECK_ARG(static_cast<int>(sd.size()) == n && static_cast<int>(rd.size()) == n,
-                "all_to_allv: need {} send and recv displacements", n);
+                "{}: need {} send and recv displacements", name, n);
   MC2_CHECK_ARG(sc[g.rank()] == rc[g.rank()],
-                "all_to_allv: this rank sends itself {} elements but expects {}", sc[g.rank()],
+                "{}: this rank sends itself {} elements but expects {}", name, sc[g.rank()],
                 rc[g.rank()]);
+  // Counts and displacements are this rank's own: an overflow here is
+  // local, as a null buffer is (docs/errors.md, kInvalidArgument).
   size_t e = DTypeSize(dtype), sspan = 0, rspan = 0;
   for (int r = 0; r < n; ++r) {
-    sspan = std::max(sspan, sd[r] + sc[r]);
-    rspan = std::max(rspan, rd[r] + rc[r]);
+    sspan = std::max(
+        sspan, core::CheckedAdd(sd[r], sc[r], "{}: send_displs[{}] {} + send_counts[{}] {}", name,
+                                r, sd[r], r, sc[r]));
+    rspan = std::max(
+        rspan, core::CheckedAdd(rd[r], rc[r], "{}: recv_displs[{}] {} + recv_counts[{}] {}", name,
+                                r, rd[r], r, rc[r]));
   }
-  CheckPtr("all_to_allv", "send", send, sspan * e);
-  CheckPtr("all_to_allv", "recv", recv, rspan * e);
+  const size_t sbytes = core::CheckedBytes(name, "the send extent (elements)", sspan, dtype);
+  const size_t rbytes = core::CheckedBytes(name, "the recv extent (elements)", rspan, dtype);
+  CheckPtr(name, "send", send, sbytes);
+  CheckPtr(name, "recv", recv, rbytes);
   CollArgs a;
   a.kind = kind;
   if (kind == OpKind::kAllToAll) a.count = sc[0];
   a.in_place = send == recv;
-  MC2_CHECK_ARG(a.in_place || !collectives::Overlap(send, sspan * e, recv, rspan * e),
-                "all_to_allv: send and recv overlap without being the same buffer");
+  MC2_CHECK_ARG(a.in_place || !collectives::Overlap(send, sbytes, recv, rbytes),
+                "{}: send and recv overlap without being the same buffer", name);
   // In place, Launch gives the algorithms that need one a private copy of
   // the input.
   a.send = static_cast<const char*>(send);
@@ -579,11 +620,11 @@ Work AllToAllLike(const Group& g, OpKind kind, const void* send,
   a.send_displs = std::move(sd);
   a.recv_counts = std::move(rc);
   a.recv_displs = std::move(rd);
-  a.send_bytes = a.in_place ? 0 : sspan * e;
-  a.recv_bytes = rspan * e;
-  size_t maxb = 0;
+  a.send_bytes = a.in_place ? 0 : sbytes;
+  a.recv_bytes = rbytes;
+  size_t maxb = 0;  // each block lies within the send extent
   for (size_t c : a.send_counts) maxb = std::max(maxb, c * e);
-  return Launch(g, std::move(a), opts, maxb * n);
+  return Launch(g, std::move(a), opts, core::SaturatingMul(maxb, n));
 }
 }  // namespace
 
@@ -591,16 +632,15 @@ Work AllToAllV(const Group& g, const void* send, std::span<const size_t> send_co
                std::span<const size_t> send_displs, void* recv,
                std::span<const size_t> recv_counts, std::span<const size_t> recv_displs,
                DType dtype, const CollectiveOptions& opts) {
-  return AllToAllLike(g, OpKind::kAllToAllV, send, send_counts, send_displs, recv, recv_counts,
-                      recv_displs, dtype, opts);
+  return AllToAllLike(g, OpKind::kAllToAllV, "all_to_allv", send, send_counts, send_displs, recv,
+                      recv_counts, recv_displs, dtype, opts);
 }
-
 
 Work AllToAll(const Group& g, const void* send, void* recv, size_t count, DType dtype,
               const CollectiveOptions& opts) {
-  MC2_CHECK_ARG(g.valid(), "all_to_all: the group is invalid (empty)");
+  CheckGatheredCount(g, "all_to_all", count, dtype);
   std::vector<size_t> c(g.size(), count);
-  return AllToAllLike(g, OpKind::kAllToAll, send, c, {}, recv, c, {}, dtype, opts);
+  return AllToAllLike(g, OpKind::kAllToAll, "all_to_all", send, c, {}, recv, c, {}, dtype, opts);
 }
 
 Work Barrier(const Group& g, const CollectiveOptions& opts) {

@@ -1,5 +1,7 @@
 // The public Group API: world set-up, Split, symmetric memory, one-sided
 // access, signals and point-to-point messages.
+#include "mc2/group.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -9,11 +11,11 @@
 #include <thread>
 #include <utility>
 
+#include "core/checked.h"
 #include "core/enforce.h"
 #include "core/env.h"
 #include "core/log.h"
 #include "engine/group_impl.h"
-#include "mc2/group.h"
 #include "trace/recorder.h"
 
 namespace mc2 {
@@ -236,6 +238,10 @@ SymmetricBuffer::~SymmetricBuffer() = default;
 
 SymmetricBuffer Group::AllocSymmetric(size_t bytes) const {
   MC2_CHECK_ARG(impl_, "AllocSymmetric on an invalid (empty) group");
+  // Every rank passes the same size, so every rank fails here alike, before
+  // the exchange. Within this bound the heap's rounding up to its alignment
+  // cannot wrap to a small block.
+  core::CheckBufferBytes("AllocSymmetric", "a request", bytes);
   GroupImpl* g = impl_.get();
   auto off = g->world().heap->Allocate(bytes);
   uint64_t mine = off ? *off : internal::kPrivate;
@@ -287,8 +293,9 @@ char* PeerAddress(const Group& g, const SymmetricBuffer& b,
                 what);
   MC2_CHECK_ARG(peer >= 0 && peer < g.size(), "{}: peer {} out of range [0, {})", what, peer,
                 g.size());
+  // Compared without forming offset + bytes, which may wrap.
   MC2_CHECK_ARG(offset <= a->bytes && bytes <= a->bytes - offset,
-                "{}: range [{}, {}) exceeds the buffer's {} bytes", what, offset, offset + bytes,
+                "{}: {} bytes at offset {} exceed the buffer's {} bytes", what, bytes, offset,
                 a->bytes);
   return g.impl()->HeapPtr(peer, a->offsets[peer]) + offset;
 }
@@ -296,12 +303,20 @@ char* PeerAddress(const Group& g, const SymmetricBuffer& b,
 
 void Group::Put(const SymmetricBuffer& buffer, int peer, size_t offset, const void* src,
                 size_t bytes) const {
-  std::memcpy(PeerAddress(*this, buffer, buffer.alloc_, peer, offset, bytes, "Put"), src, bytes);
+  MC2_CHECK_ARG(impl_, "Put on an invalid (empty) group");
+  MC2_CHECK_ARG(src || bytes == 0, "Put: src is null but {} bytes are needed", bytes);
+  core::CheckBufferRange("Put", "src", src, bytes);
+  char* at = PeerAddress(*this, buffer, buffer.alloc_, peer, offset, bytes, "Put");
+  if (bytes) std::memcpy(at, src, bytes);  // memcpy needs valid pointers even for 0 bytes
 }
 
 void Group::Get(const SymmetricBuffer& buffer, int peer, size_t offset, void* dst,
                 size_t bytes) const {
-  std::memcpy(dst, PeerAddress(*this, buffer, buffer.alloc_, peer, offset, bytes, "Get"), bytes);
+  MC2_CHECK_ARG(impl_, "Get on an invalid (empty) group");
+  MC2_CHECK_ARG(dst || bytes == 0, "Get: dst is null but {} bytes are needed", bytes);
+  core::CheckBufferRange("Get", "dst", dst, bytes);
+  const char* at = PeerAddress(*this, buffer, buffer.alloc_, peer, offset, bytes, "Get");
+  if (bytes) std::memcpy(dst, at, bytes);
 }
 
 void Group::SignalAdd(int peer, int slot, uint64_t value) const {
@@ -341,6 +356,7 @@ Work Group::Send(const void* data, size_t bytes, int peer, int tag) const {
   MC2_CHECK_ARG(peer >= 0 && peer < size() && peer != rank(),
                 "Send: peer {} must be another rank in [0, {})", peer, size());
   MC2_CHECK_ARG(data || bytes == 0, "Send: null buffer with {} bytes", bytes);
+  core::CheckBufferRange("Send", "data", data, bytes);
   return impl_->world().P2P().Post(impl_, true, static_cast<char*>(const_cast<void*>(data)),
                                    bytes, peer, tag);
 }
@@ -350,6 +366,7 @@ Work Group::Recv(void* data, size_t bytes, int peer, int tag) const {
   MC2_CHECK_ARG(peer >= 0 && peer < size() && peer != rank(),
                 "Recv: peer {} must be another rank in [0, {})", peer, size());
   MC2_CHECK_ARG(data || bytes == 0, "Recv: null buffer with {} bytes", bytes);
+  core::CheckBufferRange("Recv", "data", data, bytes);
   return impl_->world().P2P().Post(impl_, false, static_cast<char*>(data), bytes, peer, tag);
 }
 

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "core/reduce.h"
+#include "core/reference_reduce.h"
 
 namespace mc2::testing {
 namespace {
@@ -45,50 +45,16 @@ double RandomValue(int r, size_t i) {
   return static_cast<double>(x >> 11) / static_cast<double>(1ull << 53) * 2.0 - 1.0;
 }
 
+// Stores element `idx` of a buffer of `t` (the shared reference's
+// conversions, independent of the library's).
 void Store(DType t, void* base, size_t idx, double v) {
-  switch (t) {
-    case DType::kF32: static_cast<float*>(base)[idx] = static_cast<float>(v); break;
-    case DType::kF64: static_cast<double*>(base)[idx] = v; break;
-    case DType::kF16: static_cast<uint16_t*>(base)[idx] = core::F32ToF16(static_cast<float>(v)); break;
-    case DType::kBF16: static_cast<uint16_t*>(base)[idx] = core::F32ToBF16(static_cast<float>(v)); break;
-    case DType::kI8: static_cast<int8_t*>(base)[idx] = static_cast<int8_t>(static_cast<int64_t>(v)); break;
-    case DType::kU8: static_cast<uint8_t*>(base)[idx] = static_cast<uint8_t>(static_cast<int64_t>(v)); break;
-    case DType::kI32: static_cast<int32_t*>(base)[idx] = static_cast<int32_t>(static_cast<int64_t>(v)); break;
-    case DType::kI64: static_cast<int64_t*>(base)[idx] = static_cast<int64_t>(v); break;
-  }
-}
-
-// Wraps an exact int64 result to the integer type's range (two's complement).
-int64_t WrapInt(DType t, int64_t v) {
-  switch (t) {
-    case DType::kI8: return static_cast<int8_t>(static_cast<uint8_t>(v));
-    case DType::kU8: return static_cast<uint8_t>(v);
-    case DType::kI32: return static_cast<int32_t>(static_cast<uint32_t>(v));
-    default: return v;
-  }
+  reference::StoreDouble(t, v, static_cast<char*>(base) + idx * DTypeSize(t));
 }
 
 // Stores the expected reduction over ranks 0..n-1 of Value(op, t, r, elem).
 void StoreReduced(DType t, ReduceOp op, void* base, size_t idx, int n, size_t elem) {
-  int64_t acc = Value(op, t, 0, elem);
-  for (int r = 1; r < n; ++r) {
-    int64_t v = Value(op, t, r, elem);
-    switch (op) {
-      case ReduceOp::kSum: case ReduceOp::kAvg: acc += v; break;
-      case ReduceOp::kProd: acc *= v; break;
-      case ReduceOp::kMin: acc = std::min(acc, v); break;
-      case ReduceOp::kMax: acc = std::max(acc, v); break;
-      case ReduceOp::kBand: acc &= v; break;
-      case ReduceOp::kBor: acc |= v; break;
-      case ReduceOp::kBxor: acc ^= v; break;
-    }
-  }
-  if (op == ReduceOp::kAvg) {
-    if (t == DType::kF64) return Store(t, base, idx, static_cast<double>(acc) / n);
-    if (IsFloat(t)) return Store(t, base, idx, static_cast<float>(acc) / static_cast<float>(n));
-    return Store(t, base, idx, static_cast<double>(WrapInt(t, acc) / n));
-  }
-  Store(t, base, idx, static_cast<double>(IsFloat(t) ? acc : WrapInt(t, acc)));
+  const int64_t acc = reference::ReduceInts(op, n, [&](int r) { return Value(op, t, r, elem); });
+  reference::StoreReduction(t, op, n, acc, static_cast<char*>(base) + idx * DTypeSize(t));
 }
 
 struct Layout {
