@@ -23,7 +23,7 @@ void RegisterBenchOps(CLI::App& bench);
 // `mc2 trace merge DIR -o FILE`, `mc2 trace report DIR [--json]`,
 // `mc2 trace plot DIR -o FILE.svg`
 void RegisterTrace(CLI::App& app);
-// `mc2 soak -n N --seconds S [--faults] [--seed X]` (soak.h)
+// `mc2 soak -n N -t DURATION [--faults] [--seed X]` (soak.h)
 void RegisterSoak(CLI::App& app);
 // `mc2 demo [-n N] [--link auto|none|SPEC] [--pipelines ...]` (demo_command.cc)
 void RegisterDemo(CLI::App& app);
