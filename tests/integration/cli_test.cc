@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -184,6 +185,116 @@ TEST_F(CliTest, RunRejectsAnUnwritableTraceDirectoryOnceBeforeAnyRankStarts) {
             1u)
       << r.err;
   EXPECT_THAT(r.err, HasSubstr("No such file or directory"));
+}
+
+// ---------------------------------------------------------------------------
+// The command line as a user meets it.
+
+TEST_F(CliTest, UnknownCommandsSuggestTheNearest) {
+  Result r = RunMc2({"runn", "-n", "2", "true"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("mc2: unknown command 'runn' (did you mean 'run'?)"));
+  r = RunMc2({"trace", "reprot", "x"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("mc2 trace: unknown command 'reprot' (did you mean 'report'?)"));
+  // Nothing near: no guess, but the list of commands.
+  r = RunMc2({"xyzzy"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("unknown command 'xyzzy'; the commands are run, bench"));
+  EXPECT_THAT(r.err, Not(HasSubstr("did you mean")));
+}
+
+TEST_F(CliTest, MpirunsNpGetsAHint) {
+  const Result r = RunMc2({"run", "-np", "2", "true"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("-n N (or --nranks N) for the number of ranks, not mpirun's -np"));
+}
+
+TEST_F(CliTest, VersionPrintsTheProjectVersion) {
+  const Result r = RunMc2({"--version"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  // The version the build was configured with (project(mc2 VERSION ...)).
+  std::ifstream cmake(std::string(MC2_SOURCE_DIR) + "/CMakeLists.txt");
+  std::stringstream text;
+  text << cmake.rdbuf();
+  std::smatch m;
+  const std::string all = text.str();
+  ASSERT_TRUE(std::regex_search(all, m, std::regex("project\\(mc2 VERSION ([0-9.]+)")));
+  EXPECT_EQ(r.out, "mc2 " + m[1].str() + "\n");
+}
+
+TEST_F(CliTest, BenchRanksAndSizesUseTheCommonGrammar) {
+  // -n 0 used to run 2 ranks silently.
+  Result r = RunMc2({"bench", "all_reduce", "-n", "0"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("--nranks: Value 0 not in range 1 to 256"));
+  // Fractional sizes as for --heap and MC2_HEAP_BYTES: 1.5K = 1536 bytes.
+  r = RunMc2({"bench", "all_reduce", "-n", "2", "-b", "1.5K", "-e", "1.5K", "-i", "1", "-w", "0",
+              "-d", "f32"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("minBytes 1536 maxBytes 1536"));
+  r = RunMc2({"bench", "all_reduce", "-n", "2", "-e", "12Q"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("'12Q' is not a byte count"));
+  // The old spelling of the dtype option is gone.
+  r = RunMc2({"bench", "all_reduce", "-n", "2", "--datatype", "f32"});
+  EXPECT_EQ(r.status, 2);
+}
+
+TEST_F(CliTest, DemoNamesTheOptionsAsTyped) {
+  Result r = RunMc2({"demo", "--heads", "5"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("--heads 5 must divide --hidden 1024"));
+  r = RunMc2({"demo", "--link", "bw=fast"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("--link='bw=fast' is invalid"));
+  EXPECT_THAT(r.err, Not(HasSubstr("MC2_LINK")));
+  r = RunMc2({"demo", "--nranks", "4", "--tp", "2", "--batch", "3"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("-n 4 / --tp 2 = 2 must divide --batch 3"));
+  r = RunMc2({"demo", "-d", "f16"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("--dtype"));
+}
+
+TEST_F(CliTest, RunChecksTheEnvironmentOnceBeforeAnyRankStarts) {
+  const fs::path marker = dir_ / "started";
+  const Result r =
+      RunMc2({"run", "-n", "4", "sh", "-c", "touch " + marker.string()}, {{"MC2_TIMEOUT", "soon"}});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_FALSE(fs::exists(marker));
+  size_t count = 0;
+  for (size_t at = r.err.find("MC2_TIMEOUT='soon'"); at != std::string::npos;
+       at = r.err.find("MC2_TIMEOUT='soon'", at + 1))
+    ++count;
+  EXPECT_EQ(count, 1u) << r.err;
+  // An unknown variable is warned of once, by the launcher, not by each rank.
+  const Result w = RunMc2({"run", "-n", "3", "true"}, {{"MC2_TIMEOUTT", "5"}});
+  EXPECT_EQ(w.status, 0) << w.err;
+  EXPECT_EQ(
+      LinesWithPrefix(w.err, "[mc2 W] ignoring unknown environment variable MC2_TIMEOUTT").size(),
+      1u)
+      << w.err;
+  EXPECT_THAT(w.err, Not(HasSubstr("] [mc2 W")));
+}
+
+TEST_F(CliTest, TraceWindowsReadDurationsAsEverywhereElse) {
+  // Write a small real trace: a 2-rank job of the trace demo program.
+  const fs::path trace = dir_ / "trace";
+  Result r = RunMc2({"run", "-n", "2", "--heap", "64M", TestProgram("trace_demo")},
+                    {{"MC2_TRACE", trace.string()}}, 60);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const fs::path svg = dir_ / "t.svg";
+  // A bare number is seconds (as MC2_TIMEOUT): 250 s is past the end of
+  // this trace, so the window is empty; 250us is inside it.
+  r = RunMc2({"trace", "plot", trace.string(), "-o", svg.string(), "--from", "250"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("window of the trace is empty"));
+  r = RunMc2({"trace", "plot", trace.string(), "-o", svg.string(), "--from", "0", "--to", "250ms"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  r = RunMc2({"trace", "plot", trace.string(), "-o", svg.string(), "--from", "soon"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("--from='soon' is invalid"));
 }
 
 }  // namespace
