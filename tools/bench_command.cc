@@ -66,6 +66,14 @@ void CheckOutput(const std::string& path, const char* flag) {
   }
 }
 
+// What may follow `mc2 bench`: a collective, or the fused operators' "ops".
+std::vector<std::string> CollAndOps() {
+  std::vector<std::string> names = {"ops"};
+  for (int c = 0; c <= static_cast<int>(bench::Coll::kSendRecv); ++c)
+    names.push_back(bench::CollName(static_cast<bench::Coll>(c)));
+  return names;
+}
+
 bench::Config Validate(const BenchArgs& a) {
   using namespace bench;
   Config cfg;
@@ -73,7 +81,8 @@ bench::Config Validate(const BenchArgs& a) {
     Usage(fmt::format("missing the collective: expected one of {} (or --tune)", CollNames()));
   auto coll = ParseColl(a.coll);
   if (!coll)
-    Usage(fmt::format("unknown collective '{}': expected one of {}", a.coll, CollNames()));
+    Usage(fmt::format("unknown collective '{}'{}: expected one of {} (or `mc2 bench ops`)", a.coll,
+                      DidYouMean(a.coll, CollAndOps()), CollNames()));
   cfg.coll = *coll;
   cfg.nranks = a.nranks;
   // The option validators have checked the sizes' form (core::ParseBytes).

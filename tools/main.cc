@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cli_validators.h"
 #include "commands.h"
 
 // The build passes project(mc2 VERSION ...) of the top-level CMakeLists.txt.
@@ -19,39 +20,16 @@
 
 namespace {
 
-// Edit distance (insertions, deletions, substitutions) between a and b.
-size_t Distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 // When `word` is not a subcommand of `app` but `app` needs one, says so and
-// suggests the nearest name (within a third of the word's length), then
-// returns true.
+// suggests the nearest name (DidYouMean), then returns true.
 bool ReportUnknownSubcommand(CLI::App& app, const std::string& path, const std::string& word) {
   std::vector<std::string> names;
   for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
   if (names.empty() || std::find(names.begin(), names.end(), word) != names.end()) return false;
-  std::string best;
-  size_t best_d = word.size() / 3 + 1;
-  for (const auto& n : names) {
-    const size_t d = Distance(word, n);
-    if (d < best_d || (d == best_d && best.empty() && d <= 2)) best = n, best_d = d;
-  }
   std::string list;
   for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
   fmt::print(stderr, "{}: unknown command '{}'{}; the commands are {}\n", path, word,
-             best.empty() ? "" : fmt::format(" (did you mean '{}'?)", best), list);
+             mc2::tools::DidYouMean(word, names), list);
   return true;
 }
 

@@ -236,6 +236,9 @@ TEST_F(CliTest, BenchRanksAndSizesUseTheCommonGrammar) {
   r = RunMc2({"bench", "all_reduce", "-n", "2", "-e", "12Q"});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("'12Q' is not a byte count"));
+  r = RunMc2({"bench", "all_reduz", "-n", "2"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("unknown collective 'all_reduz' (did you mean 'all_reduce'?)"));
   // The old spelling of the dtype option is gone.
   r = RunMc2({"bench", "all_reduce", "-n", "2", "--datatype", "f32"});
   EXPECT_EQ(r.status, 2);
