@@ -58,9 +58,8 @@ struct DemoArgs {
   std::string link = "auto";
   double comm_ratio = 0.75;  // --link auto: communication / compute per step
   std::string pipelines = "serial,chunked,fused,auto";
-  // Measured (default model, calibrated link): fused s=4 1.45x serial with
-  // 11-14% uncovered communication, s=8 1.48x with 9.5-10.2%, s=16 1.43x
-  // with 7.3%: the smallest split count that keeps both targets.
+  // The smallest split count that keeps both the speedup and the uncovered
+  // communication targets on the default model (docs/benchmarks.md).
   int splits = 16;
   int steps = 3;
   int warmup = 1;
@@ -68,11 +67,10 @@ struct DemoArgs {
   std::string dtype = "f32";                  // of the GEMM inputs: f32 or bf16
   int moe_experts = 0, moe_topk = 2, ep = 1;  // MoE MLPs (0: dense) and the EP size
   uint64_t seed = 1;
-  // AdamW's learning rate. Lower than the library's 3e-3 (tuned on small
-  // models): Adam's first steps move every weight by ~lr at once, ~10% of
-  // its scale at hidden 1024 with 3e-3, and the second step's loss jumped
-  // (4.76 -> 15.9 in the default demo; 9.2 with 1e-3, 5.2 with 3e-4, which
-  // then falls to 1.8 by the fourth step).
+  // AdamW's learning rate. Lower than the library's default (tuned on small
+  // models): Adam's first steps move every weight by about lr at once, a
+  // large fraction of its scale at hidden 1024, and the loss then jumps
+  // instead of falling.
   float lr = 3e-4f;
   std::string out = "mc2-demo";
   std::string json_path;
