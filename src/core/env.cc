@@ -144,8 +144,10 @@ void CheckWritableDirectory(const std::string& dir, std::string_view what) {
   // A concurrent creator (another rank) is fine: only the end state counts.
   std::error_code ec2;
   std::string reason;
-  if (!std::filesystem::is_directory(dir, ec2))
-    reason = ec ? "cannot create the directory: " + ec.message() : "not a directory";
+  if (std::filesystem::exists(dir, ec2) && !std::filesystem::is_directory(dir, ec2))
+    reason = "it exists and is not a directory";
+  else if (!std::filesystem::is_directory(dir, ec2))
+    reason = "cannot create the directory: " + (ec ? ec.message() : std::string("unknown"));
   else if (::access(dir.c_str(), W_OK | X_OK) != 0)
     reason = fmt::format("cannot write into the directory: {}", std::strerror(errno));
   if (!reason.empty())
