@@ -191,43 +191,27 @@ int RunRankJob(const DemoArgs& a) {
 std::vector<std::string> RankArgv(const DemoArgs& a, const std::string& pipelines, int steps,
                                   int warmup, const std::string& out,
                                   const std::string& results) {
-  std::vector<std::string> v = {SelfExe(),
-                                "demo",
-                                "--rank-job",
-                                "--results",
-                                results,
-                                "--out",
-                                out,
-                                "--pipelines",
-                                pipelines,
-                                "--steps",
-                                std::to_string(steps),
-                                "--warmup",
-                                std::to_string(warmup),
-                                "--splits",
-                                std::to_string(a.splits),
-                                "--layers",
-                                std::to_string(a.layers),
-                                "--hidden",
-                                std::to_string(a.hidden),
-                                "--heads",
-                                std::to_string(a.heads),
-                                "--ffn",
-                                std::to_string(a.ffn),
-                                "--vocab",
-                                std::to_string(a.vocab),
-                                "--seq",
-                                std::to_string(a.seq),
-                                "--batch",
-                                std::to_string(a.batch),
-                                "--seed",
-                                std::to_string(a.seed),
-                                "--tp",
-                                std::to_string(a.tp),
-                                "--lr",
-                                fmt::format("{:.9g}", a.lr),
-                                "--dtype",
-                                a.dtype};
+  std::vector<std::string> v = {SelfExe(), "demo", "--rank-job", "--results", results};
+  auto add = [&v](const char* flag, std::string value) {
+    v.push_back(flag);
+    v.push_back(std::move(value));
+  };
+  add("--out", out);
+  add("--pipelines", pipelines);
+  add("--steps", std::to_string(steps));
+  add("--warmup", std::to_string(warmup));
+  add("--splits", std::to_string(a.splits));
+  add("--layers", std::to_string(a.layers));
+  add("--hidden", std::to_string(a.hidden));
+  add("--heads", std::to_string(a.heads));
+  add("--ffn", std::to_string(a.ffn));
+  add("--vocab", std::to_string(a.vocab));
+  add("--seq", std::to_string(a.seq));
+  add("--batch", std::to_string(a.batch));
+  add("--seed", std::to_string(a.seed));
+  add("--tp", std::to_string(a.tp));
+  add("--lr", fmt::format("{:.9g}", a.lr));
+  add("--dtype", a.dtype);
   if (a.moe_experts > 0) {
     v.insert(v.end(), {"--moe-experts", std::to_string(a.moe_experts), "--moe-topk",
                        std::to_string(a.moe_topk), "--ep", std::to_string(a.ep)});
