@@ -428,6 +428,12 @@ void SoakFaults(const SoakArgs& a, const fs::path& root, Totals& t, bool* keep) 
 
 void RunDriver(const SoakArgs& a) {
   if (a.faults && a.nranks < 2) Usage("--faults needs at least 2 ranks (a victim and a witness)");
+  // Every job would fail on a bad MC2_* variable: say so once, up front.
+  try {
+    core::ValidateEnvironment();
+  } catch (const Error& e) {
+    Usage(e.message());
+  }
   SoakArgs args = a;
   if (args.seed == 0) args.seed = static_cast<uint64_t>(MonoNs()) | 1;
   char tmpl[] = "/tmp/mc2-soak-XXXXXX";

@@ -115,6 +115,11 @@ TEST_F(SoakTest, BadOptionsAreUsageErrors) {
   r = RunMc2({"soak", "-n", "2", "--duration", "1s", "--heap", "1Q"});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("'1Q' is not a byte count"));
+  // A bad variable fails the driver at once, not each of its jobs.
+  r = RunMc2({"soak", "-n", "2", "--duration", "30s"}, {{"MC2_TRACE", "/proc/mc2-no-dir"}});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_LT(r.seconds, 5);
+  EXPECT_THAT(r.err, HasSubstr("MC2_TRACE='/proc/mc2-no-dir' is invalid"));
   r = RunMc2({"soak", "-n", "1", "--faults", "--seconds", "1"});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("--faults needs at least 2 ranks"));
