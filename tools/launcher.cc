@@ -733,24 +733,25 @@ int RunLaunch(const LaunchOptions& options) {
     return kExitUsage;
   }
 
-  size_t heap_bytes = options.heap_bytes;
+  // Every MC2_* variable the ranks read, checked once here rather than
+  // reported by each rank after the job has started.
+  try {
+    core::ValidateEnvironment();
+  } catch (const Error& e) {
+    Say("{}", e.message());
+    return kExitUsage;
+  }
+
+  // MC2_HEAP_BYTES has passed the ranks' own parser above; 0 is valid for
+  // the library (no heap) but not for a job.
+  const size_t heap_bytes = options.heap_bytes != 0
+                                ? options.heap_bytes
+                                : core::EnvBytes("MC2_HEAP_BYTES", kDefaultHeapBytes);
   if (heap_bytes == 0) {
-    heap_bytes = kDefaultHeapBytes;
-    if (const char* value = NonEmptyEnv("MC2_HEAP_BYTES")) {
-      // The same parser the ranks use, so both accept the same forms.
-      try {
-        heap_bytes = core::ParseBytes(value, "MC2_HEAP_BYTES");
-      } catch (const Error& e) {
-        Say("{}", e.message());
-        return kExitUsage;
-      }
-      if (heap_bytes == 0) {
-        Say("MC2_HEAP_BYTES='{}' is invalid: expected a positive byte count "
-            "per rank such as 268435456, 64K, 256M or 2G",
-            value);
-        return kExitUsage;
-      }
-    }
+    Say("MC2_HEAP_BYTES='{}' is invalid: expected a positive byte count per rank such as "
+        "268435456, 64K, 256M or 2G",
+        NonEmptyEnv("MC2_HEAP_BYTES"));
+    return kExitUsage;
   }
 
   std::string dir = options.shm_dir;
@@ -774,15 +775,6 @@ int RunLaunch(const LaunchOptions& options) {
     Say("invalid {}='{}': {}; expected an existing directory, ideally on a "
         "tmpfs such as /dev/shm",
         dir_source, dir, dir_problem);
-    return kExitUsage;
-  }
-
-  // Every MC2_* variable the ranks read, checked once here rather than
-  // reported by each rank after the job has started.
-  try {
-    core::ValidateEnvironment();
-  } catch (const Error& e) {
-    Say("{}", e.message());
     return kExitUsage;
   }
 
