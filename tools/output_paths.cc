@@ -44,10 +44,12 @@ void CheckWritableFile(const std::string& path, std::string_view flag) {
   struct stat st;
   if (stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) Refuse(flag, path, std::strerror(EISDIR));
-    // Opening for append neither truncates nor changes the file.
-    const int fd = open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-    if (fd < 0) Refuse(flag, path, fmt::format("cannot write it: {}", std::strerror(errno)));
-    close(fd);
+    // Opening for append neither truncates nor changes the file; without
+    // blocking, so that a FIFO whose reader comes later is no hang (ENXIO).
+    const int fd = open(path.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0 && !(errno == ENXIO && S_ISFIFO(st.st_mode)))
+      Refuse(flag, path, fmt::format("cannot write it: {}", std::strerror(errno)));
+    if (fd >= 0) close(fd);
     return;
   }
   if (errno != ENOENT) Refuse(flag, path, std::strerror(errno));
