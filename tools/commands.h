@@ -8,10 +8,11 @@
 // diagnostics). Command-line parse errors exit with status 2.
 //
 // One vocabulary across the subcommands: -n/--nranks ranks, -d/--dtype the
-// element type, -o/--op the reduction, -i/--iters and -w/--warmup timed and
-// untimed iterations; sizes and durations take core::ParseBytes' and
-// core::ParseDuration's forms (cli_validators.h); outputs are checked before
-// any work and directories are never emptied (output_paths.h).
+// element type, -o/--op the reduction (in `mc2 trace`, which reduces
+// nothing, -o/--output is the file written), -i/--iters and -w/--warmup
+// timed and untimed iterations; sizes and durations take core::ParseBytes'
+// and core::ParseDuration's forms (cli_validators.h); outputs are checked
+// before any work and directories are never emptied (output_paths.h).
 #ifndef MC2_TOOLS_COMMANDS_H_
 #define MC2_TOOLS_COMMANDS_H_
 
