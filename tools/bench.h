@@ -43,9 +43,6 @@ bool IsRooted(Coll c);
 // Bus bandwidth factor (nccl-tests doc/PERFORMANCE.md).
 double BusFactor(Coll c, int nranks);
 
-// "8", "64K", "256M", "1G" (binary multipliers, as nccl-tests); nullopt if
-// malformed.
-std::optional<size_t> ParseSize(std::string_view text);
 // "8 B", "64 KiB", "256 MiB".
 std::string FormatSize(size_t bytes);
 

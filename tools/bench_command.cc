@@ -5,6 +5,7 @@
 // N ranks and a heap sized for the sweep, the ranks writing to its own
 // output (only rank 0 prints); inside a job (as every rank of that
 // launch, or under `mc2 run -n N mc2 bench ...`) it runs the sweep.
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <climits>
@@ -14,12 +15,13 @@
 #include <string>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "bench.h"
+#include "cli_validators.h"
 #include "commands.h"
+#include "core/env.h"
 #include "launcher.h"
 #include "mc2/mc2.h"
+#include "output_paths.h"
 
 namespace mc2::tools {
 
@@ -55,6 +57,23 @@ std::vector<std::string> SelfArgs() {
   return args;
 }
 
+// Fails before any work when `path` cannot be written (output_paths.h).
+void CheckOutput(const std::string& path, const char* flag) {
+  try {
+    CheckWritableFile(path, flag);
+  } catch (const Error& e) {
+    Usage(e.message());
+  }
+}
+
+// What may follow `mc2 bench`: a collective, or the fused operators' "ops".
+std::vector<std::string> CollAndOps() {
+  std::vector<std::string> names = {"ops"};
+  for (int c = 0; c <= static_cast<int>(bench::Coll::kSendRecv); ++c)
+    names.push_back(bench::CollName(static_cast<bench::Coll>(c)));
+  return names;
+}
+
 bench::Config Validate(const BenchArgs& a) {
   using namespace bench;
   Config cfg;
@@ -62,22 +81,15 @@ bench::Config Validate(const BenchArgs& a) {
     Usage(fmt::format("missing the collective: expected one of {} (or --tune)", CollNames()));
   auto coll = ParseColl(a.coll);
   if (!coll)
-    Usage(fmt::format("unknown collective '{}': expected one of {}", a.coll, CollNames()));
+    Usage(fmt::format("unknown collective '{}'{}: expected one of {} (or `mc2 bench ops`)", a.coll,
+                      DidYouMean(a.coll, CollAndOps()), CollNames()));
   cfg.coll = *coll;
-  if (a.nranks < 0 || a.nranks > 256)
-    Usage(fmt::format("-n {} is invalid: expected 1 to 256 ranks", a.nranks));
   cfg.nranks = a.nranks;
-  auto min = ParseSize(a.min_bytes), max = ParseSize(a.max_bytes);
-  if (!min || *min == 0)
-    Usage(fmt::format("-b '{}' is invalid: expected a positive size such as 8, 64K, 256M or 1G",
-                      a.min_bytes));
-  if (!max || *max == 0)
-    Usage(fmt::format("-e '{}' is invalid: expected a positive size such as 8, 64K, 256M or 1G",
-                      a.max_bytes));
-  if (*min > *max) Usage(fmt::format("-b {} is larger than -e {}", a.min_bytes, a.max_bytes));
-  cfg.min_bytes = *min;
-  cfg.max_bytes = *max;
-  if (a.factor < 2) Usage(fmt::format("-f {} is invalid: the step factor must be at least 2", a.factor));
+  // The option validators have checked the sizes' form (core::ParseBytes).
+  cfg.min_bytes = core::ParseBytes(a.min_bytes, "-b");
+  cfg.max_bytes = core::ParseBytes(a.max_bytes, "-e");
+  if (cfg.min_bytes > cfg.max_bytes)
+    Usage(fmt::format("-b {} is larger than -e {}", a.min_bytes, a.max_bytes));
   cfg.factor = a.factor;
   auto dtype = ParseDType(a.dtype);
   if (!dtype)
@@ -100,19 +112,13 @@ bench::Config Validate(const BenchArgs& a) {
   cfg.algo = *algo;
   if (cfg.coll == Coll::kSendRecv && cfg.algo != Algorithm::kAuto)
     Usage("--algo does not apply to send_recv");
-  if (a.iters < 1) Usage(fmt::format("-i {} is invalid: expected at least 1 iteration", a.iters));
-  if (a.warmup < 0) Usage(fmt::format("-w {} is invalid: expected 0 or more", a.warmup));
   cfg.iters = a.iters;
   cfg.warmup = a.warmup;
-  if (a.check != 0 && a.check != 1) Usage(fmt::format("-c {} is invalid: expected 0 or 1", a.check));
   cfg.check = a.check == 1;
-  if (a.buffers != "symmetric" && a.buffers != "private")
-    Usage(fmt::format("--buffers '{}' is invalid: expected symmetric or private", a.buffers));
   cfg.symmetric = a.buffers == "symmetric";
   // Inside a job the job's size is checked by the ranks.
   const int n = a.nranks ? a.nranks : (Group::LaunchedByMc2() ? 0 : kDefaultRanks);
-  if (a.root < 0 || (n > 0 && a.root >= n))
-    Usage(fmt::format("--root {} is out of range for {} ranks", a.root, n));
+  if (n > 0 && a.root >= n) Usage(fmt::format("--root {} is out of range for {} ranks", a.root, n));
   cfg.root = a.root;
   cfg.json_path = a.json;
   return cfg;
@@ -127,8 +133,8 @@ void RunCallback(const BenchArgs& a) {
       if (status != 0) throw CLI::RuntimeError(status);
       return;
     }
-    if (a.nranks < 0 || a.nranks == 1 || a.nranks > 256)
-      Usage(fmt::format("-n {} is invalid for --tune: expected 2 to 256 ranks", a.nranks));
+    if (a.nranks == 1) Usage("-n 1 is invalid for --tune: expected 2 to 256 ranks");
+    if (!a.output.empty()) CheckOutput(a.output, "--output");
     std::vector<int> counts = a.nranks ? std::vector<int>{a.nranks} : std::vector<int>{2, 4};
     const int status = bench::RunTune(SelfExe(), counts, a.output);
     if (status != 0) throw CLI::RuntimeError(status);
@@ -136,6 +142,10 @@ void RunCallback(const BenchArgs& a) {
   }
   if (!a.output.empty()) Usage("--output goes with --tune (use --json for a sweep's rows)");
   bench::Config cfg = Validate(a);
+  // Rank 0 writes the rows; inside a job the other ranks leave the check to it.
+  const auto rank = core::GetEnv("MC2_RANK");
+  if (!cfg.json_path.empty() && (!Group::LaunchedByMc2() || rank == "0"))
+    CheckOutput(cfg.json_path, "--json");
   if (Group::LaunchedByMc2()) {
     const int status = bench::RunBenchRank(cfg);
     if (status != 0) throw CLI::RuntimeError(status);
@@ -170,29 +180,40 @@ void RegisterBench(CLI::App& app) {
                   "all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, reduce or "
                   "send_recv");
   cmd->add_option("-n,--nranks", a->nranks,
-                  "Ranks (default 2; inside a job: the job's size; --tune: 2 and 4)");
-  cmd->add_option("-b,--minbytes", a->min_bytes, "Smallest size in bytes, e.g. 8 or 1K")
-      ->capture_default_str();
+                  "Ranks (default 2; inside a job: the job's size; --tune: 2 and 4)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("-b,--minbytes", a->min_bytes, "Smallest size in bytes, e.g. 8, 1K or 1.5K")
+      ->capture_default_str()
+      ->check(BytesValidator(1));
   cmd->add_option("-e,--maxbytes", a->max_bytes, "Largest size in bytes, e.g. 256M")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(BytesValidator(1));
   cmd->add_option("-f,--stepfactor", a->factor, "Size multiplier between rows")
-      ->capture_default_str();
-  cmd->add_option("-d,--datatype", a->dtype, "f32, f64, f16, bf16, i8, u8, i32 or i64")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("-d,--dtype", a->dtype, "f32, f64, f16, bf16, i8, u8, i32 or i64")
       ->capture_default_str();
   cmd->add_option("-o,--op", a->op, "sum, prod, min, max, avg, band, bor or bxor")
       ->capture_default_str();
   cmd->add_option("--algo", a->algo,
                   "auto, ring, recursive_doubling, rabenseifner, tree or direct")
       ->capture_default_str();
-  cmd->add_option("-i,--iters", a->iters, "Timed iterations per size")->capture_default_str();
+  cmd->add_option("-i,--iters", a->iters, "Timed iterations per size")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30));
   cmd->add_option("-w,--warmup", a->warmup, "Untimed iterations per size")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 30));
   cmd->add_option("-c,--check", a->check, "1: check every result (exit 1 if any is wrong)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::IsMember({0, 1}));
   cmd->add_option("--buffers", a->buffers,
                   "symmetric (Group::AllocSymmetric) or private (heap memory)")
-      ->capture_default_str();
-  cmd->add_option("--root", a->root, "Root of broadcast and reduce")->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::IsMember({"symmetric", "private"}));
+  cmd->add_option("--root", a->root, "Root of broadcast and reduce")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 255));
   cmd->add_option("--json", a->json, "Also write every row to this JSON file");
   cmd->add_flag("--tune", a->tune,
                 "Time every algorithm of all_reduce, all_gather, reduce_scatter, broadcast and "

@@ -124,32 +124,6 @@ double BusFactor(Coll c, int n) {
   return 1.0;
 }
 
-std::optional<size_t> ParseSize(std::string_view text) {
-  size_t i = 0;
-  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
-  if (i == 0) return std::nullopt;
-  uint64_t v = 0;
-  auto [p, ec] = std::from_chars(text.data(), text.data() + i, v);
-  if (ec != std::errc() || p != text.data() + i) return std::nullopt;
-  std::string_view suffix = text.substr(i);
-  int shift = 0;
-  if (!suffix.empty()) {
-    switch (std::toupper(static_cast<unsigned char>(suffix[0]))) {
-      case 'K': shift = 10; break;
-      case 'M': shift = 20; break;
-      case 'G': shift = 30; break;
-      case 'T': shift = 40; break;
-      case 'B': if (suffix.size() == 1) break; return std::nullopt;
-      default: return std::nullopt;
-    }
-    std::string_view rest = suffix.size() > 1 ? suffix.substr(1) : std::string_view{};
-    if (shift && !(rest.empty() || rest == "B" || rest == "b" || rest == "iB" || rest == "ib"))
-      return std::nullopt;
-  }
-  if (shift && v > (std::numeric_limits<uint64_t>::max() >> shift)) return std::nullopt;
-  return static_cast<size_t>(v << shift);
-}
-
 std::string FormatSize(size_t b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;

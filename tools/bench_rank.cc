@@ -1,18 +1,18 @@
 // `mc2 bench`, inside an mc2 job: the sweep of one collective, run by every
 // rank, printed by rank 0 in the layout of nccl-tests.
+#include <fmt/format.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "bench.h"
 #include "mc2/mc2.h"
@@ -112,7 +112,8 @@ class Sweep {
   void PrintHeader(size_t nsizes) const;
   void PrintRow(const Row& r) const;
   void Progress(size_t done, size_t total, bool final);
-  void WriteJson(const std::vector<Row>& rows, int64_t wrong, double avg_busbw) const;
+  // False (after saying why) when the file cannot be written.
+  bool WriteJson(const std::vector<Row>& rows, int64_t wrong, double avg_busbw) const;
 
   const Config& cfg_;
   Group g_;
@@ -365,7 +366,7 @@ void Sweep::Progress(size_t done, size_t total, bool final) {
   std::fflush(stderr);
 }
 
-void Sweep::WriteJson(const std::vector<Row>& rows, int64_t wrong, double avg_busbw) const {
+bool Sweep::WriteJson(const std::vector<Row>& rows, int64_t wrong, double avg_busbw) const {
   using nlohmann::json;
   json j;
   j["tool"] = "mc2";
@@ -403,7 +404,11 @@ void Sweep::WriteJson(const std::vector<Row>& rows, int64_t wrong, double avg_bu
   j["ok"] = wrong == 0;
   std::ofstream out(cfg_.json_path);
   out << j.dump(1) << "\n";
-  if (!out) fmt::print(stderr, "mc2 bench: cannot write {}\n", cfg_.json_path);
+  out.close();
+  if (out) return true;
+  fmt::print(stderr, "mc2 bench: cannot write --json {}: {}\n", cfg_.json_path,
+             std::strerror(errno));
+  return false;
 }
 
 int Sweep::Run() {
@@ -452,7 +457,7 @@ int Sweep::Run() {
     fmt::print("#\n");
     fmt::print("# {}\n", wrong == 0 ? "OK" : fmt::format("FAILED: {} wrong values", wrong));
     std::fflush(stdout);
-    if (!cfg_.json_path.empty()) WriteJson(rows, wrong, avg_bw);
+    if (!cfg_.json_path.empty() && !WriteJson(rows, wrong, avg_bw)) return kExitWrong;
   }
   return wrong == 0 ? 0 : kExitWrong;
 }

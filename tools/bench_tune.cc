@@ -5,9 +5,12 @@
 // The parent launches one job per rank count; in the job every rank runs
 // RunTuneRank and rank 0 writes the raw timings to a temporary file that the
 // parent turns into the table.
+#include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,12 +20,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "bench.h"
 #include "collectives/selector.h"
@@ -358,12 +359,24 @@ int RunTune(const std::string& self_exe, const std::vector<int>& nranks,
   std::error_code ec;
   const std::filesystem::path path(output);
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
-  const std::string tmp = output + ".tmp";
+  // Written beside the table under a name no other file has (mkstemp), then
+  // renamed over it, so that a reader never sees half a table and no file of
+  // the user's is overwritten on the way.
+  std::string tmp = output + ".XXXXXX";
+  const int fd = mkstemp(tmp.data());
+  if (fd < 0) {
+    fmt::print(stderr, "mc2 bench --tune: cannot write {}: {}\n", output, std::strerror(errno));
+    return kExitWrong;
+  }
+  fchmod(fd, 0644);  // mkstemp's 0600 would make the table private
+  close(fd);
   {
     std::ofstream f(tmp);
     f << out.dump(1) << "\n";
+    f.close();
     if (!f) {
-      fmt::print(stderr, "mc2 bench --tune: cannot write {}\n", tmp);
+      fmt::print(stderr, "mc2 bench --tune: cannot write {}: {}\n", tmp, std::strerror(errno));
+      std::remove(tmp.c_str());
       return kExitWrong;
     }
   }

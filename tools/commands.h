@@ -6,6 +6,13 @@
 // throwing CLI::RuntimeError(status); main() turns it into the process exit
 // status without printing anything more (the command prints its own
 // diagnostics). Command-line parse errors exit with status 2.
+//
+// One vocabulary across the subcommands: -n/--nranks ranks, -d/--dtype the
+// element type, -o/--op the reduction (in `mc2 trace`, which reduces
+// nothing, -o/--output is the file written), -i/--iters and -w/--warmup
+// timed and untimed iterations; sizes and durations take core::ParseBytes'
+// and core::ParseDuration's forms (cli_validators.h); outputs are checked
+// before any work and directories are never emptied (output_paths.h).
 #ifndef MC2_TOOLS_COMMANDS_H_
 #define MC2_TOOLS_COMMANDS_H_
 
@@ -17,13 +24,13 @@ namespace mc2::tools {
 void RegisterRun(CLI::App& app);
 // `mc2 bench COLLECTIVE -n N -b MIN -e MAX ...` and `mc2 bench --tune`
 void RegisterBench(CLI::App& app);
-// `mc2 bench ops --op OP -m M -k K -N N ...` and `mc2 bench ops --tune`,
+// `mc2 bench ops --operator OP -m M -k K -N N ...` and `mc2 bench ops --tune`,
 // a subcommand of `bench` (tools/bench_ops.cc)
 void RegisterBenchOps(CLI::App& bench);
 // `mc2 trace merge DIR -o FILE`, `mc2 trace report DIR [--json]`,
 // `mc2 trace plot DIR -o FILE.svg`
 void RegisterTrace(CLI::App& app);
-// `mc2 soak -n N --seconds S [--faults] [--seed X]` (soak.h)
+// `mc2 soak -n N -t DURATION [--faults] [--seed X]` (soak.h)
 void RegisterSoak(CLI::App& app);
 // `mc2 demo [-n N] [--link auto|none|SPEC] [--pipelines ...]` (demo_command.cc)
 void RegisterDemo(CLI::App& app);

@@ -12,28 +12,31 @@
 // hiding it matters most), launches the training job (re-executing itself
 // with --rank-job under the launcher), then analyses the traces. Inside the
 // job each rank trains every pipeline in turn; rank 0 writes the results.
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-
 #include "commands.h"
+#include "core/link_config.h"
 #include "launcher.h"
 #include "mc2/mc2.h"
 #include "mc2/models.h"
+#include "output_paths.h"
 #include "trace/analysis.h"
 #include "trace/timeline_svg.h"
 #include "trace/trace_file.h"
@@ -55,21 +58,19 @@ struct DemoArgs {
   std::string link = "auto";
   double comm_ratio = 0.75;  // --link auto: communication / compute per step
   std::string pipelines = "serial,chunked,fused,auto";
-  // Measured (default model, calibrated link): fused s=4 1.45x serial with
-  // 11-14% uncovered communication, s=8 1.48x with 9.5-10.2%, s=16 1.43x
-  // with 7.3%: the smallest split count that keeps both targets.
+  // The smallest split count that keeps both the speedup and the uncovered
+  // communication targets on the default model (docs/benchmarks.md).
   int splits = 16;
   int steps = 3;
   int warmup = 1;
   int layers = 2, hidden = 1024, heads = 16, ffn = 2048, vocab = 64, seq = 256, batch = 4;
-  bool bf16 = false;
+  std::string dtype = "f32";                  // of the GEMM inputs: f32 or bf16
   int moe_experts = 0, moe_topk = 2, ep = 1;  // MoE MLPs (0: dense) and the EP size
   uint64_t seed = 1;
-  // AdamW's learning rate. Lower than the library's 3e-3 (tuned on small
-  // models): Adam's first steps move every weight by ~lr at once, ~10% of
-  // its scale at hidden 1024 with 3e-3, and the second step's loss jumped
-  // (4.76 -> 15.9 in the default demo; 9.2 with 1e-3, 5.2 with 3e-4, which
-  // then falls to 1.8 by the fourth step).
+  // AdamW's learning rate. Lower than the library's default (tuned on small
+  // models): Adam's first steps move every weight by about lr at once, a
+  // large fraction of its scale at hidden 1024, and the loss then jumps
+  // instead of falling.
   float lr = 3e-4f;
   std::string out = "mc2-demo";
   std::string json_path;
@@ -120,7 +121,7 @@ models::TransformerConfig ModelConfig(const DemoArgs& a) {
   c.batch = a.batch;
   c.seed = a.seed;
   c.lr = a.lr;
-  c.gemm_dtype = a.bf16 ? DType::kBF16 : DType::kF32;
+  c.gemm_dtype = a.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   c.fused.splits = a.splits;
   c.moe_experts = a.moe_experts;
   c.moe_topk = a.moe_topk;
@@ -190,18 +191,27 @@ int RunRankJob(const DemoArgs& a) {
 std::vector<std::string> RankArgv(const DemoArgs& a, const std::string& pipelines, int steps,
                                   int warmup, const std::string& out,
                                   const std::string& results) {
-  std::vector<std::string> v = {SelfExe(), "demo", "--rank-job", "--results", results,
-                                "--out", out, "--pipelines", pipelines,
-                                "--steps", std::to_string(steps), "--warmup",
-                                std::to_string(warmup), "--splits", std::to_string(a.splits),
-                                "--layers", std::to_string(a.layers), "--hidden",
-                                std::to_string(a.hidden), "--heads", std::to_string(a.heads),
-                                "--ffn", std::to_string(a.ffn), "--vocab",
-                                std::to_string(a.vocab), "--seq", std::to_string(a.seq),
-                                "--batch", std::to_string(a.batch), "--seed",
-                                std::to_string(a.seed), "--tp", std::to_string(a.tp),
-                                "--lr", fmt::format("{:.9g}", a.lr)};
-  if (a.bf16) v.push_back("--bf16");
+  std::vector<std::string> v = {SelfExe(), "demo", "--rank-job", "--results", results};
+  auto add = [&v](const char* flag, std::string value) {
+    v.push_back(flag);
+    v.push_back(std::move(value));
+  };
+  add("--out", out);
+  add("--pipelines", pipelines);
+  add("--steps", std::to_string(steps));
+  add("--warmup", std::to_string(warmup));
+  add("--splits", std::to_string(a.splits));
+  add("--layers", std::to_string(a.layers));
+  add("--hidden", std::to_string(a.hidden));
+  add("--heads", std::to_string(a.heads));
+  add("--ffn", std::to_string(a.ffn));
+  add("--vocab", std::to_string(a.vocab));
+  add("--seq", std::to_string(a.seq));
+  add("--batch", std::to_string(a.batch));
+  add("--seed", std::to_string(a.seed));
+  add("--tp", std::to_string(a.tp));
+  add("--lr", fmt::format("{:.9g}", a.lr));
+  add("--dtype", a.dtype);
   if (a.moe_experts > 0) {
     v.insert(v.end(), {"--moe-experts", std::to_string(a.moe_experts), "--moe-topk",
                        std::to_string(a.moe_topk), "--ep", std::to_string(a.ep)});
@@ -301,17 +311,77 @@ struct RunSummary {
   std::string trace_json, svg;
 };
 
+// Every relation between the options that the model needs, named as the
+// user typed them; models::ValidateConfig (which names the config fields)
+// stays the final word.
+void CheckArgs(const DemoArgs& a) {
+  const int tp = a.tp ? a.tp : a.nranks;
+  const int dp = a.nranks / tp;
+  auto need = [](bool ok, const std::string& what) {
+    if (!ok) Usage(what);
+  };
+  need(a.nranks % tp == 0, fmt::format("--tp {} must divide -n {}", tp, a.nranks));
+  need(a.hidden % a.heads == 0,
+       fmt::format("--heads {} must divide --hidden {}", a.heads, a.hidden));
+  need((a.hidden / a.heads) % 2 == 0,
+       fmt::format("--hidden {} / --heads {} = {} must be even (rotary embeddings rotate "
+                   "pairs)",
+                   a.hidden, a.heads, a.hidden / a.heads));
+  need(a.heads % tp == 0,
+       fmt::format("--tp {} must divide --heads {} (heads are split across the TP ranks)", tp,
+                   a.heads));
+  need(a.ffn % tp == 0, fmt::format("--tp {} must divide --ffn {}", tp, a.ffn));
+  need(a.seq % tp == 0,
+       fmt::format("--tp {} must divide --seq {} (the sequence is sharded across the TP ranks)", tp,
+                   a.seq));
+  need(a.batch % dp == 0,
+       fmt::format("the data-parallel size -n {} / --tp {} = {} must divide --batch {}", a.nranks,
+                   tp, dp, a.batch));
+  need(dp % a.ep == 0,
+       fmt::format("--ep {} must divide the data-parallel size -n {} / --tp {} = {}", a.ep,
+                   a.nranks, tp, dp));
+  need(a.ep == 1 || a.moe_experts > 0,
+       fmt::format("--ep {} needs --moe-experts > 0 (a dense model has nothing to spread)", a.ep));
+  if (a.moe_experts > 0) {
+    need(a.moe_experts % a.ep == 0,
+         fmt::format("--ep {} must divide --moe-experts {}", a.ep, a.moe_experts));
+    need(a.moe_topk >= 1 && a.moe_topk <= a.moe_experts,
+         fmt::format("--moe-topk {} must be in 1..--moe-experts {}", a.moe_topk, a.moe_experts));
+  }
+  models::ValidateConfig(ModelConfig(a), tp, dp, a.ep);
+  ParsePipelines(a.pipelines);
+  if (a.link != "auto" && a.link != "none" && a.link != "off")
+    core::ParseLinkConfig(a.link, "--link");
+}
+
+// What a demo run writes into its --out directory (output_paths.h): only
+// these are removed when a directory of an earlier run is reused.
+std::vector<std::string> OwnOutputs() {
+  std::vector<std::string> names = {"results.json"};
+  for (const char* p : {"serial", "chunked", "fused", "auto"}) {
+    names.push_back(fmt::format("trace-{}.json", p));
+    names.push_back(fmt::format("timeline-{}.svg", p));
+    names.push_back(fmt::format("{}/", p));
+  }
+  for (const char* run : {"raw", "paced"}) {
+    names.push_back(fmt::format("calibrate/{}/serial/", run));
+    names.push_back(fmt::format("calibrate/{}/results.json", run));
+    names.push_back(fmt::format("calibrate/{}/", run));
+  }
+  names.push_back("calibrate/");
+  return names;
+}
+
 void Conduct(const DemoArgs& a) {
   const auto t_start = std::chrono::steady_clock::now();
+  // Every argument is checked before the file system is touched, and no
+  // rank starts before both.
+  CheckArgs(a);
+  if (!a.json_path.empty()) CheckWritableFile(a.json_path, "--json");
+  PrepareOutputDir(a.out, "--out");
   const fs::path out = fs::absolute(a.out);
-  std::error_code ec;
-  fs::remove_all(out, ec);
-  fs::create_directories(out, ec);
-  if (ec) Usage(fmt::format("--out {}: cannot create the directory: {}", a.out, ec.message()));
-  // Catch configuration errors here, before any rank starts.
+  RemoveOwnOutputs(out.string(), OwnOutputs());
   const int tp = a.tp ? a.tp : a.nranks;
-  if (a.nranks % tp != 0) Usage(fmt::format("--tp {} does not divide -n {}", tp, a.nranks));
-  models::ValidateConfig(ModelConfig(a), tp, a.nranks / tp, a.ep);
   auto pipelines = ParsePipelines(a.pipelines);
 
   std::string link = a.link;
@@ -379,10 +449,11 @@ void Conduct(const DemoArgs& a) {
     for (const auto& r : runs) line += fmt::format("{:>14}", cell(r));
     fmt::print("{}\n", line);
   };
-  fmt::print("\nmc2 demo: {} layers, hidden {}, {} heads, ffn {}, {} x {} tokens per step, {} "
-             "GEMMs, {} ranks (tp {}, dp {})\n{}; {} timed steps after {} warm-up, medians\n\n",
-             a.layers, a.hidden, a.heads, a.ffn, a.batch, a.seq, a.bf16 ? "bf16" : "f32",
-             a.nranks, tp, a.nranks / tp, link_label, a.steps, a.warmup);
+  fmt::print(
+      "\nmc2 demo: {} layers, hidden {}, {} heads, ffn {}, {} x {} tokens per step, {} "
+      "GEMMs, {} ranks (tp {}, dp {})\n{}; {} timed steps after {} warm-up, medians\n\n",
+      a.layers, a.hidden, a.heads, a.ffn, a.batch, a.seq, a.dtype, a.nranks, tp, a.nranks / tp,
+      link_label, a.steps, a.warmup);
   row("", [](const RunSummary& r) { return r.pipeline; });
   row("step time (ms)", [](const RunSummary& r) { return fmt::format("{:.1f}", r.step_ms); });
   row("fwd+bwd per block (ms)", [](const RunSummary& r) { return fmt::format("{:.1f}", r.block_ms); });
@@ -428,7 +499,14 @@ void Conduct(const DemoArgs& a) {
                            {"compute_pct", r.b.Pct(r.b.compute_ns)},
                            {"speedup", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0},
                            {"losses", r.losses}});
-    std::ofstream(a.json_path) << j.dump(1) << "\n";
+    std::ofstream f(a.json_path);
+    f << j.dump(1) << "\n";
+    f.close();
+    if (!f) {
+      fmt::print(stderr, "mc2 demo: cannot write --json {}: {}\n", a.json_path,
+                 std::strerror(errno));
+      throw CLI::RuntimeError(kExitFailed);
+    }
   }
   if (!identical) throw CLI::RuntimeError(kExitFailed);
 }
@@ -441,7 +519,8 @@ void RegisterDemo(CLI::App& app) {
       "demo",
       "Train a tensor+sequence-parallel transformer on local ranks over an emulated link, "
       "serially and with communication hidden behind computation, and compare them");
-  cmd->add_option("-n,--ranks", a->nranks, "Ranks to launch")->capture_default_str()
+  cmd->add_option("-n,--nranks", a->nranks, "Ranks to launch")
+      ->capture_default_str()
       ->check(CLI::Range(1, 64));
   cmd->add_option("--tp", a->tp, "Tensor-parallel group size (default: all ranks)")
       ->check(CLI::Range(0, 64));
@@ -459,30 +538,51 @@ void RegisterDemo(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--splits", a->splits, "Chunks of the chunked pipeline (1-16)")
       ->capture_default_str()->check(CLI::Range(1, 16));
-  cmd->add_option("--steps", a->steps, "Timed training steps per pipeline")
-      ->capture_default_str()->check(CLI::Range(1, 10000));
-  cmd->add_option("--warmup", a->warmup, "Untimed steps first (first-call set-up)")
-      ->capture_default_str()->check(CLI::Range(1, 100));
-  cmd->add_option("--layers", a->layers, "Transformer blocks")->capture_default_str();
-  cmd->add_option("--hidden", a->hidden, "Hidden size")->capture_default_str();
+  cmd->add_option("-i,--iters,--steps", a->steps, "Timed training steps per pipeline")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000));
+  cmd->add_option("-w,--warmup", a->warmup, "Untimed steps first (first-call set-up)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  cmd->add_option("--layers", a->layers, "Transformer blocks")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--hidden", a->hidden, "Hidden size")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--heads", a->heads, "Attention heads (the TP size must divide it)")
-      ->capture_default_str();
-  cmd->add_option("--ffn", a->ffn, "SwiGLU inner width")->capture_default_str();
-  cmd->add_option("--vocab", a->vocab, "Vocabulary")->capture_default_str();
-  cmd->add_option("--seq", a->seq, "Sequence length")->capture_default_str();
-  cmd->add_option("--batch", a->batch, "Sequences per step (global)")->capture_default_str();
-  cmd->add_flag("--bf16", a->bf16, "bf16 GEMM inputs (f32 accumulation and master weights)");
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--ffn", a->ffn, "SwiGLU inner width")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--vocab", a->vocab, "Vocabulary")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--seq", a->seq, "Sequence length")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--batch", a->batch, "Sequences per step (global)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("-d,--dtype", a->dtype,
+                  "GEMM inputs: f32, or bf16 (f32 accumulation and master weights)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--moe-experts", a->moe_experts,
                   "MoE: experts per MLP (0: dense MLPs; docs/models.md)")
       ->capture_default_str()->check(CLI::Range(0, 1024));
-  cmd->add_option("--moe-topk", a->moe_topk, "MoE: experts per token")->capture_default_str();
+  cmd->add_option("--moe-topk", a->moe_topk, "MoE: experts per token")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--ep", a->ep, "MoE: expert-parallel group size (divides the DP size)")
       ->capture_default_str()->check(CLI::Range(1, 64));
   cmd->add_option("--seed", a->seed, "Seed of the weights and the data")->capture_default_str();
   cmd->add_option("--lr", a->lr, "AdamW learning rate")->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--out", a->out,
-                  "Directory for traces, timelines and results (emptied first)")
+                  "Directory for traces, timelines and results: a new or empty one, or one "
+                  "an earlier `mc2 demo` wrote (only the files it writes are replaced)")
       ->capture_default_str();
   cmd->add_option("--json", a->json_path, "Also write the table to this JSON file");
   cmd->add_flag("--rank-job", a->rank_job)->group("");  // internal
@@ -497,9 +597,10 @@ void RegisterDemo(CLI::App& app) {
       }
       Conduct(*a);
     } catch (const Error& e) {
-      fmt::print(stderr, "mc2 demo: {}\n", e.what());
-      throw CLI::RuntimeError(e.code() == ErrorCode::kInvalidArgument ? kExitUsageDemo
-                                                                       : kExitFailed);
+      // A usage error speaks for itself; other failures say what kind they are.
+      const bool usage = e.code() == ErrorCode::kInvalidArgument;
+      fmt::print(stderr, "mc2 demo: {}\n", usage ? e.message() : std::string(e.what()));
+      throw CLI::RuntimeError(usage ? kExitUsageDemo : kExitFailed);
     }
   });
 }

@@ -370,8 +370,9 @@ bool Launcher::OpenOutputPipes(int rank, int out[2], int err[2]) {
 
 std::vector<std::string> Launcher::ChildEnvironment(int rank) const {
   static constexpr std::string_view kOwned[] = {
-      "MC2_RANK=",   "MC2_WORLD_SIZE=", "MC2_LOCAL_RANK=", "MC2_LOCAL_SIZE=",
-      "MC2_JOB_ID=", "MC2_SHM_FDS=",    "MC2_HEAP_BYTES="};
+      "MC2_RANK=",   "MC2_WORLD_SIZE=", "MC2_LOCAL_RANK=",  "MC2_LOCAL_SIZE=",
+      "MC2_JOB_ID=", "MC2_SHM_FDS=",    "MC2_HEAP_BYTES=",  "RANK=",
+      "WORLD_SIZE=", "LOCAL_RANK=",     "LOCAL_WORLD_SIZE="};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string_view entry(*e);
@@ -388,6 +389,11 @@ std::vector<std::string> Launcher::ChildEnvironment(int rank) const {
   env.push_back(fmt::format("MC2_JOB_ID={}", job_id_));
   env.push_back(fmt::format("MC2_SHM_FDS={}", fds));
   env.push_back(fmt::format("MC2_HEAP_BYTES={}", segments_.heap_bytes));
+  // torchrun's names, so that programs written for it run unchanged.
+  env.push_back(fmt::format("RANK={}", rank));
+  env.push_back(fmt::format("WORLD_SIZE={}", options_.nranks));
+  env.push_back(fmt::format("LOCAL_RANK={}", rank));
+  env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", options_.nranks));
   return env;
 }
 
@@ -727,24 +733,25 @@ int RunLaunch(const LaunchOptions& options) {
     return kExitUsage;
   }
 
-  size_t heap_bytes = options.heap_bytes;
+  // Every MC2_* variable the ranks read, checked once here rather than
+  // reported by each rank after the job has started.
+  try {
+    core::ValidateEnvironment();
+  } catch (const Error& e) {
+    Say("{}", e.message());
+    return kExitUsage;
+  }
+
+  // MC2_HEAP_BYTES has passed the ranks' own parser above; 0 is valid for
+  // the library (no heap) but not for a job.
+  const size_t heap_bytes = options.heap_bytes != 0
+                                ? options.heap_bytes
+                                : core::EnvBytes("MC2_HEAP_BYTES", kDefaultHeapBytes);
   if (heap_bytes == 0) {
-    heap_bytes = kDefaultHeapBytes;
-    if (const char* value = NonEmptyEnv("MC2_HEAP_BYTES")) {
-      // The same parser the ranks use, so both accept the same forms.
-      try {
-        heap_bytes = core::ParseBytes(value, "MC2_HEAP_BYTES");
-      } catch (const Error& e) {
-        Say("{}", e.message());
-        return kExitUsage;
-      }
-      if (heap_bytes == 0) {
-        Say("MC2_HEAP_BYTES='{}' is invalid: expected a positive byte count "
-            "per rank such as 268435456, 64K, 256M or 2G",
-            value);
-        return kExitUsage;
-      }
-    }
+    Say("MC2_HEAP_BYTES='{}' is invalid: expected a positive byte count per rank such as "
+        "268435456, 64K, 256M or 2G",
+        NonEmptyEnv("MC2_HEAP_BYTES"));
+    return kExitUsage;
   }
 
   std::string dir = options.shm_dir;

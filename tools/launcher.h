@@ -29,16 +29,16 @@ inline constexpr int kExitCannotExecute = 127;
 enum class Bind {
   // kCore when there are at least as many ranks as CPUs, else kNone. At
   // as many ranks as CPUs too (Open MPI binds to cores at 2 ranks as well):
-  // unbound, 2 ranks on 2 CPUs started on one CPU in 3-5 of 11 runs and
-  // stayed there, a small all_reduce taking 14 us per call instead of 0.7.
+  // unbound, the ranks can start on one CPU and stay there, and a small
+  // collective then costs many times its time with a CPU per rank.
   kAuto,
   // Anywhere the launcher may run.
   kNone,
   // Rank r on the (r mod C)-th of the launcher's C CPUs, so that every CPU
   // carries the same number of ranks. Why: with more ranks than CPUs and
-  // nothing bound, the scheduler placed 3 of 4 busy ranks on one of 2 CPUs
-  // for the first 0.1-1 s of a job (it does not move tasks that just ran),
-  // and a small 4-rank all_to_all took 25-30 us per call instead of 12.5.
+  // nothing bound, the scheduler can leave most busy ranks on one CPU for
+  // the start of a job (it does not move tasks that just ran), which slows
+  // every collective of that time.
   kCore,
 };
 
@@ -53,11 +53,9 @@ struct LaunchOptions {
   // The ranks write to the launcher's own stdout and stderr, not through
   // it (prefix_output is then ignored). For benchmarks: relaying a line
   // wakes the launcher, which on a host with a CPU per rank takes a CPU
-  // from a rank in the middle of the next measurement (2 ranks, `mc2 bench
-  // all_reduce -b 8 -e 16 -i 2000`: the first row, measured while the
-  // header was relayed, took 0.78-0.93 us a call in 6 of 10 runs, ~0.5 in
-  // the others; 8 runs each, alternating: 0.50-0.83 relayed, 0.48-0.65
-  // direct). Not when stdout or stderr is a terminal that stops background
+  // from a rank in the middle of the next measurement, and small
+  // collectives measured while a line is relayed come out slower. Not when
+  // stdout or stderr is a terminal that stops background
   // process groups writing to it (TOSTOP), since every rank runs in a
   // process group of its own: the launcher then relays.
   bool direct_output = false;

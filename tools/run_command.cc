@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_validators.h"
 #include "commands.h"
 #include "core/env.h"
 #include "launcher.h"
@@ -22,7 +23,9 @@ void RegisterRun(CLI::App& app) {
   auto state = std::make_shared<State>();
   CLI::App* run =
       app.add_subcommand("run", "Run N ranks of PROGRAM on this host with shared memory");
-  run->add_option("-n,--nranks", state->options.nranks, "Number of ranks")->required();
+  run->add_option("-n,--nranks", state->options.nranks, "Number of ranks")
+      ->required()
+      ->check(CLI::Range(1, 256));
   run->add_flag("!--no-prefix", state->options.prefix_output,
                 "Pass the ranks' output through unchanged instead of "
                 "prefixing each line with \"[rank] \"");
@@ -33,7 +36,8 @@ void RegisterRun(CLI::App& app) {
       ->default_str("auto");
   run->add_option("--heap", state->heap,
                   "Shared heap bytes per rank, e.g. 268435456 or 512M "
-                  "(default: $MC2_HEAP_BYTES, else 256M)");
+                  "(default: $MC2_HEAP_BYTES, else 256M)")
+      ->check(BytesValidator(1));
   run->add_option("program", state->options.argv,
                   "PROGRAM [ARGS...]: everything from PROGRAM on is passed to "
                   "the ranks unparsed")
@@ -46,23 +50,8 @@ void RegisterRun(CLI::App& app) {
     options.bind = state->bind == "core"   ? Bind::kCore
                    : state->bind == "none" ? Bind::kNone
                                            : Bind::kAuto;
-    if (!state->heap.empty()) {
-      size_t bytes = 0;
-      try {
-        bytes = core::ParseBytes(state->heap, "--heap");
-      } catch (const Error& e) {
-        fmt::print(stderr, "mc2 run: {}\n", e.message());
-        throw CLI::RuntimeError(kExitUsage);
-      }
-      if (bytes == 0) {
-        fmt::print(stderr,
-                   "mc2 run: --heap='{}' is invalid: expected a positive byte "
-                   "count per rank such as 268435456, 64K, 256M or 2G\n",
-                   state->heap);
-        throw CLI::RuntimeError(kExitUsage);
-      }
-      options.heap_bytes = bytes;
-    }
+    // The option's validator has checked the form and that it is positive.
+    if (!state->heap.empty()) options.heap_bytes = core::ParseBytes(state->heap, "--heap");
     const int status = RunLaunch(options);
     if (status != 0) throw CLI::RuntimeError(status);
   });

@@ -1,4 +1,4 @@
-// `mc2 soak -n N --seconds S [--faults] [--seed X]`: the driver of the soak
+// `mc2 soak -n N -t DURATION [--faults] [--seed X]`: the driver of the soak
 // (soak.h). Outside a job it starts jobs through `mc2 run` (this same
 // executable, so the ranks are exactly the `mc2` being tested), waits for
 // each with a deadline of its own, reads every rank's outcome file, checks
@@ -23,6 +23,7 @@
 // otherwise, 2 on bad options. A failed job's directory (rank outcomes and
 // the launcher's output) is kept and named.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -44,8 +45,7 @@
 #include <thread>
 #include <vector>
 
-#include <fmt/format.h>
-
+#include "cli_validators.h"
 #include "commands.h"
 #include "core/env.h"
 #include "launcher.h"
@@ -64,7 +64,8 @@ constexpr int kExitBadUsage = 2;
 
 struct SoakArgs {
   int nranks = 4;
-  double seconds = 30;
+  std::string duration = "30";  // core::ParseDuration: a bare number is seconds
+  double seconds = 30;          // `duration` in seconds
   bool faults = false;
   uint64_t seed = 0;  // 0: from the clock (printed, to replay a run)
   std::string fault_timeout = "1s";
@@ -161,8 +162,10 @@ struct Job {
 
 // Runs `mc2 run -n N ... mc2 soak <rank options>` with its output in
 // dir/output, and waits at most `deadline_s`.
+// With `progress_s` > 0, prints a progress line to stdout that often, with
+// the time spent out of `a.seconds`.
 Job RunJob(const SoakArgs& a, const fs::path& dir, const std::vector<std::string>& rank_args,
-           const std::string& timeout, double deadline_s) {
+           const std::string& timeout, double deadline_s, double progress_s = 0) {
   Job job;
   job.dir = dir;
   const std::string self = SelfExe();
@@ -189,10 +192,18 @@ Job RunJob(const SoakArgs& a, const fs::path& dir, const std::vector<std::string
     _exit(127);
   }
   int status = 0;
+  double next_progress = progress_s;
   for (;;) {
     const pid_t got = waitpid(pid, &status, WNOHANG);
     if (got == pid) break;
     if (got < 0 && errno != EINTR) break;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    if (progress_s > 0 && elapsed >= next_progress) {
+      fmt::print("soak: {:.0f} s of {:g} s{}\n", elapsed, a.seconds,
+                 elapsed > a.seconds ? " (the ranks are finishing their last operations)" : "");
+      std::fflush(stdout);
+      next_progress += progress_s;
+    }
     if (std::chrono::duration<double>(Clock::now() - start).count() > deadline_s && !job.killed) {
       // The ranks die with the launcher (PR_SET_PDEATHSIG).
       kill(pid, SIGKILL);
@@ -243,6 +254,10 @@ void PrintRankProblems(const std::vector<RankOutcome>& ranks) {
   }
 }
 
+// How often a run of `seconds` reports progress: about five times, at
+// least a second and at most ten seconds apart.
+double ProgressInterval(double seconds) { return std::clamp(seconds / 5, 1.0, 10.0); }
+
 // Runs the soak without faults: one job for the whole time.
 void SoakPlain(const SoakArgs& a, const fs::path& root, Totals& t, bool* keep) {
   const char* user_timeout = std::getenv("MC2_TIMEOUT");
@@ -253,11 +268,11 @@ void SoakPlain(const SoakArgs& a, const fs::path& root, Totals& t, bool* keep) {
   const fs::path dir = root / "job-0";
   fs::create_directories(dir);
   const auto shm_before = ShmNames(shm_dir);
-  const Job job = RunJob(a, dir,
-                         {"--rank-dir", dir.string(), "--seed", std::to_string(a.seed),
-                          "--seconds", fmt::format("{}", a.seconds), "--test-corrupt-every",
-                          std::to_string(a.rank.corrupt_every)},
-                         timeout, a.seconds + 300);
+  const Job job = RunJob(
+      a, dir,
+      {"--rank-dir", dir.string(), "--seed", std::to_string(a.seed), "--seconds",
+       fmt::format("{}", a.seconds), "--test-corrupt-every", std::to_string(a.rank.corrupt_every)},
+      timeout, a.seconds + 300, ProgressInterval(a.seconds));
   ++t.jobs;
   std::vector<RankOutcome> ranks;
   for (int r = 0; r < a.nranks; ++r) ranks.push_back(ReadRank(dir, r));
@@ -412,11 +427,10 @@ void SoakFaults(const SoakArgs& a, const fs::path& root, Totals& t, bool* keep) 
 }
 
 void RunDriver(const SoakArgs& a) {
-  if (a.nranks < 1 || a.nranks > 64) Usage(fmt::format("-n {} is invalid: expected 1 to 64 ranks", a.nranks));
   if (a.faults && a.nranks < 2) Usage("--faults needs at least 2 ranks (a victim and a witness)");
-  if (!(a.seconds > 0)) Usage(fmt::format("--seconds {} is invalid: expected a positive number", a.seconds));
+  // Every job would fail on a bad MC2_* variable: say so once, up front.
   try {
-    FaultTimeoutMs(a);
+    core::ValidateEnvironment();
   } catch (const Error& e) {
     Usage(e.message());
   }
@@ -460,15 +474,23 @@ void RegisterSoak(CLI::App& app) {
       "Run random collectives and fused operators for a while, checking every result "
       "(--faults: kill or stop a random rank in each job and check that every other rank "
       "reports it)");
-  cmd->add_option("-n,--nranks", a->nranks, "Ranks per job")->capture_default_str();
-  cmd->add_option("--seconds", a->seconds, "How long to run")->capture_default_str();
+  cmd->add_option("-n,--nranks", a->nranks, "Ranks per job")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("-t,--duration,--seconds", a->duration,
+                  "How long to run: 30 (seconds), 90s, 5m, 1.5h")
+      ->capture_default_str()
+      ->check(DurationValidator());
   cmd->add_flag("--faults", a->faults,
                 "Inject one fault (SIGKILL or SIGSTOP of a random rank) per job");
   cmd->add_option("--seed", a->seed, "Seed of the operation sequence (default: from the clock)");
   cmd->add_option("--fault-timeout", a->fault_timeout,
                   "MC2_TIMEOUT of the fault jobs (how long a stopped rank takes to be reported)")
-      ->capture_default_str();
-  cmd->add_option("--heap", a->heap, "Shared heap per rank")->capture_default_str();
+      ->capture_default_str()
+      ->check(DurationValidator());
+  cmd->add_option("--heap", a->heap, "Shared heap per rank")
+      ->capture_default_str()
+      ->check(BytesValidator(1));
   // Internal: the options of a rank of a soak job.
   cmd->add_option("--rank-dir", a->rank.dir)->group("");
   cmd->add_option("--victim", a->rank.victim)->group("");
@@ -481,11 +503,15 @@ void RegisterSoak(CLI::App& app) {
       if (!Group::LaunchedByMc2()) Usage("--rank-dir is internal to `mc2 soak`");
       soak::RankArgs r = a->rank;
       r.seed = a->seed;
-      r.seconds = a->seconds;
+      r.seconds =
+          std::chrono::duration<double>(core::ParseDuration(a->duration, "--duration")).count();
       const int status = soak::RunSoakRank(r);
       if (status != 0) throw CLI::RuntimeError(status);
       return;
     }
+    // The validators have checked the form.
+    a->seconds =
+        std::chrono::duration<double>(core::ParseDuration(a->duration, "--duration")).count();
     RunDriver(*a);
   });
 }

@@ -2,14 +2,18 @@
 // with MC2_TRACE=DIR (src/trace/, docs/tracing.md).
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "commands.h"
+#include "core/env.h"
 #include "mc2/error.h"
+#include "output_paths.h"
 #include "trace/analysis.h"
 #include "trace/timeline_svg.h"
 #include "trace/trace_file.h"
@@ -27,7 +31,7 @@ void WriteOut(const std::string& what, const std::string& path, const std::strin
   out << text;
   out.close();
   if (!out) {
-    fmt::print(stderr, "mc2 trace {}: cannot write {}\n", what, path);
+    fmt::print(stderr, "mc2 trace {}: cannot write {}: {}\n", what, path, std::strerror(errno));
     throw CLI::RuntimeError(1);
   }
 }
@@ -43,30 +47,30 @@ void Guard(const std::string& what, F&& body) {
   }
 }
 
-// "12ms", "1.5s", "300us", "250" (microseconds) -> nanoseconds.
+// A window bound as core::ParseDuration reads it (a bare number is
+// seconds, as in MC2_TIMEOUT; "12ms", "250us"), or 0 -> nanoseconds.
 std::optional<int64_t> ParseTime(const std::string& s, const std::string& what) {
   if (s.empty()) return std::nullopt;
-  size_t i = 0;
   double v = 0;
+  std::string_view unit;
+  const std::string_view t = core::TrimSpace(s);
+  if (core::SplitNumber(t, &v, &unit) && v == 0) return 0;
   try {
-    v = std::stod(s, &i);
-  } catch (...) {
-    i = 0;
-  }
-  std::string unit = s.substr(i);
-  double mult = unit.empty() || unit == "us" ? 1e3
-                : unit == "ns"               ? 1
-                : unit == "ms"               ? 1e6
-                : unit == "s"                ? 1e9
-                                             : -1;
-  if (i == 0 || mult < 0 || v < 0) {
-    fmt::print(stderr,
-               "mc2 trace plot: {}='{}' is invalid: expected a time such as 250us, "
-               "12ms or 1.5s\n",
-               what, s);
+    return core::ParseDuration(t, what).count();
+  } catch (const Error& e) {
+    fmt::print(stderr, "mc2 trace plot: {}\n", e.message());
     throw CLI::RuntimeError(2);
   }
-  return static_cast<int64_t>(v * mult);
+}
+
+// Fails before any work when the output file cannot be written.
+void CheckOutput(const std::string& what, const std::string& path) {
+  try {
+    CheckWritableFile(path, "--output");
+  } catch (const Error& e) {
+    fmt::print(stderr, "mc2 trace {}: {}\n", what, e.message());
+    throw CLI::RuntimeError(1);
+  }
 }
 
 }  // namespace
@@ -93,6 +97,7 @@ void RegisterTrace(CLI::App& app) {
   merge->add_option("-o,--output", st->output, "Merged trace file (Perfetto, chrome://tracing)")
       ->required();
   merge->callback([st] {
+    CheckOutput("merge", st->output);
     Guard("merge", [&] {
       trace::TraceData t = trace::LoadTrace(st->input, /*align=*/true);
       if (st->output == "-") {
@@ -132,10 +137,14 @@ void RegisterTrace(CLI::App& app) {
                             "communication hatched in red");
   plot->add_option("trace", st->input, "Trace directory or trace file")->required();
   plot->add_option("-o,--output", st->output, "SVG file to write ('-' = stdout)")->required();
-  plot->add_option("--width", st->width, "Width in pixels")->capture_default_str();
+  plot->add_option("--width", st->width, "Width in pixels")
+      ->capture_default_str()
+      ->check(CLI::Range(200, 100000));
   plot->add_option("--step", st->step, "Plot only this marked step");
-  plot->add_option("--from", st->from, "Window start since the trace start (e.g. 12ms)");
-  plot->add_option("--to", st->to, "Window end since the trace start (e.g. 20ms)");
+  plot->add_option(
+      "--from", st->from,
+      "Window start since the trace start: 12ms, 250us, 1.5s (a bare number is seconds)");
+  plot->add_option("--to", st->to, "Window end since the trace start (as --from)");
   plot->add_option("--title", st->title, "Title (default: mc2 timeline)");
   plot->callback([st] {
     trace::PlotOptions o;
@@ -144,6 +153,7 @@ void RegisterTrace(CLI::App& app) {
     o.from_ns = ParseTime(st->from, "--from");
     o.to_ns = ParseTime(st->to, "--to");
     o.title = st->title;
+    CheckOutput("plot", st->output);
     Guard("plot", [&] {
       trace::TraceData t = trace::LoadTrace(st->input);
       WriteOut("plot", st->output, trace::RenderTimelineSvg(t, o));

@@ -1,21 +1,21 @@
 #include "core/env.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 #include <thread>
 
-#include <unistd.h>
-
 #include "core/link_config.h"
 #include "core/log.h"
-
 #include "mc2/error.h"
 
 extern char** environ;
@@ -143,10 +143,18 @@ void CheckWritableDirectory(const std::string& dir, std::string_view what) {
   std::filesystem::create_directories(dir, ec);
   // A concurrent creator (another rank) is fine: only the end state counts.
   std::error_code ec2;
-  if (!std::filesystem::is_directory(dir, ec2) || ::access(dir.c_str(), W_OK | X_OK) != 0)
-    Bad(what, dir,
-        fmt::format("a directory that exists or can be created, and is writable{}",
-                    ec ? " (" + ec.message() + ")" : std::string()));
+  std::string reason;
+  if (std::filesystem::exists(dir, ec2) && !std::filesystem::is_directory(dir, ec2))
+    reason = "it exists and is not a directory";
+  else if (!std::filesystem::is_directory(dir, ec2))
+    reason = "cannot create the directory: " + (ec ? ec.message() : std::string("unknown"));
+  else if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    reason = fmt::format("cannot write into the directory: {}", std::strerror(errno));
+  if (!reason.empty())
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}='{}' is invalid: {}; expected a writable directory (it is "
+                            "created if missing)",
+                            what, dir, reason));
 }
 
 void ValidateEnvironment() {
@@ -176,6 +184,8 @@ void ValidateEnvironment() {
       "MC2_KERNELS", "MC2_TRACE", "MC2_LINK", "MC2_GEMM_THREADS",
       // Set by `mc2 bench` for its ranks (a person watches its stderr).
       "MC2_BENCH_STDERR_TTY"};
+  // Under `mc2 run` the launcher has already warned, once for the job.
+  if (GetEnv("MC2_JOB_ID") && GetEnv("MC2_RANK")) return;
   for (char** e = ::environ; *e; ++e) {
     std::string_view entry(*e);
     if (entry.rfind("MC2_", 0) != 0) continue;

@@ -3,6 +3,11 @@
 // Every parser either returns a value or throws mc2::Error(kInvalidArgument)
 // whose message names the variable or option, the offending text and the
 // accepted form -- a bad MC2_* variable never crashes and is never ignored.
+//
+// These are the one grammar of sizes and durations for every MC2_* variable
+// and every `mc2` option (tools/cli_validators.h): a size is a byte count
+// with an optional binary unit, a duration is a number with an optional
+// unit, and a bare number is always seconds.
 #ifndef MC2_CORE_ENV_H_
 #define MC2_CORE_ENV_H_
 

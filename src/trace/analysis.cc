@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <set>
+#include <string_view>
 
 namespace mc2::trace {
 
@@ -390,29 +391,45 @@ std::string FormatReport(const Report& r, const std::string& source) {
       kUncoveredPassPct, kUncoveredFailPct, r.overall.Pct(r.overall.free_ns),
       VerdictName(r.overall.FreeVerdict()), kFreePassPct);
 
+  // Text columns are as wide as their longest entry (at least 20), so that
+  // a long operator name pushes its column out instead of the rest of its row.
   put("\nlargest uncovered communication spans:\n");
+  auto algo_of = [](const UncoveredSpan& u) {
+    std::string algo = u.algorithm;
+    if (!u.pipeline.empty()) algo += (algo.empty() ? "" : "/") + u.pipeline;
+    return algo.empty() ? std::string("-") : algo;
+  };
+  size_t name_w = 20, algo_w = 20;
+  for (const UncoveredSpan& u : r.top_uncovered) {
+    name_w = std::max(name_w, u.name.size());
+    algo_w = std::max(algo_w, algo_of(u).size());
+  }
   if (r.top_uncovered.empty())
     put("  none: all communication was hidden by compute\n");
   else
-    put("{:>3} {:>5} {:>5}  {:<20} {:<20} {:>10} {:>12} {:>12} {:>12}\n", "#", "rank", "step",
-        "name", "algorithm", "bytes", "start", "duration", "uncovered");
+    put("{:>3} {:>5} {:>5}  {:<{}} {:<{}} {:>10} {:>12} {:>12} {:>12}\n", "#", "rank", "step",
+        "name", name_w, "algorithm", algo_w, "bytes", "start", "duration", "uncovered");
   for (size_t i = 0; i < r.top_uncovered.size(); ++i) {
     const UncoveredSpan& u = r.top_uncovered[i];
-    std::string algo = u.algorithm;
-    if (!u.pipeline.empty()) algo += (algo.empty() ? "" : "/") + u.pipeline;
-    put("{:>3} {:>5} {:>5}  {:<20} {:<20} {:>10} {:>12} {:>12} {:>12}\n", i + 1, u.rank,
-        u.step >= 0 ? std::to_string(u.step) : "-", u.name, algo.empty() ? "-" : algo,
+    put("{:>3} {:>5} {:>5}  {:<{}} {:<{}} {:>10} {:>12} {:>12} {:>12}\n", i + 1, u.rank,
+        u.step >= 0 ? std::to_string(u.step) : "-", u.name, name_w, algo_of(u), algo_w,
         Bytes(u.bytes), Duration(u.start_ns), Duration(u.dur_ns), Duration(u.uncovered_ns));
   }
 
   put("\noperators (all ranks):\n");
-  put("{:<20} {:<8} {:>7} {:>12} {:>12} {:>10}  {}\n", "name", "category", "calls", "time",
-      "uncovered", "bytes", "algorithm / pipeline that ran");
+  size_t op_w = 20, cat_w = 8;
+  for (const OperatorSummary& op : r.operators) {
+    op_w = std::max(op_w, op.name.size());
+    cat_w = std::max(cat_w, std::string_view(CategoryName(op.cat)).size());
+  }
+  put("{:<{}} {:<{}} {:>7} {:>12} {:>12} {:>10}  {}\n", "name", op_w, "category", cat_w, "calls",
+      "time", "uncovered", "bytes", "algorithm / pipeline that ran");
   for (const OperatorSummary& op : r.operators) {
     std::string what = Counts(op.algorithms);
     if (!op.pipelines.empty()) what += (what.empty() ? "" : "; pipeline ") + Counts(op.pipelines);
-    put("{:<20} {:<8} {:>7} {:>12} {:>12} {:>10}  {}\n", op.name, CategoryName(op.cat), op.calls,
-        Duration(op.total_ns), op.cat == Category::kComm ? Duration(op.uncovered_ns) : "-",
+    put("{:<{}} {:<{}} {:>7} {:>12} {:>12} {:>10}  {}\n", op.name, op_w, CategoryName(op.cat),
+        cat_w, op.calls, Duration(op.total_ns),
+        op.cat == Category::kComm ? Duration(op.uncovered_ns) : "-",
         op.bytes ? Bytes(op.bytes) : "-", what.empty() ? "-" : what);
   }
   return o;

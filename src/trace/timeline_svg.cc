@@ -170,10 +170,32 @@ std::string RenderTimelineSvg(const TraceData& t, const PlotOptions& opt) {
   for (size_t i = 0; i < order.size() && i < static_cast<size_t>(kPaletteSize); ++i)
     legend.push_back({order[i].second, kPalette[i]});
   if (order.size() > static_cast<size_t>(kPaletteSize)) legend.push_back({"other", kOther});
+  legend.push_back({"uncovered communication", "url(#uncovered)"});
   const double legend_y = axis_y + 48;
-  const int item_w = 190, per_row = std::max(1, static_cast<int>((width - 40) / item_w));
-  const int legend_rows = (static_cast<int>(legend.size()) + 1 + per_row - 1) / per_row;
-  const double height = legend_y + legend_rows * 20 + 16;
+  // Items flow left to right and wrap, each as wide as its label (at a
+  // generous estimate of the font's glyph width, so that labels never run
+  // into each other); a label wider than the whole line is shortened.
+  constexpr double kGlyphW = 7.5, kSwatchW = 24, kItemGap = 18;
+  const double line_w = width - 40;
+  const size_t max_chars = std::max<size_t>(8, static_cast<size_t>((line_w - kSwatchW) / kGlyphW));
+  struct LegendItem {
+    std::string label;
+    const char* fill;
+    double x, y;
+  };
+  std::vector<LegendItem> items;
+  double lx = 20, ly = legend_y;
+  for (const auto& [name, fill] : legend) {
+    std::string label = name.size() <= max_chars ? name : name.substr(0, max_chars - 3) + "...";
+    const double w = kSwatchW + kGlyphW * static_cast<double>(label.size());
+    if (lx > 20 && lx + w > 20 + line_w) {
+      lx = 20;
+      ly += 20;
+    }
+    items.push_back({std::move(label), fill, lx, ly});
+    lx += w + kItemGap;
+  }
+  const double height = ly + 20 + 16;
 
   std::string o;
   auto put = [&]<typename... T>(fmt::format_string<T...> f, T&&... args) {
@@ -338,16 +360,13 @@ std::string RenderTimelineSvg(const TraceData& t, const PlotOptions& opt) {
 
   // Legend.
   put("<text x=\"20\" y=\"{}\" font-weight=\"bold\">legend</text>\n", Num(legend_y - 6));
-  auto item = [&](int i, const std::string& fill, const std::string& stroke,
-                  const std::string& label) {
-    double x = 20 + (i % per_row) * item_w, yy = legend_y + (i / per_row) * 20;
-    put("<rect x=\"{}\" y=\"{}\" width=\"18\" height=\"12\" fill=\"{}\" stroke=\"{}\"/>\n", Num(x),
-        Num(yy), fill, stroke);
-    put("<text x=\"{}\" y=\"{}\">{}</text>\n", Num(x + 24), Num(yy + 10), Esc(label));
-  };
-  int i = 0;
-  for (const auto& [name, fill] : legend) item(i++, fill, "none", name);
-  item(i++, "url(#uncovered)", "#d62728", "uncovered communication");
+  for (size_t i = 0; i < items.size(); ++i) {
+    const LegendItem& it = items[i];
+    const bool hatch = i + 1 == items.size();  // the uncovered-communication swatch
+    put("<rect x=\"{}\" y=\"{}\" width=\"18\" height=\"12\" fill=\"{}\" stroke=\"{}\"/>\n",
+        Num(it.x), Num(it.y), it.fill, hatch ? "#d62728" : "none");
+    put("<text x=\"{}\" y=\"{}\">{}</text>\n", Num(it.x + kSwatchW), Num(it.y + 10), Esc(it.label));
+  }
   put("</svg>\n");
   return o;
 }

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <string>
 
 #include "mc2/error.h"
 
@@ -88,6 +90,34 @@ TEST(Env, ValidateEnvironmentWarnsOfUnknownVariablesOnly) {
   EXPECT_THAT(testing::internal::GetCapturedStderr(),
               ::testing::Not(HasSubstr("MC2_BENCH_STDERR_TTY")));
   unsetenv("MC2_BENCH_STDERR_TTY");
+}
+
+// Inside a job the launcher has already warned once for the whole job, so a
+// rank (MC2_JOB_ID and MC2_RANK set) does not repeat it.
+TEST(Env, RanksOfAJobLeaveUnknownVariablesToTheLauncher) {
+  setenv("MC2_TIMEOUTT", "5s", 1);
+  setenv("MC2_JOB_ID", "test", 1);
+  setenv("MC2_RANK", "1", 1);
+  testing::internal::CaptureStderr();
+  ValidateEnvironment();
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  unsetenv("MC2_JOB_ID");
+  unsetenv("MC2_RANK");
+  unsetenv("MC2_TIMEOUTT");
+}
+
+// A trace directory that cannot be used is named with the system's reason.
+TEST(Env, CheckWritableDirectoryGivesTheReason) {
+  EXPECT_THAT(ErrorOf([] { CheckWritableDirectory("/proc/mc2-no-such-dir/x", "MC2_TRACE"); }),
+              AllOf(HasSubstr("MC2_TRACE='/proc/mc2-no-such-dir/x'"),
+                    HasSubstr("No such file or directory")));
+  EXPECT_THAT(ErrorOf([] { CheckWritableDirectory("/dev/null", "MC2_TRACE"); }),
+              HasSubstr("not a directory"));
+  char dir[] = "/tmp/mc2-env-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string nested = std::string(dir) + "/a/b";
+  EXPECT_EQ(ErrorOf([&] { CheckWritableDirectory(nested, "MC2_TRACE"); }), "");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "common/process_util.h"
 
@@ -90,6 +91,24 @@ TEST_F(FaultsTest, RankStoppedMidAllReduceIsNamedWhenTheTimeoutExpires) {
   EXPECT_THAT(f.result.err, HasSubstr("rank 1: terminated by mc2 run (SIGKILL)"));
   EXPECT_EQ(f.result.status, 3) << "the first failure is a survivor's exit";
   EXPECT_LT(f.result.seconds, 15);
+}
+
+TEST_F(FaultsTest, ALongWaitNamesTheMissingRankWellBeforeItsTimeout) {
+  // Rank 1 never calls: rank 0 times out after 2 s, and says whom it waits
+  // for after a quarter of that, then again at a doubled interval.
+  FaultRun f = RunProbe("never", 2, {{"MC2_TIMEOUT", "2s"}});
+  ExpectSurvivorsReport(f, 2, {"timeout"}, 1900, 4000);
+  const std::vector<std::string> notes =
+      LinesWithPrefix(f.result.err, "[0] [mc2 W r0] all_reduce #");
+  ASSERT_GE(notes.size(), 1u) << f.result.err;
+  const std::regex note(
+      "all_reduce #\\d+ on rank 0 still waiting for .*\\brank 1\\b.* after ([0-9.]+) s "
+      "\\(timeout in ([0-9.]+) s\\)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(notes[0], m, note)) << notes[0];
+  EXPECT_GE(std::stod(m[1]), 0.5) << notes[0];
+  EXPECT_LT(std::stod(m[1]), 1.0) << notes[0];
+  EXPECT_GT(std::stod(m[2]), 0.5) << notes[0];
 }
 
 TEST_F(FaultsTest, RankStoppedAtFourRanksIsNamedByEveryone) {

@@ -121,6 +121,23 @@ class LauncherTest : public ::testing::Test {
   Launch launch_;  // for tests that signal the launcher themselves
 };
 
+TEST_F(LauncherTest, SetsTorchrunsVariablesForEachRank) {
+  // Programs written for torchrun read these; stale values must be replaced.
+  const Result r = RunMc2(
+      {"run", "-n", "3", "sh", "-c",
+       "echo \"R=$RANK W=$WORLD_SIZE LR=$LOCAL_RANK LW=$LOCAL_WORLD_SIZE\""},
+      {{"RANK", "99"}, {"WORLD_SIZE", "99"}, {"LOCAL_RANK", "99"}, {"LOCAL_WORLD_SIZE", "99"}});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.status, 0) << r.err;
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string prefix = "[" + std::to_string(rank) + "] ";
+    EXPECT_THAT(LinesWithPrefix(r.out, prefix),
+                ElementsAre(prefix + "R=" + std::to_string(rank) +
+                            " W=3 LR=" + std::to_string(rank) + " LW=3"))
+        << r.out;
+  }
+}
+
 TEST_F(LauncherTest, SetsTheEnvironmentOfEachRank) {
   // Stale values in the launcher's environment must be replaced.
   const Result r = RunMc2({"run", "-n", "3", "sh", "-c",
@@ -418,13 +435,16 @@ TEST_F(LauncherTest, InvalidSettingsAreUsageErrors) {
   EXPECT_THAT(r.err, HasSubstr("MC2_HEAP_BYTES='0'"));
   r = RunMc2({"run", "-n", "2", "--heap", "12Q", "true"});
   EXPECT_EQ(r.status, 2);
-  EXPECT_THAT(r.err, HasSubstr("--heap='12Q'"));
+  EXPECT_THAT(r.err, AllOf(HasSubstr("--heap"), HasSubstr("'12Q' is not a byte count")));
+  r = RunMc2({"run", "-n", "2", "--heap", "0", "true"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("--heap"), HasSubstr("'0' is 0 bytes")));
   r = RunMc2({"run", "-n", "1", "true"}, {{"MC2_SHM_DIR", dir_ + "/missing"}});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("MC2_SHM_DIR='" + dir_ + "/missing'"));
   r = RunMc2({"run", "-n", "0", "true"});
   EXPECT_EQ(r.status, 2);
-  EXPECT_THAT(r.err, HasSubstr("number of ranks"));
+  EXPECT_THAT(r.err, AllOf(HasSubstr("--nranks"), HasSubstr("0 not in range 1 to 256")));
   r = RunMc2({"run", "true"});
   EXPECT_EQ(r.status, 2);
   r = RunMc2({"run", "-n", "2"});

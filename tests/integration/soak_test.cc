@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <regex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "common/process_util.h"
 
@@ -43,9 +45,20 @@ Summary ParseSummary(const std::string& out) {
 }
 
 TEST_F(SoakTest, ShortRunChecksEveryResult) {
-  const Result r = RunMc2({"soak", "-n", "3", "--seconds", "20", "--seed", "20261129"}, {}, 300);
+  // The duration takes core::ParseDuration's forms, as MC2_TIMEOUT does.
+  const Result r = RunMc2({"soak", "-n", "3", "-t", "20s", "--seed", "20261129"}, {}, 300);
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
+  // Progress about every 4 s (a fifth of the run) while the job runs.
+  const std::regex progress("soak: (\\d+) s of 20 s");
+  std::vector<int> marks;
+  for (const auto& line : Lines(r.out)) {
+    std::smatch pm;
+    if (std::regex_search(line, pm, progress)) marks.push_back(std::stoi(pm[1]));
+  }
+  ASSERT_GE(marks.size(), 4u) << r.out;
+  EXPECT_EQ(marks[0], 4) << r.out;
+  EXPECT_TRUE(std::is_sorted(marks.begin(), marks.end())) << r.out;
   const Summary s = ParseSummary(r.out);
   ASSERT_GE(s.ops, 0) << "no summary line:\n" << r.out << r.err;
   EXPECT_GT(s.ops, 100) << r.out;
@@ -95,13 +108,25 @@ TEST_F(SoakTest, CorruptedResultsAreCaughtAndFailTheRun) {
 TEST_F(SoakTest, BadOptionsAreUsageErrors) {
   Result r = RunMc2({"soak", "-n", "0", "--seconds", "1"});
   EXPECT_EQ(r.status, 2);
-  EXPECT_THAT(r.err, HasSubstr("-n 0"));
+  EXPECT_THAT(r.err, HasSubstr("--nranks: Value 0 not in range 1 to 64"));
+  r = RunMc2({"soak", "-n", "2", "--duration", "5x"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("'5x' is not a duration"));
+  r = RunMc2({"soak", "-n", "2", "--duration", "1s", "--heap", "1Q"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("'1Q' is not a byte count"));
+  // A bad variable fails the driver at once, not each of its jobs.
+  r = RunMc2({"soak", "-n", "2", "--duration", "30s"}, {{"MC2_TRACE", "/proc/mc2-no-dir"}});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_LT(r.seconds, 5);
+  EXPECT_THAT(r.err, HasSubstr("MC2_TRACE='/proc/mc2-no-dir' is invalid"));
   r = RunMc2({"soak", "-n", "1", "--faults", "--seconds", "1"});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("--faults needs at least 2 ranks"));
   r = RunMc2({"soak", "-n", "2", "--faults", "--fault-timeout", "soon"});
   EXPECT_EQ(r.status, 2);
-  EXPECT_THAT(r.err, HasSubstr("--fault-timeout='soon'"));
+  EXPECT_THAT(r.err, HasSubstr("--fault-timeout"));
+  EXPECT_THAT(r.err, HasSubstr("'soon' is not a duration"));
 }
 
 }  // namespace

@@ -7,6 +7,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sstream>
+#include <string>
+#include <vector>
+
 namespace mc2::trace {
 namespace {
 
@@ -247,6 +251,63 @@ TEST(Analyze, TopUncoveredAndOperators) {
   EXPECT_EQ(j["operators"][0]["name"], "matmul");
   EXPECT_EQ(j["overall"]["wall_ns"], r.overall.wall_ns);
   EXPECT_TRUE(j["overall"]["uncovered_verdict"].is_string());
+}
+
+// The lines of `text` from the one starting with `title` to the next empty line.
+std::vector<std::string> Table(const std::string& text, const std::string& title) {
+  std::vector<std::string> rows;
+  std::istringstream in(text);
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(title, 0) == 0) {
+      inside = true;
+      continue;
+    }
+    if (inside && line.empty()) break;
+    if (inside) rows.push_back(line);
+  }
+  return rows;
+}
+
+TEST(Analyze, LongNamesKeepTheTablesAligned) {
+  const std::string kLong = "all_gather_batch_matmul_with_a_rather_long_name";
+  const std::string kAlgo = "ring_with_a_long_algorithm_name/fused";
+  Builder b;
+  b.Span(0, 1, kC, 0, 100, "matmul");
+  b.Span(0, 2, kM, 200, 300, kLong, "ring_with_a_long_algorithm_name", 64);
+  b.t.spans.back().pipeline = "fused";
+  b.Span(0, 2, kM, 400, 450, "all_reduce", "direct", 64);
+  const std::string text = FormatReport(Analyze(b.t), "synthetic");
+
+  // Operators: every row's category and the right edge of its calls count
+  // sit where the header's do.
+  const auto ops = Table(text, "operators (all ranks):");
+  ASSERT_EQ(ops.size(), 4u) << text;
+  const size_t cat_at = ops[0].find("category");
+  const size_t calls_end = ops[0].find("calls") + 5;
+  ASSERT_GT(cat_at, kLong.size()) << ops[0];
+  for (size_t i = 1; i < ops.size(); ++i) {
+    const std::string& row = ops[i];
+    ASSERT_GT(row.size(), calls_end) << row;
+    EXPECT_TRUE(row.compare(cat_at, 4, "comm") == 0 || row.compare(cat_at, 7, "compute") == 0)
+        << "\n"
+        << ops[0] << "\n"
+        << row;
+    EXPECT_NE(row[calls_end - 1], ' ') << row;
+    EXPECT_EQ(row[calls_end], ' ') << row;
+  }
+
+  // Uncovered spans: the bytes column ends where its header does.
+  const auto spans = Table(text, "largest uncovered communication spans:");
+  ASSERT_EQ(spans.size(), 3u) << text;
+  const size_t bytes_end = spans[0].find("bytes") + 5;
+  EXPECT_GT(spans[0].find("bytes"), spans[0].find("algorithm") + kAlgo.size());
+  for (size_t i = 1; i < spans.size(); ++i) {
+    ASSERT_GT(spans[i].size(), bytes_end) << spans[i];
+    EXPECT_EQ(spans[i].compare(bytes_end - 4, 4, "64 B"), 0) << "\n"
+                                                             << spans[0] << "\n"
+                                                             << spans[i];
+  }
 }
 
 TEST(Analyze, ClockOffsetsAreAppliedByAlign) {

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <regex>
+#include <string>
+#include <vector>
 
 #include "mc2/error.h"
 
@@ -126,6 +128,65 @@ TEST(TimelineSvg, StepAndTimeWindows) {
   svg = RenderTimelineSvg(Demo(), o);
   EXPECT_EQ(CheckXml(svg), "");
   EXPECT_THAT(svg, HasSubstr("window 100.00 us"));
+}
+
+TEST(TimelineSvg, LongNamesInTheLegendDoNotOverlap) {
+  TraceData t;
+  t.ranks[0].world_size = 1;
+  std::vector<std::string> names;
+  for (int i = 0; i < 7; ++i) {
+    names.push_back("fused_all_gather_batch_matmul_pipeline_stage_" + std::to_string(i));
+    SpanRecord s;
+    s.rank = 0;
+    s.tid = 1;
+    s.cat = i % 2 ? Category::kComm : Category::kCompute;
+    s.name = names.back();
+    s.start_ns = i * 1000;
+    s.end_ns = i * 1000 + 900 - i;  // distinct totals: a fixed colour order
+    t.spans.push_back(s);
+  }
+  // A name longer than a whole legend line is shortened, not drawn past it.
+  SpanRecord huge = t.spans[0];
+  huge.name = std::string(400, 'x');
+  huge.start_ns = 9000;
+  huge.end_ns = 9100;
+  t.spans.push_back(huge);
+  PlotOptions o;
+  o.width = 800;
+  const std::string svg = RenderTimelineSvg(t, o);
+  EXPECT_EQ(CheckXml(svg), "");
+  // Each legend entry: its swatch, then its label 24 px to the right.
+  const std::string legend = svg.substr(svg.find(">legend</text>"));
+  std::regex entry(
+      "<rect x=\"([0-9.]+)\" y=\"([0-9.]+)\" width=\"18\" height=\"12\"[^>]*/>\n"
+      "<text x=\"[0-9.]+\" y=\"[0-9.]+\">([^<]*)</text>");
+  struct Item {
+    double x, y;
+    std::string label;
+  };
+  std::vector<Item> items;
+  for (auto it = std::sregex_iterator(legend.begin(), legend.end(), entry);
+       it != std::sregex_iterator(); ++it)
+    items.push_back({std::stod((*it)[1]), std::stod((*it)[2]), (*it)[3]});
+  ASSERT_EQ(items.size(), names.size() + 2) << legend;  // + the long one + uncovered
+  // At 12 px a glyph of these fonts is at most ~7 px wide on average.
+  constexpr double kGlyph = 7.0;
+  auto right_edge = [&](const Item& i) { return i.x + 24 + kGlyph * i.label.size(); };
+  for (const Item& i : items) EXPECT_LE(right_edge(i), o.width) << i.label;
+  for (size_t k = 1; k < items.size(); ++k) {
+    if (items[k].y != items[k - 1].y) {
+      EXPECT_GT(items[k].y, items[k - 1].y);
+      continue;
+    }
+    EXPECT_GE(items[k].x, right_edge(items[k - 1]))
+        << "'" << items[k - 1].label << "' runs into '" << items[k].label << "'";
+  }
+  for (const auto& n : names) EXPECT_THAT(svg, HasSubstr(">" + n + "</text>"));
+  EXPECT_THAT(svg, HasSubstr("xxx...</text>"));
+  // The picture is tall enough for every legend line.
+  std::smatch h;
+  ASSERT_TRUE(std::regex_search(svg, h, std::regex("height=\"([0-9.]+)\" viewBox")));
+  EXPECT_GE(std::stod(h[1]), items.back().y + 12);
 }
 
 TEST(TimelineSvg, EmptyTraceStillRenders) {

@@ -9,6 +9,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -215,6 +217,13 @@ void ShmTransport::WaitGE(int owner, uint64_t off, uint64_t value,
   if (*ctx.deadline == transport::Clock::time_point{})
     *ctx.deadline = transport::Clock::now() + ctx.timeout;
   const transport::Clock::time_point deadline = *ctx.deadline;
+  // A long wait says what it waits for well before its timeout, so that a
+  // person watching a stuck job learns who holds it up: first after
+  // min(10 s, timeout / 4) of this wait, then at doubling intervals.
+  const transport::Clock::time_point wait_start = transport::Clock::now();
+  transport::Clock::duration note_after =
+      std::min<transport::Clock::duration>(std::chrono::seconds(10), ctx.timeout / 4);
+  transport::Clock::time_point next_note = wait_start + note_after;
   for (;;) {
     h->sleepers.fetch_add(1, std::memory_order_seq_cst);
     uint32_t bell = h->doorbell.load(std::memory_order_acquire);
@@ -239,6 +248,16 @@ void ShmTransport::WaitGE(int owner, uint64_t off, uint64_t value,
       if (flag.load(std::memory_order_acquire) >= value) return;
       // Name the operation that was waiting.
       throw Error(e.code(), e.message(), rank_, ctx.op, ctx.seq);
+    }
+    if (const auto now_checked = transport::Clock::now();
+        now_checked >= next_note && now_checked < deadline) {
+      const std::string missing = ctx.describe_missing ? ctx.describe_missing() : "a peer";
+      MC2_LOG(kWarn, "{} #{} on rank {} still waiting for {} after {:.1f} s (timeout in {:.1f} s)",
+              ctx.op, ctx.seq, rank_, missing,
+              std::chrono::duration<double>(now_checked - wait_start).count(),
+              std::chrono::duration<double>(deadline - now_checked).count());
+      note_after *= 2;
+      next_note = now_checked + note_after;
     }
     if (transport::Clock::now() >= deadline) {
       std::string missing = ctx.describe_missing ? ctx.describe_missing() : std::string();
