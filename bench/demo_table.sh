@@ -14,13 +14,13 @@
 # losses were bitwise identical across the pipelines of that run.
 #
 # Usage: bench/demo_table.sh [-n "2 4"] [-s "1 2 4 8"] [--links "auto none"]
-#            [--steps K] [--build DIR] [--keep DIR] [-- DEMO_ARGS...]
+#            [-i/--iters K] [--build DIR] [--keep DIR] [-- DEMO_ARGS...]
 # DEMO_ARGS go to every `mc2 demo` (model size, --comm-ratio, ...).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
-ranks="2 4" splits="1 2 4 8" links="auto none" steps=2 build=${MC2_BUILD_DIR:-$repo/build}
+ranks="2 4" splits="1 2 4 8" links="auto none" iters=2 build=${MC2_BUILD_DIR:-$repo/build}
 keep=""
 demo_args=()
 
@@ -33,7 +33,7 @@ while [[ $# -gt 0 ]]; do
     -n) ranks=$2; shift 2 ;;
     -s) splits=$2; shift 2 ;;
     --links) links=$2; shift 2 ;;
-    --steps) steps=$2; shift 2 ;;
+    -i|--iters) iters=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --keep) keep=$2; shift 2 ;;
     --) shift; demo_args=("$@"); break ;;
@@ -54,7 +54,7 @@ for n in $ranks; do
       (( first )) && pipes=serial,chunked,fused,auto
       f=$out/n$n-$link-s$s.json
       echo "demo_table: -n $n --link $spec --splits $s --pipelines $pipes" >&2
-      "$mc2" demo -n "$n" --link "$spec" --splits "$s" --pipelines "$pipes" --steps "$steps" \
+      "$mc2" demo -n "$n" --link "$spec" --splits "$s" --pipelines "$pipes" --iters "$iters" \
         --out "$out/demo-n$n-$link-s$s" --json "$f" "${demo_args[@]}" >"$out/n$n-$link-s$s.log"
       if [[ $link == auto && $first == 1 ]]; then
         # Reuse the calibrated link for the other split counts.

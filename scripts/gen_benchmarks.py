@@ -47,12 +47,12 @@ the project's claims are recorded with:
 
 ```
 scripts/record_bench.py all_reduce_vs_openmpi -- bench/compare_mpi.sh -n 2 -b 8 -e 256M -r 5 all_reduce
-scripts/record_bench.py ops_all_gather_matmul -- build/tools/mc2 bench ops -n 2 --op all_gather_matmul \\
+scripts/record_bench.py ops_all_gather_matmul -- build/tools/mc2 bench ops -n 2 --operator all_gather_matmul \\
     -m 2048 -k 2048 -N 2048 --pipeline all --link auto
 scripts/record_bench.py ops_matmul_reduce_scatter -- build/tools/mc2 bench ops -n 2 \\
-    --op matmul_reduce_scatter -m 2048 -k 2048 -N 2048 --pipeline all --link auto
-scripts/record_bench.py ops_matmul_all_reduce -- build/tools/mc2 bench ops -n 2 --op matmul_all_reduce \\
-    -m 2048 -k 2048 -N 2048 --pipeline all --link auto
+    --operator matmul_reduce_scatter -m 2048 -k 2048 -N 2048 --pipeline all --link auto
+scripts/record_bench.py ops_matmul_all_reduce -- build/tools/mc2 bench ops -n 2 \\
+    --operator matmul_all_reduce -m 2048 -k 2048 -N 2048 --pipeline all --link auto
 scripts/record_bench.py demo -- build/tools/mc2 demo
 ```
 
@@ -98,7 +98,7 @@ slow phases.
 
 ### Fused operators: `mc2 bench ops`
 
-`mc2 bench ops -n N --op OP -m M -k K -N N --pipeline all --link auto`
+`mc2 bench ops -n N --operator OP -m M -k K -N N --pipeline all --link auto`
 times one fused operator (all_gather_matmul, matmul_reduce_scatter,
 matmul_all_reduce, all_gather_batch_matmul, moe, moe_mlp) on an M x K x N
 problem with every pipeline (serial, chunked, fused, auto) and split count
@@ -110,9 +110,17 @@ slowest rank. `mc2 bench ops --help` explains its own columns; the table
 below shows, from the confirmation when the run made one:
 
 - compute ms / comm ms: the operator's GEMMs alone and its collective
-  alone;
+  alone, timed in the same round-robin iterations as the pipelines;
+- floor ms: max(compute ms, comm ms), which no pipeline can beat: it must
+  run all of the compute and move all of the bytes;
 - serial ms: the serial pipeline (compute, then communicate);
 - best: the fastest pipeline and its split count, and its time;
+- best overlap: (compute + comm - best) / min(compute, comm), the share of
+  the shorter side hidden behind the longer one, at most 100%; `noise`
+  when the best time is below the floor (the medians' noise), N/A when
+  nothing can be hidden (one rank);
+- model ms: the pipeline-fill model's prediction for the best
+  configuration, max + min / stages: a prediction, not a bound;
 - best vs serial: serial time / best time (> 1: the overlap pays);
 - auto ran: what the `auto` pipeline chose, and its time;
 - #wrong: elements that differ from the serial result, over all rows.
@@ -215,19 +223,33 @@ def compare_rows(r):
 
 
 def ops_summary(j):
-    """Serial, best and auto of one mc2 bench ops result, from its
-    confirmation iterations when it ran them, else from its sweep."""
+    """Compute-only, comm-only, floor, serial, best (with its overlap and
+    model) and auto of one mc2 bench ops result, from its confirmation
+    iterations when it ran them, else from its sweep."""
     c = j.get("confirm")
     if c:
-        best = f"{c.get('best_pipeline')} s={c.get('best_splits')}"
-        return (c.get("compute_ms"), c.get("comm_ms"), c.get("serial_ms"), best,
-                c.get("best_ms"), c.get("auto_ran"), c.get("auto_ms"))
+        return {"compute": c.get("compute_ms"), "comm": c.get("comm_ms"),
+                "floor": c.get("floor_ms"), "serial": c.get("serial_ms"),
+                "best": f"{c.get('best_pipeline')} s={c.get('best_splits')}",
+                "best_ms": c.get("best_ms"), "below_floor": c.get("best_below_floor"),
+                "overlap": c.get("best_overlap"), "model_ms": c.get("best_model_ms"),
+                "auto_ran": c.get("auto_ran"), "auto_ms": c.get("auto_ms")}
     rows = [row for row in j.get("rows", []) if row.get("pipeline") != "auto"]
     auto = [row for row in j.get("rows", []) if row.get("pipeline") == "auto"]
     b = min(rows, key=lambda row: row["time_ms"]) if rows else {}
-    return (j.get("compute_ms"), j.get("comm_ms"), j.get("serial_ms"),
-            f"{b.get('pipeline')} s={b.get('splits')}" if b else None, b.get("time_ms"),
-            auto[0].get("ran") if auto else None, auto[0].get("time_ms") if auto else None)
+    return {"compute": j.get("compute_ms"), "comm": j.get("comm_ms"),
+            "floor": j.get("floor_ms"), "serial": j.get("serial_ms"),
+            "best": f"{b.get('pipeline')} s={b.get('splits')}" if b else None,
+            "best_ms": b.get("time_ms"), "below_floor": b.get("below_floor"),
+            "overlap": b.get("overlap"), "model_ms": b.get("model_ms"),
+            "auto_ran": auto[0].get("ran") if auto else None,
+            "auto_ms": auto[0].get("time_ms") if auto else None}
+
+
+def overlap_text(s):
+    if s["below_floor"]:
+        return "noise"
+    return "N/A" if s["overlap"] is None else f"{s['overlap'] * 100:.0f}%"
 
 
 def ratio(a, b):
@@ -247,10 +269,10 @@ def headline(results, refs):
                                  link_text(r), ref])
         elif r["kind"] == "bench_ops":
             j = r["result"]
-            _, _, serial, best, best_ms, _, _ = ops_summary(j)
+            s = ops_summary(j)
             rows.append([f"{j.get('op')} {j.get('M')}x{j.get('K')}x{j.get('N')}, "
-                         f"{j.get('ranks')} ranks: serial / best ({best})",
-                         f"{num(ratio(serial, best_ms))}x", link_text(r), ref])
+                         f"{j.get('ranks')} ranks: serial / best ({s['best']})",
+                         f"{num(ratio(s['serial'], s['best_ms']))}x", link_text(r), ref])
         elif r["kind"] == "demo":
             j = r["result"]
             runs = j.get("runs", [])
@@ -288,18 +310,21 @@ def ops_section(results, refs):
     rows = []
     for r in results:
         j = r["result"]
-        tc, tm, serial, best, best_ms, auto_ran, auto_ms = ops_summary(j)
+        s = ops_summary(j)
         wrong = sum(row.get("wrong", 0) or 0 for row in j.get("rows", []))
         rows.append([j.get("op"), j.get("ranks"), f"{j.get('M')}x{j.get('K')}x{j.get('N')}",
-                     j.get("dtype"), link_text(r), num(tc, ".1f"), num(tm, ".1f"),
-                     num(serial, ".1f"), best, num(best_ms, ".1f"),
-                     f"{num(ratio(serial, best_ms))}x", auto_ran or "N/A", num(auto_ms, ".1f"),
-                     wrong, f"[{refs[r['_file']]}]"])
+                     j.get("dtype"), link_text(r), num(s["compute"], ".1f"),
+                     num(s["comm"], ".1f"), num(s["floor"], ".1f"), num(s["serial"], ".1f"),
+                     s["best"], num(s["best_ms"], ".1f"), overlap_text(s),
+                     num(s["model_ms"], ".1f"), f"{num(ratio(s['serial'], s['best_ms']))}x",
+                     s["auto_ran"] or "N/A", num(s["auto_ms"], ".1f"), wrong,
+                     f"[{refs[r['_file']]}]"])
     if not rows:
         return []
     header = [("operator", False), ("ranks", True), ("M x K x N", False), ("dtype", False),
-              ("link", False), ("compute ms", True), ("comm ms", True), ("serial ms", True),
-              ("best", False), ("best ms", True), ("best vs serial", True), ("auto ran", False),
+              ("link", False), ("compute ms", True), ("comm ms", True), ("floor ms", True),
+              ("serial ms", True), ("best", False), ("best ms", True), ("best overlap", True),
+              ("model ms", True), ("best vs serial", True), ("auto ran", False),
               ("auto ms", True), ("#wrong", True), ("source", False)]
     return ["### Fused operators (`mc2 bench ops`)", ""] + table(header, rows) + [""]
 
