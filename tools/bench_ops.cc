@@ -38,9 +38,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -56,6 +54,7 @@
 #include "commands.h"
 #include "core/link_config.h"
 #include "launcher.h"
+#include "output_paths.h"
 
 namespace mc2::tools {
 
@@ -93,16 +92,13 @@ struct OpsArgs {
   throw CLI::RuntimeError(bench::kExitUsage);
 }
 
-// Fails with the OS's reason unless `path` can be opened for writing. The
-// probe opens it for append, so an existing file is left as it is, and
-// removes a file that the probe itself created.
-void ProbeWritable(const std::string& path, const char* flag) {
-  std::error_code ec;
-  const bool existed = std::filesystem::exists(path, ec);
-  std::FILE* f = std::fopen(path.c_str(), "a");
-  if (!f) Usage(fmt::format("cannot write {} {}: {}", flag, path, std::strerror(errno)));
-  std::fclose(f);
-  if (!existed) std::filesystem::remove(path, ec);
+// Fails before any work when `path` cannot be written (output_paths.h).
+void CheckOutput(const std::string& path, const char* flag) {
+  try {
+    CheckWritableFile(path, flag);
+  } catch (const Error& e) {
+    Usage(e.message());
+  }
 }
 
 // "4", "2,4,8" (each 1 to 16) or "sweep"; nullopt if malformed.
@@ -304,7 +300,7 @@ void RunTune(const OpsArgs& a, const OpsConfig& cfg) {
     const std::filesystem::path parent = std::filesystem::path(path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
   }
-  ProbeWritable(path, "--output");
+  CheckOutput(path, "--output");
   if (Group::LaunchedByMc2()) {
     const int status = bench_ops::RunTuneRank(cfg, path);
     if (status != 0) throw CLI::RuntimeError(status);
@@ -324,7 +320,7 @@ void RunTune(const OpsArgs& a, const OpsConfig& cfg) {
 void RunOpsCallback(const OpsArgs& a, bool link_was_auto) {
   OpsConfig cfg = Validate(a);
   if (a.tune) return RunTune(a, cfg);
-  if (!cfg.json_path.empty()) ProbeWritable(cfg.json_path, "--json");
+  if (!cfg.json_path.empty()) CheckOutput(cfg.json_path, "--json");
   if (Group::LaunchedByMc2()) {
     if (cfg.link == "auto")
       Usage("--link auto needs to start its own ranks (run `mc2 bench ops` outside `mc2 run`)");

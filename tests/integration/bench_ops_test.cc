@@ -285,8 +285,9 @@ TEST(BenchOpsUsage, UnwritableOutputFailsBeforeTheRun) {
         {"bench", "ops", "-n", "2", "--tune", "--output", "/nonexistent-mc2-dir/x.json"}}) {
     Result r = RunMc2(args, {}, 30);
     EXPECT_EQ(r.status, 2) << r.out << r.err;
-    EXPECT_THAT(r.err, HasSubstr("cannot write " + args[args.size() - 2] +
-                                 " /nonexistent-mc2-dir/x.json: No such file or directory"));
+    EXPECT_THAT(r.err, HasSubstr("mc2 bench ops: " + args[args.size() - 2] +
+                                 " /nonexistent-mc2-dir/x.json: cannot create it: No such file "
+                                 "or directory"));
     EXPECT_EQ(r.out.find("# mc2 bench ops"), std::string::npos) << r.out;
   }
   Result d =
