@@ -41,13 +41,21 @@ COMPARE = record("ar", "compare_mpi", {"collectives": [{
          "mpi_busbw_gbs": 4.79, "ratio": 3.503, "paired": 3.41, "ratio_in_place": 3.0,
          "mc2_algo": "rabenseifner"}]}]}, command="bench/compare_mpi.sh -n 2 all_reduce")
 
+# The sweep's fused row respects the floor (max(150, 140) = 150); the
+# confirmation's best (145) beats it, which only noise can do. Model: 8
+# stages (2 ranks x 4 splits), 150 + 140 / 8.
 OPS = record("ops_agmm", "bench_ops", {
     "op": "all_gather_matmul", "ranks": 2, "dtype": "f32", "M": 2048, "K": 2048, "N": 2048,
-    "link": "bw=81 MB/s, lat=5 us", "rows": [
-        {"pipeline": "serial", "splits": 1, "time_ms": 300.0, "wrong": 0, "ran": "serial s=1"},
-        {"pipeline": "fused", "splits": 4, "time_ms": 160.0, "wrong": 0, "ran": "fused s=4"}],
-    "confirm": {"compute_ms": 150.0, "comm_ms": 140.0, "serial_ms": 290.0,
+    "link": "bw=81 MB/s, lat=5 us", "compute_ms": 150.0, "comm_ms": 140.0, "floor_ms": 150.0,
+    "serial_ms": 300.0, "rows": [
+        {"pipeline": "serial", "splits": 1, "stages": 1, "time_ms": 300.0, "floor_ms": 150.0,
+         "below_floor": False, "overlap": 0.0, "model_ms": 290.0, "wrong": 0, "ran": "serial s=1"},
+        {"pipeline": "fused", "splits": 4, "stages": 8, "time_ms": 160.0, "floor_ms": 150.0,
+         "below_floor": False, "overlap": (150.0 + 140.0 - 160.0) / 140.0, "model_ms": 167.5,
+         "wrong": 0, "ran": "fused s=4"}],
+    "confirm": {"compute_ms": 150.0, "comm_ms": 140.0, "floor_ms": 150.0, "serial_ms": 290.0,
                 "best_pipeline": "fused", "best_splits": 4, "best_ms": 145.0,
+                "best_below_floor": True, "best_overlap": None, "best_model_ms": 167.5,
                 "auto_ran": "fused s=4", "auto_ms": 150.0}}, emulated="auto (bw=81MB/s,lat=5us)")
 
 DEMO = record("demo", "demo", {"ranks": 2, "tp": 2, "link": "bw=81MB/s,lat=5us",
@@ -106,18 +114,28 @@ class GenBenchmarksTest(unittest.TestCase):
         self.assertIn("| 16 MiB | 1000.00 | 3500.00 | 16.78 | 4.79 | 3.50 | 3.41 | 3.00 | rabenseifner |",
                       page)
         self.assertIn("| all_gather_matmul | 2 | 2048x2048x2048 | f32 | **emulated** "
-                      "`auto (bw=81MB/s,lat=5us)` | 150.0 | 140.0 | 290.0 | fused s=4 | 145.0 | 2.00x | "
-                      "fused s=4 | 150.0 | 0 | [2] |", page)
+                      "`auto (bw=81MB/s,lat=5us)` | 150.0 | 140.0 | 150.0 | 290.0 | fused s=4 | 145.0 | "
+                      "noise | 167.5 | 2.00x | fused s=4 | 150.0 | 0 | [2] |", page)
         self.assertIn("- [1] `ar.json`: 2030-01-02T03:04:05Z, commit `0123456789ab`, Test CPU, 2 cores, "
                       "raw shm: `bench/compare_mpi.sh -n 2 all_reduce`.", page)
 
     def test_ops_without_confirmation_use_the_sweep(self):
         ops = json.loads(json.dumps(OPS))
         del ops["result"]["confirm"]
-        ops["result"]["serial_ms"] = 300.0
         self.write(ops)
         page = self.generate()
-        self.assertIn(f"| fused s=4 | 160.0 | {300.0 / 160.0:.2f}x |", page)
+        # Overlap (150 + 140 - 160) / min(150, 140), as a percentage.
+        self.assertIn(f"| 150.0 | 300.0 | fused s=4 | 160.0 | {100 * 130.0 / 140.0:.0f}% | 167.5 | "
+                      f"{300.0 / 160.0:.2f}x |", page)
+
+    def test_ops_overlap_is_na_when_nothing_can_be_hidden(self):
+        # The tool writes a null overlap, not below the floor, when min(compute,
+        # comm) is 0 (one rank): the page says N/A, not noise.
+        ops = json.loads(json.dumps(OPS))
+        ops["result"]["confirm"]["best_below_floor"] = False
+        ops["result"]["confirm"]["best_ms"] = 150.0
+        self.write(ops)
+        self.assertIn("| fused s=4 | 150.0 | N/A | 167.5 |", self.generate())
 
     def test_check_detects_drift(self):
         self.write(COMPARE)
