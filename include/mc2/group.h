@@ -123,7 +123,10 @@ class Group {
   uint64_t ReadSignal(int slot) const;
 
   // Tagged point-to-point messages. A Send matches the Recv with the same
-  // (source, tag) posted in the same order; sizes must match exactly.
+  // (source, tag) posted in the same order; sizes must match exactly. Tags
+  // are >= 0 (a negative tag throws kInvalidArgument); the library's own
+  // messages (the fused operators') use a separate tag space, so they never
+  // match a user's Send or Recv.
   Work Send(const void* data, size_t bytes, int peer, int tag = 0) const;
   Work Recv(void* data, size_t bytes, int peer, int tag = 0) const;
 

@@ -13,6 +13,7 @@
 #include "core/enforce.h"
 #include "core/env.h"
 #include "core/log.h"
+#include "engine/channel.h"
 #include "mc2/collectives.h"
 #include "trace/recorder.h"
 

@@ -138,6 +138,7 @@ struct alignas(64) ArrivalSlot {
 static_assert(sizeof(ArrivalSlot) <= 64);
 
 class GroupImpl;
+class Channel;  // engine/channel.h
 
 // Per-operation context handed to algorithm bodies.
 struct OpContext {
@@ -491,11 +492,11 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   std::vector<uint64_t> arrival_offsets_;
 
  public:
-  // State a layer above the engine keeps per group (the fused operators'
-  // symmetric workspace, src/ops/fused_ops.cc), opaque here. Touched only
-  // by the thread issuing the group's operations. Declared last so that it
-  // is released first, while the world it allocated from is still alive.
-  std::shared_ptr<void> ops_state;
+  // The group's channel for the fused operators (engine/channel.h),
+  // created on first use. Touched only by the thread issuing the group's
+  // operations. Declared last so that it is released first, while the
+  // world it allocated from is still alive.
+  std::unique_ptr<Channel> channel;
 };
 
 // The stage GroupImpl::StageOff puts in the arrive line fits between the

@@ -173,22 +173,28 @@ Estimate Predict(const CostParams& params, const Environment& env, const Problem
 Choice ChoosePipeline(const CostParams& params, const Environment& env, const Problem& p);
 
 // For the operators outside FusedOpKind (AllGatherBatchMatmul, the MoE
-// pair), which run their fused pipeline when overlap pays: the chunks per
-// block s in 1..16 that minimise the busiest rank's
-//   T(s) = max(Tc, Tl) + min(Tc, Tl) / stages + stages * step,
-// the form above for `blocks` blocks of s chunks (stages = blocks s):
-//   Tc   2 n k (rows + calls(s) half_rows) / rate, calls(s) = fixed_calls
-//        + calls_per_stage stages (each call loses the half-efficiency
-//        rows), the rate scaled by cores / ranks when ranks outnumber cores;
-//   Tl   port_bytes over the link (over the copy rate on raw shm);
-//   step what a chunk's message costs beyond its bytes: alpha_fused_s on
-//        raw shm; under emulation anywhere from alpha_fused_s (idle cores)
-//        to link_hop_s (cores busy with GEMMs delay the delayed flags'
-//        wake-ups), so the s whose worse ratio to the best s under either
-//        step cost is least wins.
+// pair), which run serial or their fused pipeline of `blocks` blocks of s
+// chunks (stages = blocks s). The busiest rank's time is modeled as
+//   serial    Tc(fixed_calls) + Tl + alpha_fused_s
+//   fused(s)  max(Tc', H) + exposed min(Tc', H) / stages + stages * step
+// where Tc(calls) = 2 n k (rows + calls half_rows) / rate (each call loses
+// the half-efficiency rows; the rate scaled by cores / ranks when ranks
+// outnumber cores), calls = fixed_calls + calls_per_stage stages, and Tl is
+// port_bytes over the link (over the copy rate on raw shm). Under emulation
+// the link hides whole (Tc' = Tc, H = Tl); on raw shared memory only the
+// fraction overlap_cpu of the copies does, as in Predict. A step costs
+// alpha_fused_s on raw shm; under emulation anywhere from alpha_fused_s
+// (idle cores) to link_hop_s (cores busy with GEMMs delay the delayed
+// flags' wake-ups).
+//
+// ChooseSplitPipeline picks s in 1..16 whose worse ratio to the best s
+// under either step cost is least, then fused at that s if it is predicted
+// min_gain faster than serial with the cheap step and not slower with the
+// dear one; else serial (always with fewer than 2 ranks).
 struct SplitProblem {
   DType dtype = DType::kF32;
   int ranks = 1;
+  int cores = 0;  // 0: core::HostCpus()
   double rows = 0, n = 0, k = 0;
   double fixed_calls = 0, calls_per_stage = 1;
   int blocks = 1;
@@ -203,7 +209,7 @@ struct SplitProblem {
   // entries: other counts cut entries into two smaller GEMMs).
   int align = 1;
 };
-int ChooseFusedSplits(const CostParams& params, const SplitProblem& p);
+Choice ChooseSplitPipeline(const CostParams& params, const SplitProblem& p);
 
 // The parameters in effect: MC2_OPS_TUNING_FILE (an error if unreadable or
 // invalid), else ~/.cache/mc2/ops_tuning.json if present (an error if

@@ -22,8 +22,9 @@
 // never sort rows, except serial, which is the classic sequence (all-to-all,
 // sort by expert, one GEMM per expert, and the reverse for the combine).
 //
-// Every pipeline moves rows over the point-to-point channels (Group::Send /
-// Recv), one message per (peer, chunk), so that they all pay for the same
+// Every pipeline moves rows over the engine's two-sided messages in its
+// internal tag space (engine/channel.h: Channel::Send / Recv, never matched
+// by a user's Recv), one message per (peer, chunk), so that they all pay for the same
 // transport, and so that link emulation, which charges point-to-point
 // chunks but not the direct all-to-all collective (docs/link-emulation.md),
 // times them alike.
@@ -98,7 +99,6 @@
 #include <tuple>
 #include <vector>
 
-#include "collectives/algorithm.h"
 #include "core/reduce.h"
 #include "mc2/collectives.h"
 #include "mc2/error.h"
@@ -136,9 +136,10 @@ constexpr const char* kRouteName = "moe_route";
 constexpr const char* kDispatchName = "all_to_all_matmul";
 constexpr const char* kCombineName = "matmul_all_to_all";
 constexpr const char* kMlpName = "moe_mlp";
-// Point-to-point tags of the dispatch and combine messages (every pipeline).
-constexpr int kDispatchTag = 0x4d43324d;  // "MC2M"
-constexpr int kCombineTag = 0x4d43324e;   // "MC2N"
+// Tags of the dispatch and combine messages (every pipeline), in the
+// engine's internal tag space: never a user's message.
+constexpr internal::InternalTag kDispatchTag = internal::InternalTag::kMoeDispatch;
+constexpr internal::InternalTag kCombineTag = internal::InternalTag::kMoeCombine;
 
 uint64_t Fnv1a(uint64_t h, uint64_t v) {
   for (int i = 0; i < 8; ++i) {
@@ -177,6 +178,11 @@ MoeRouting MoeRoute(const Group& g, const int32_t* expert_ids, size_t num_tokens
           ") must be a positive multiple of the group size (" + std::to_string(P) + ")";
   } else if (topk < 1) {
     err = "topk must be >= 1, not " + std::to_string(topk);
+  } else if (std::string e =
+                 fused::SizeChecks({{"expert_ids (num_tokens x topk)",
+                                     {num_tokens, static_cast<size_t>(topk), sizeof(int32_t)}}});
+             !e.empty()) {
+    err = e;
   } else if (expert_ids == nullptr && num_tokens > 0) {
     err = "expert_ids is null but num_tokens is " + Str(num_tokens);
   }
@@ -321,9 +327,12 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
   mine.fingerprint =
       local_error.empty() ? RoutingFingerprint(r.ranks, r.num_experts, r.topk, r.counts) : 0;
   mine.pipeline_splits = fused::PackPipelineSplits(o);
-  mine.link_bw = g.valid() ? fused::LinkBytesPerSecond(g) : 0;
+  if (g.valid()) {
+    const ops::Environment env = fused::ModelEnvironment(g);
+    mine.link_bw = static_cast<uint64_t>(env.link_bytes_per_second);
+    mine.model_hash = fused::ModelHash(env);
+  }
   const ops::CostParams& params = ops::LoadedCostParams();
-  mine.model_hash = params.Hash();
   std::vector<MoeMsg> all =
       fused::ExchangeArgs(g, op, mine, local_error, &MoeMsg::error, o.timeout);
   MoePlan p;
@@ -351,8 +360,10 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
   same("pipeline", [](const MoeMsg& m) { return m.pipeline_splits >> 32; });
   same("splits", [](const MoeMsg& m) { return m.pipeline_splits & 0xffffffff; });
   same("emulated link bandwidth (bytes/s)", [](const MoeMsg& m) { return m.link_bw; });
-  same("operator tuning (MC2_OPS_TUNING_FILE: `auto` could choose differently)",
-       [](const MoeMsg& m) { return m.model_hash; });
+  same(
+      "cost model inputs (MC2_OPS_TUNING_FILE, MC2_LINK or heap size: `auto` could choose "
+      "differently)",
+      [](const MoeMsg& m) { return m.model_hash; });
 
   const int P = p.size, me = p.rank;
   p.dtype = dtype;
@@ -418,18 +429,9 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
       rows = std::max(rows, double(p.load[a]));
       port = std::max(port, out * d * p.esize);
     }
-    const double flops =
-        GemmFlops(size_t(rows), h, d) + (mlp ? GemmFlops(size_t(rows), d, h2) : 0.0);
-    bool overlap = fused::OverlapPays(flops, dtype, port, all[0].link_bw, P);
     // Fused rather than chunked: it sends one block per port at a time, so
-    // the first blocks arrive early (bench ops, emulated balanced link, side
-    // by side: fused s=4 62 ms against chunked s=4 63 ms at np=2, 78
-    // against 84 ms at np=4).
-    p.pipeline = overlap ? Pipeline::kFused : Pipeline::kSerial;
-    // Chunks per block from the cost model (ops/cost_model.h): s = 6 at 2
-    // ranks and 2 at 4 for the bench's shapes, near the measured best
-    // (docs/benchmarks.md, session 6); a fixed 4 ran 1.04-1.09x the best
-    // at 2 ranks. Calls: a GEMM per local expert per chunk.
+    // the first blocks arrive early. Calls: a GEMM per local expert per
+    // chunk.
     ops::SplitProblem sp;
     sp.dtype = dtype;
     sp.ranks = P;
@@ -444,7 +446,9 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
     sp.blocks = P - 1;
     sp.port_bytes = port;
     sp.link_bytes_per_second = double(all[0].link_bw);
-    p.splits = overlap ? ops::ChooseFusedSplits(params, sp) : 1;
+    ops::Choice c = ops::ChooseSplitPipeline(params, sp);
+    p.pipeline = c.pipeline;
+    p.splits = c.splits;
   }
   if (p.pipeline == Pipeline::kSerial) p.splits = 1;
   p.gemm = fused::OperatorGemmOptions(g, dtype, o);
@@ -458,17 +462,18 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
 // ChunkLo(rows, j + 1, s)) of each block, in ring order (to r+1, r+2, ...;
 // from r-1, r-2, ...). Both ends compute the same sizes from the routing,
 // so empty messages are skipped alike. Returns the posted works per rank.
-std::vector<Work> PostBlocks(const Group& g, const MoePlan& p, bool send, int tag, char* base,
-                             const std::vector<size_t>& rows, const std::vector<size_t>& first,
-                             size_t row_bytes, int j, int s, Pending& pend) {
+std::vector<Work> PostBlocks(const Group& g, const MoePlan& p, bool send, internal::InternalTag tag,
+                             char* base, const std::vector<size_t>& rows,
+                             const std::vector<size_t>& first, size_t row_bytes, int j, int s,
+                             Pending& pend) {
   std::vector<Work> works(p.size);
   for (int i = 1; i < p.size; ++i) {
-    int q = collectives::Mod(send ? p.rank + i : p.rank - i, p.size);
+    int q = fused::Mod(send ? p.rank + i : p.rank - i, p.size);
     size_t lo = ChunkLo(rows[q], j, s), hi = ChunkLo(rows[q], j + 1, s);
     if ((hi - lo) * row_bytes == 0) continue;
     char* at = base + (first[q] + lo) * row_bytes;
-    works[q] = send ? g.Send(at, (hi - lo) * row_bytes, q, tag)
-                    : g.Recv(at, (hi - lo) * row_bytes, q, tag);
+    works[q] = send ? internal::Channel::Of(g).Send(at, (hi - lo) * row_bytes, q, tag)
+                    : internal::Channel::Of(g).Recv(at, (hi - lo) * row_bytes, q, tag);
     pend.Add(works[q]);
   }
   return works;
@@ -535,10 +540,11 @@ void SortRows(const MoePlan& p, const char* span_name, bool to_grouped, char* so
 // (recv_blk, recv_off) from rank q, the own block copied; then waits for
 // all of it. The dispatch sends the token side's blocks and receives the
 // expert side's; the combine the other way round.
-void ExchangeAllBlocks(const Group& g, const MoePlan& p, int tag, const char* send,
-                       const std::vector<size_t>& send_blk, const std::vector<size_t>& send_off,
-                       char* recv, const std::vector<size_t>& recv_blk,
-                       const std::vector<size_t>& recv_off, const char* wait_name, Pending& pend) {
+void ExchangeAllBlocks(const Group& g, const MoePlan& p, internal::InternalTag tag,
+                       const char* send, const std::vector<size_t>& send_blk,
+                       const std::vector<size_t>& send_off, char* recv,
+                       const std::vector<size_t>& recv_blk, const std::vector<size_t>& recv_off,
+                       const char* wait_name, Pending& pend) {
   const size_t rb = p.d * p.esize;
   const int me = p.rank;
   PostBlocks(g, p, false, tag, recv, recv_blk, recv_off, rb, 0, 1, pend);
@@ -628,7 +634,7 @@ void DispatchChunked(const Group& g, const MoePlan& p, const DispatchArgs& x, Pe
   DispatchRows(p, x, me, x.xs + p.out_blk_off[me] * rb, 0, p.in_blk[me]);
   for (int j = 0; j < s; ++j) {
     for (int i = 1; i < P; ++i) {
-      int q = collectives::Mod(me - i, P);
+      int q = fused::Mod(me - i, P);
       WaitOne(p, x.overlap, "all_to_all_matmul.wait", recv[j][q]);
       DispatchRows(p, x, q, x.xr + p.in_blk_off[q] * rb, ChunkLo(p.in_blk[q], j, s),
                    ChunkLo(p.in_blk[q], j + 1, s));
@@ -644,7 +650,7 @@ void DispatchChunked(const Group& g, const MoePlan& p, const DispatchArgs& x, Pe
 std::vector<int> DispatchSendOrder(const MoePlan& p, int from) {
   const int P = p.size;
   std::vector<int> order;
-  for (int i = 1; i < P; ++i) order.push_back(collectives::Mod(from + i, P));
+  for (int i = 1; i < P; ++i) order.push_back(fused::Mod(from + i, P));
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return p.load[a] > p.load[b]; });
   return order;
@@ -676,7 +682,7 @@ void RunFusedDispatch(const Group& g, const MoePlan& p, const char* xs, char* xr
   };
   std::vector<Due> due;
   for (int i = 1; i < P; ++i) {
-    const int q = collectives::Mod(me - i, P);
+    const int q = fused::Mod(me - i, P);
     size_t before = 0;
     for (int dst : DispatchSendOrder(p, q)) {
       if (dst == me) break;
@@ -685,7 +691,8 @@ void RunFusedDispatch(const Group& g, const MoePlan& p, const char* xs, char* xr
     for (int j = 0; j < s; ++j) {
       size_t lo = ChunkLo(p.in_blk[q], j, s), hi = ChunkLo(p.in_blk[q], j + 1, s);
       if ((hi - lo) * rb == 0) continue;
-      Work w = g.Recv(xr + (p.in_blk_off[q] + lo) * rb, (hi - lo) * rb, q, kDispatchTag);
+      Work w = internal::Channel::Of(g).Recv(xr + (p.in_blk_off[q] + lo) * rb, (hi - lo) * rb, q,
+                                             kDispatchTag);
       pend.Add(w);
       due.push_back({before + hi, i, q, j, std::move(w)});
     }
@@ -708,8 +715,8 @@ void RunFusedDispatch(const Group& g, const MoePlan& p, const char* xs, char* xr
       for (int j = 0; j < s; ++j) {
         size_t lo = ChunkLo(p.out_blk[dst], j, s), hi = ChunkLo(p.out_blk[dst], j + 1, s);
         if ((hi - lo) * rb == 0) continue;
-        sending.push_back(
-            g.Send(xs + (p.out_blk_off[dst] + lo) * rb, (hi - lo) * rb, dst, kDispatchTag));
+        sending.push_back(internal::Channel::Of(g).Send(xs + (p.out_blk_off[dst] + lo) * rb,
+                                                        (hi - lo) * rb, dst, kDispatchTag));
         pend.Add(sending.back());
       }
     }
@@ -827,7 +834,7 @@ void CombineChunked(const Group& g, const MoePlan& p, const CombineArgs& x, Pend
   }
   for (int j = 0; j < s; ++j) {
     for (int i = 1; i < P; ++i) {
-      int q = collectives::Mod(me + i, P);
+      int q = fused::Mod(me + i, P);
       CombineRows(p, x, q, x.ys + p.in_blk_off[q] * rb, ChunkLo(p.in_blk[q], j, s),
                   ChunkLo(p.in_blk[q], j + 1, s));
     }
@@ -841,21 +848,22 @@ void CombineFused(const Group& g, const MoePlan& p, const CombineArgs& x, Pendin
   const int P = p.size, me = p.rank, s = p.splits;
   const size_t rb = p.d * p.esize;
   for (int i = 1; i < P; ++i) {
-    int src = collectives::Mod(me - i, P);
+    int src = fused::Mod(me - i, P);
     for (int j = 0; j < s; ++j) {
       size_t lo = ChunkLo(p.out_blk[src], j, s), hi = ChunkLo(p.out_blk[src], j + 1, s);
       if ((hi - lo) * rb == 0) continue;
-      pend.Add(g.Recv(x.yr + (p.out_blk_off[src] + lo) * rb, (hi - lo) * rb, src, kCombineTag));
+      pend.Add(internal::Channel::Of(g).Recv(x.yr + (p.out_blk_off[src] + lo) * rb, (hi - lo) * rb,
+                                             src, kCombineTag));
     }
   }
   for (int i = 1; i < P; ++i) {
-    int dst = collectives::Mod(me + i, P);
+    int dst = fused::Mod(me + i, P);
     char* block = x.ys + p.in_blk_off[dst] * rb;
     for (int j = 0; j < s; ++j) {
       size_t lo = ChunkLo(p.in_blk[dst], j, s), hi = ChunkLo(p.in_blk[dst], j + 1, s);
       if ((hi - lo) * rb == 0) continue;
       CombineRows(p, x, dst, block, lo, hi);
-      pend.Add(g.Send(block + lo * rb, (hi - lo) * rb, dst, kCombineTag));
+      pend.Add(internal::Channel::Of(g).Send(block + lo * rb, (hi - lo) * rb, dst, kCombineTag));
     }
   }
   CombineRows(p, x, me, x.yr + p.out_blk_off[me] * rb, 0, p.in_blk[me]);
@@ -949,7 +957,8 @@ void MlpChunk(const Group& g, const MoePlan& p, const MlpArgs& x, int q, size_t 
   const size_t rb = p.d * p.esize;
   char* out = x.ys + p.in_blk_off[q] * rb;
   MlpRows(p, x, q, x.xr + p.in_blk_off[q] * rb, out, lo, hi);
-  if ((hi - lo) * rb > 0) pend.Add(g.Send(out + lo * rb, (hi - lo) * rb, q, kCombineTag));
+  if ((hi - lo) * rb > 0)
+    pend.Add(internal::Channel::Of(g).Send(out + lo * rb, (hi - lo) * rb, q, kCombineTag));
 }
 
 // Rows [lo, hi) of the own block: from the packed tokens straight into Yr.
@@ -1008,7 +1017,7 @@ void MlpChunked(const Group& g, const MoePlan& p, const MlpArgs& x, Pending& pen
   own(0);
   for (int j = 0; j < s; ++j) {
     for (int i = 1; i < P; ++i) {
-      int q = collectives::Mod(me - i, P);
+      int q = fused::Mod(me - i, P);
       WaitOne(p, x.overlap, "moe_mlp.wait", recv[j][q]);
       MlpChunk(g, p, x, q, ChunkLo(p.in_blk[q], j, s), ChunkLo(p.in_blk[q], j + 1, s), pend);
     }
@@ -1040,41 +1049,52 @@ Work AllToAllMatmul(const Group& g, const MoeRouting& routing, const void* x, si
                     const FusedOptions& options, FusedReport* report) {
   std::string err = CheckRouting(g, routing);
   if (err.empty()) {
-    size_t R = routing.num_received();
-    err = fused::LocalChecks(
-        dtype, options,
-        {x == nullptr && routing.num_tokens * d > 0,
-         w == nullptr && size_t(routing.experts_per_rank) * d * h > 0, y == nullptr && R * h > 0});
+    const size_t R = routing.num_received(), T = routing.num_tokens, es = DTypeSize(dtype);
+    const size_t El = static_cast<size_t>(routing.experts_per_rank);
+    err =
+        fused::ArgChecks(dtype, options,
+                         {{"x (num_tokens x d)", {T, d, es}},
+                          {"w (experts_per_rank x d x h)", {El, d, h, es}},
+                          {"y (received rows x h)", {R, h, sizeof(float)}},
+                          {"the dispatched x (received rows x d)", {R, d, es}}},
+                         {x == nullptr && T > 0 && d > 0, w == nullptr && El > 0 && d > 0 && h > 0,
+                          y == nullptr && R > 0 && h > 0});
   }
   MoePlan p = MakeMoePlan(g, kDispatchName, routing, dtype, d, h, err, options);
   fused::OverlapWork overlap(options.overlap_work);
-  return fused::CompleteOp(g, kDispatchName, p.pipeline, p.splits, report, overlap,
-                           [&](Pending& pend) {
-    const size_t rb = p.d * p.esize;
-    fused::Scratch<char> xs(p.S * rb), xr(p.R * rb), own_dx;
-    {
-      OpSpan pack("all_to_all_matmul.pack", trace::Category::kHost, p.pipeline);
-      const char* src = static_cast<const char*>(x);
-      for (size_t pos = 0; pos < p.S && rb > 0; ++pos) {
-        std::memcpy(xs.data() + pos * rb, src + (routing.send_slots[pos] / routing.topk) * rb, rb);
-      }
-    }
-    DispatchArgs a{static_cast<const char*>(w), y, static_cast<char*>(dispatched_x), xs.data(),
-                   xr.data(), &overlap};
-    if (p.pipeline == Pipeline::kSerial) {
-      // Serial sorts the received rows by expert, into dispatched_x if
-      // asked for, else into a buffer of its own.
-      if (a.dx == nullptr) {
-        own_dx.Resize(p.R * rb);
-        a.dx = own_dx.data();
-      }
-      DispatchSerial(g, p, a, pend);
-    } else if (p.pipeline == Pipeline::kChunked) {
-      DispatchChunked(g, p, a, pend);
-    } else {
-      DispatchFused(g, p, a, pend);
-    }
-  });
+  return fused::CompleteOp(
+      g, kDispatchName, p.pipeline, p.splits, static_cast<uint64_t>(GemmFlops(p.R, p.h, p.d)),
+      report, overlap, [&](Pending& pend) {
+        const size_t rb = p.d * p.esize;
+        fused::Scratch<char> xs(p.S * rb), xr(p.R * rb), own_dx;
+        {
+          OpSpan pack("all_to_all_matmul.pack", trace::Category::kHost, p.pipeline);
+          const char* src = static_cast<const char*>(x);
+          for (size_t pos = 0; pos < p.S && rb > 0; ++pos) {
+            std::memcpy(xs.data() + pos * rb, src + (routing.send_slots[pos] / routing.topk) * rb,
+                        rb);
+          }
+        }
+        DispatchArgs a{static_cast<const char*>(w),
+                       y,
+                       static_cast<char*>(dispatched_x),
+                       xs.data(),
+                       xr.data(),
+                       &overlap};
+        if (p.pipeline == Pipeline::kSerial) {
+          // Serial sorts the received rows by expert, into dispatched_x if
+          // asked for, else into a buffer of its own.
+          if (a.dx == nullptr) {
+            own_dx.Resize(p.R * rb);
+            a.dx = own_dx.data();
+          }
+          DispatchSerial(g, p, a, pend);
+        } else if (p.pipeline == Pipeline::kChunked) {
+          DispatchChunked(g, p, a, pend);
+        } else {
+          DispatchFused(g, p, a, pend);
+        }
+      });
 }
 
 Work MatmulAllToAll(const Group& g, const MoeRouting& routing, const void* hidden, size_t h,
@@ -1082,28 +1102,34 @@ Work MatmulAllToAll(const Group& g, const MoeRouting& routing, const void* hidde
                     const FusedOptions& options, FusedReport* report) {
   std::string err = CheckRouting(g, routing);
   if (err.empty()) {
-    size_t R = routing.num_received();
-    err = fused::LocalChecks(dtype, options,
-                             {hidden == nullptr && R * h > 0,
-                              w == nullptr && size_t(routing.experts_per_rank) * d * h > 0,
-                              out == nullptr && routing.num_tokens * d > 0});
+    const size_t R = routing.num_received(), T = routing.num_tokens, es = DTypeSize(dtype);
+    const size_t El = static_cast<size_t>(routing.experts_per_rank);
+    err = fused::ArgChecks(
+        dtype, options,
+        {{"hidden (received rows x h)", {R, h, es}},
+         {"w (experts_per_rank x h x d)", {El, h, d, es}},
+         {"the expert outputs (received rows x d)", {R, d, sizeof(float)}},
+         {"out (num_tokens x d)", {T, d, sizeof(float)}}},
+        {hidden == nullptr && R > 0 && h > 0, w == nullptr && El > 0 && d > 0 && h > 0,
+         out == nullptr && T > 0 && d > 0});
   }
   MoePlan p = MakeMoePlan(g, kCombineName, routing, dtype, d, h, err, options);
   fused::OverlapWork overlap(options.overlap_work);
-  return fused::CompleteOp(g, kCombineName, p.pipeline, p.splits, report, overlap,
-                           [&](Pending& pend) {
-    fused::Scratch<char> ys(p.R * p.d * p.esize), yr(p.S * p.d * p.esize);
-    CombineArgs a{static_cast<const char*>(hidden), static_cast<const char*>(w), ys.data(),
-                  yr.data(), &overlap};
-    if (p.pipeline == Pipeline::kSerial) {
-      CombineSerial(g, p, a, pend);
-    } else if (p.pipeline == Pipeline::kChunked) {
-      CombineChunked(g, p, a, pend);
-    } else {
-      CombineFused(g, p, a, pend);
-    }
-    Combine(p, routing, yr.data(), probs, out);
-  });
+  return fused::CompleteOp(
+      g, kCombineName, p.pipeline, p.splits, static_cast<uint64_t>(GemmFlops(p.R, p.d, p.h)),
+      report, overlap, [&](Pending& pend) {
+        fused::Scratch<char> ys(p.R * p.d * p.esize), yr(p.S * p.d * p.esize);
+        CombineArgs a{static_cast<const char*>(hidden), static_cast<const char*>(w), ys.data(),
+                      yr.data(), &overlap};
+        if (p.pipeline == Pipeline::kSerial) {
+          CombineSerial(g, p, a, pend);
+        } else if (p.pipeline == Pipeline::kChunked) {
+          CombineChunked(g, p, a, pend);
+        } else {
+          CombineFused(g, p, a, pend);
+        }
+        Combine(p, routing, yr.data(), probs, out);
+      });
 }
 
 Work MoeMlp(const Group& g, const MoeRouting& routing, const void* x, size_t d, const void* w1,
@@ -1112,57 +1138,77 @@ Work MoeMlp(const Group& g, const MoeRouting& routing, const void* x, size_t d, 
             FusedReport* report) {
   std::string err = CheckRouting(g, routing);
   if (err.empty()) {
+    const size_t R = routing.num_received(), T = routing.num_tokens, es = DTypeSize(dtype);
     const size_t El = static_cast<size_t>(routing.experts_per_rank);
-    err = fused::LocalChecks(dtype, options,
-                             {x == nullptr && routing.num_tokens * d > 0,
-                              w1 == nullptr && El * d * h1 > 0, w2 == nullptr && El * h2 * d > 0,
-                              out == nullptr && routing.num_tokens * d > 0});
+    err = fused::ArgChecks(
+        dtype, options,
+        {{"x (num_tokens x d)", {T, d, es}},
+         {"w1 (experts_per_rank x d x h1)", {El, d, h1, es}},
+         {"w2 (experts_per_rank x h2 x d)", {El, h2, d, es}},
+         {"the hidden rows (received rows x h1)", {R, h1, sizeof(float)}},
+         {"the hidden rows (received rows x h2)", {R, h2, sizeof(float)}},
+         {"the dispatched x (received rows x d)", {R, d, sizeof(float)}},
+         {"out (num_tokens x d)", {T, d, sizeof(float)}}},
+        {x == nullptr && T > 0 && d > 0, w1 == nullptr && El > 0 && d > 0 && h1 > 0,
+         w2 == nullptr && El > 0 && h2 > 0 && d > 0, out == nullptr && T > 0 && d > 0});
   }
   if (err.empty() && !act && h1 != h2) {
     err = "act is null (the identity), so h2 (" + Str(h2) + ") must equal h1 (" + Str(h1) + ")";
   }
   MoePlan p = MakeMoePlan(g, kMlpName, routing, dtype, d, h1, err, options, h2);
   fused::OverlapWork overlap(options.overlap_work);
-  return fused::CompleteOp(g, kMlpName, p.pipeline, p.splits, report, overlap, [&](Pending& pend) {
-    const size_t rb = p.d * p.esize;
-    fused::Scratch<char> xs(p.S * rb), xr(p.R * rb), ys(p.R * rb), yr(p.S * rb), own_dx,
-        own_hidden;
-    fused::Scratch<float> own_y1, act_out;
-    {
-      OpSpan pack("moe_mlp.pack", trace::Category::kHost, p.pipeline);
-      const char* src = static_cast<const char*>(x);
-      for (size_t pos = 0; pos < p.S && rb > 0; ++pos) {
-        std::memcpy(xs.data() + pos * rb, src + (routing.send_slots[pos] / routing.topk) * rb, rb);
-      }
-    }
-    MlpArgs a{static_cast<const char*>(w1), static_cast<const char*>(w2), &act, xs.data(),
-              xr.data(), static_cast<char*>(saved.dispatched_x), saved.y1, nullptr,
-              static_cast<char*>(saved.hidden), ys.data(), yr.data(), &overlap};
-    if (a.y1 == nullptr) {
-      own_y1.Resize(p.R * p.h);
-      a.y1 = own_y1.data();
-    }
-    if (a.hidden == nullptr) {
-      own_hidden.Resize(p.R * p.h2 * p.esize);
-      a.hidden = own_hidden.data();
-    }
-    if (p.dtype != DType::kF32 && act) {
-      act_out.Resize(p.R * p.h2);
-      a.act_out = act_out.data();
-    }
-    if (p.pipeline == Pipeline::kSerial) {
-      if (a.dx == nullptr) {  // serial sorts the received rows by expert
-        own_dx.Resize(p.R * rb);
-        a.dx = own_dx.data();
-      }
-      MlpSerial(g, p, a, pend);
-    } else if (p.pipeline == Pipeline::kChunked) {
-      MlpChunked(g, p, a, pend);
-    } else {
-      MlpFused(g, p, a, pend);
-    }
-    Combine(p, routing, yr.data(), probs, out);
-  });
+  const auto flops = static_cast<uint64_t>(GemmFlops(p.R, p.h, p.d) + GemmFlops(p.R, p.d, p.h2));
+  return fused::CompleteOp(
+      g, kMlpName, p.pipeline, p.splits, flops, report, overlap, [&](Pending& pend) {
+        const size_t rb = p.d * p.esize;
+        fused::Scratch<char> xs(p.S * rb), xr(p.R * rb), ys(p.R * rb), yr(p.S * rb), own_dx,
+            own_hidden;
+        fused::Scratch<float> own_y1, act_out;
+        {
+          OpSpan pack("moe_mlp.pack", trace::Category::kHost, p.pipeline);
+          const char* src = static_cast<const char*>(x);
+          for (size_t pos = 0; pos < p.S && rb > 0; ++pos) {
+            std::memcpy(xs.data() + pos * rb, src + (routing.send_slots[pos] / routing.topk) * rb,
+                        rb);
+          }
+        }
+        MlpArgs a{static_cast<const char*>(w1),
+                  static_cast<const char*>(w2),
+                  &act,
+                  xs.data(),
+                  xr.data(),
+                  static_cast<char*>(saved.dispatched_x),
+                  saved.y1,
+                  nullptr,
+                  static_cast<char*>(saved.hidden),
+                  ys.data(),
+                  yr.data(),
+                  &overlap};
+        if (a.y1 == nullptr) {
+          own_y1.Resize(p.R * p.h);
+          a.y1 = own_y1.data();
+        }
+        if (a.hidden == nullptr) {
+          own_hidden.Resize(p.R * p.h2 * p.esize);
+          a.hidden = own_hidden.data();
+        }
+        if (p.dtype != DType::kF32 && act) {
+          act_out.Resize(p.R * p.h2);
+          a.act_out = act_out.data();
+        }
+        if (p.pipeline == Pipeline::kSerial) {
+          if (a.dx == nullptr) {  // serial sorts the received rows by expert
+            own_dx.Resize(p.R * rb);
+            a.dx = own_dx.data();
+          }
+          MlpSerial(g, p, a, pend);
+        } else if (p.pipeline == Pipeline::kChunked) {
+          MlpChunked(g, p, a, pend);
+        } else {
+          MlpFused(g, p, a, pend);
+        }
+        Combine(p, routing, yr.data(), probs, out);
+      });
 }
 
 }  // namespace mc2
