@@ -73,20 +73,10 @@ struct BatchMsg {
   uint64_t error;
 };
 
-struct BatchPlan {
-  int rank = 0, size = 1;
-  DType dtype = DType::kF32;
-  size_t esize = 4;
-  Pipeline pipeline = Pipeline::kSerial;
-  int splits = 1;
+struct BatchPlan : fused::PlanBase {
   size_t batch = 0, k = 0, n = 0, M = 0;
   bool shared_b = false;
   std::vector<size_t> rows, offs;  // per rank m_q and M_q
-  GemmOptions gemm;
-  // Runs the call's GEMMs (on the calling thread), each B packed at its
-  // first product (ops::PackedGemmB).
-  mutable ops::PackedGemmBSet gemms;
-  CollectiveOptions coll;
 };
 
 BatchPlan MakeBatchPlan(const Group& g, const BatchMsg& mine, const std::string& local_error,
@@ -103,13 +93,7 @@ BatchPlan MakeBatchPlan(const Group& g, const BatchMsg& mine, const std::string&
   same("batch", [](const BatchMsg& m) { return m.batch; });
   same("k", [](const BatchMsg& m) { return m.k; });
   same("B layout (0 per batch, 1 shared)", [](const BatchMsg& m) { return m.b_layout; });
-  same("pipeline", [](const BatchMsg& m) { return m.pipeline_splits >> 32; });
-  same("splits", [](const BatchMsg& m) { return m.pipeline_splits & 0xffffffff; });
-  same("emulated link bandwidth (bytes/s)", [](const BatchMsg& m) { return m.link_bw; });
-  same(
-      "cost model inputs (MC2_OPS_TUNING_FILE, MC2_LINK or heap size: `auto` could choose "
-      "differently)",
-      [](const BatchMsg& m) { return m.model_hash; });
+  fused::RequireSameSettings(all, kOpName, p.rank);
   p.dtype = static_cast<DType>(all[0].dtype);
   p.esize = DTypeSize(p.dtype);
   p.batch = all[0].batch;
@@ -170,10 +154,7 @@ BatchPlan MakeBatchPlan(const Group& g, const BatchMsg& mine, const std::string&
     p.pipeline = c.pipeline;
     p.splits = c.splits;
   }
-  if (p.pipeline == Pipeline::kSerial) p.splits = 1;
-  p.gemm = fused::OperatorGemmOptions(g, p.dtype, o);
-  p.gemms = ops::PackedGemmBSet(p.dtype, p.gemm);
-  p.coll = fused::OperatorCollectiveOptions(g, o);
+  fused::FinishPlan(g, o, p);
   return p;
 }
 
@@ -380,6 +361,10 @@ Work AllGatherBatchMatmul(const Group& g, const void* a_shard, size_t batch, siz
         fused::Scratch<char> own_ag, own_g;
         BatchArgs x{static_cast<const char*>(a_shard), static_cast<const char*>(b), c,
                     static_cast<char*>(gathered_a), nullptr};
+        if (p.size == 1) {  // the shard is the whole A: no communication
+          MultiplyRows(p, x, 0, x.a_shard, 0, p.batch * p.rows[0]);
+          return;
+        }
         // Serial always lays the gathered A out (its GEMMs read that layout);
         // when batch is 1, G already is that layout and is used for both.
         if (x.ag == nullptr && p.pipeline == Pipeline::kSerial) {
@@ -392,11 +377,7 @@ Work AllGatherBatchMatmul(const Group& g, const void* a_shard, size_t batch, siz
           own_g.Resize(total_bytes);
           x.g = own_g.data();
         }
-        if (p.pipeline == Pipeline::kSerial || p.size == 1) {
-          if (p.size == 1 && p.pipeline != Pipeline::kSerial) {
-            MultiplyRows(p, x, 0, x.a_shard, 0, p.batch * p.rows[0]);
-            return;
-          }
+        if (p.pipeline == Pipeline::kSerial) {
           RunSerial(g, p, x, pend);
         } else if (p.pipeline == Pipeline::kChunked) {
           RunChunked(g, p, x, pend);

@@ -25,6 +25,7 @@
 #include "mc2/error.h"
 #include "mc2/ops.h"
 #include "ops/cost_model.h"
+#include "ops/gemm.h"
 #include "trace/recorder.h"
 
 namespace mc2::fused {
@@ -160,6 +161,51 @@ void RequireSame(const std::vector<Msg>& all, const char* op, int me, const char
                std::to_string(r) + " has " + Str(get(all[r])));
     }
   }
+}
+
+// What every operator's plan holds besides its shapes: who runs it, the
+// element type, the pipeline that runs and how its GEMMs and collectives
+// are made. Identical on every rank except `rank`.
+struct PlanBase {
+  int rank = 0, size = 1;
+  DType dtype = DType::kF32;
+  size_t esize = 4;
+  Pipeline pipeline = Pipeline::kSerial;
+  int splits = 1;
+  GemmOptions gemm;
+  // Runs the call's GEMMs (on the calling thread), each B packed at its
+  // first product (ops::PackedGemmB): chunks of a few rows run at the
+  // full-size rate, and all pipelines and split counts run the same
+  // kernels.
+  mutable ops::PackedGemmBSet gemms;
+  CollectiveOptions coll;
+  std::chrono::nanoseconds timeout{};
+};
+
+// Checks that every rank asked for the same pipeline and splits and runs
+// with the same cost model inputs (`Msg` has the fields pipeline_splits
+// and model_hash, ModelHash), so that `auto` decides alike everywhere.
+template <typename Msg>
+void RequireSameSettings(const std::vector<Msg>& all, const char* op, int me) {
+  RequireSame(all, op, me, "pipeline", [](const Msg& m) { return m.pipeline_splits >> 32; });
+  RequireSame(all, op, me, "splits", [](const Msg& m) { return m.pipeline_splits & 0xffffffff; });
+  RequireSame(all, op, me,
+              "cost model inputs (MC2_OPS_TUNING_FILE, MC2_LINK or heap size: `auto` could "
+              "choose differently)",
+              [](const Msg& m) { return m.model_hash; });
+}
+
+inline GemmOptions OperatorGemmOptions(const Group& g, DType dtype, const FusedOptions& o);
+inline CollectiveOptions OperatorCollectiveOptions(const Group& g, const FusedOptions& o);
+
+// Completes a plan once its pipeline and splits are chosen (kAuto
+// resolved): one split for serial, the GEMM and collective options.
+inline void FinishPlan(const Group& g, const FusedOptions& o, PlanBase& p) {
+  if (p.pipeline == Pipeline::kSerial) p.splits = 1;
+  p.gemm = OperatorGemmOptions(g, p.dtype, o);
+  p.gemms = ops::PackedGemmBSet(p.dtype, p.gemm);
+  p.coll = OperatorCollectiveOptions(g, o);
+  p.timeout = o.timeout.count() > 0 ? o.timeout : g.timeout();
 }
 
 // GEMM options of an operator's GEMMs: deterministic mode pins f32 to

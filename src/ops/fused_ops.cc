@@ -171,24 +171,13 @@ struct ShapeMsg {
 static_assert(sizeof(ShapeMsg) == 88);
 
 // The validated plan of one call, identical on every rank except `rank`.
-struct Plan {
+struct Plan : fused::PlanBase {
   FusedOp op;
   const char* name = "";
-  int rank = 0;
-  int size = 1;
-  DType dtype = DType::kF32;
-  size_t esize = 4;
-  Pipeline pipeline = Pipeline::kSerial;
-  int splits = 1;
   size_t k = 0, n = 0;
   size_t M = 0;
   std::vector<size_t> rows;  // per rank block rows
   std::vector<size_t> offs;  // per rank block first row
-  GemmOptions gemm;
-  // Runs the call's GEMMs (on the calling thread): B packed at the first.
-  mutable ops::PackedGemmBSet gemms;
-  CollectiveOptions coll;
-  std::chrono::nanoseconds timeout{};
   // The caller's FusedOptions::overlap_work, run where a pipeline would
   // first block.
   fused::OverlapWork* overlap = nullptr;
@@ -223,18 +212,13 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, const std::st
   }
   auto same = [&](const char* what, auto get) { fused::RequireSame(all, name, p.rank, what, get); };
   same("dtype", [](const ShapeMsg& m) { return m.dtype; });
-  same("pipeline", [](const ShapeMsg& m) { return m.pipeline_splits >> 32; });
-  same("splits", [](const ShapeMsg& m) { return m.pipeline_splits & 0xffffffff; });
+  fused::RequireSameSettings(all, name, p.rank);
   if (op == FusedOp::kAllGatherMatmul) {
     same("k", [](const ShapeMsg& m) { return m.k; });
   } else {
     same("M (rows of A)", [](const ShapeMsg& m) { return m.m; });
     same("n (columns of B)", [](const ShapeMsg& m) { return m.n; });
   }
-  same(
-      "cost model inputs (MC2_OPS_TUNING_FILE, MC2_LINK or heap size: `auto` could choose "
-      "differently)",
-      [](const ShapeMsg& m) { return m.model_hash; });
   p.dtype = static_cast<DType>(z.dtype);
   p.esize = DTypeSize(p.dtype);
   p.k = mine.k;
@@ -308,14 +292,7 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, const std::st
   }
   // (One rank runs the serial code whatever was asked: there is nothing to
   // overlap. The report still names the pipeline asked for.)
-  if (p.pipeline == Pipeline::kSerial) p.splits = 1;
-  p.gemm = fused::OperatorGemmOptions(g, p.dtype, o);
-  // Every pipeline multiplies by B packed once (ops::PackedGemmB): chunks
-  // of a few rows run at the full-size rate, and all pipelines and split
-  // counts run the same kernels.
-  p.gemms = ops::PackedGemmBSet(p.dtype, p.gemm);
-  p.coll = fused::OperatorCollectiveOptions(g, o);
-  p.timeout = o.timeout.count() > 0 ? o.timeout : g.timeout();
+  fused::FinishPlan(g, o, p);
   return p;
 }
 
@@ -441,7 +418,12 @@ void RunAllGatherMatmul(const Group& g, const Plan& p, const char* a_shard, cons
                         float* c, char* ag, bool want_ag, Pending& pend) {
   const int n = p.size, me = p.rank;
   const size_t row_bytes = p.k * p.esize;
-  if (p.pipeline == Pipeline::kSerial || n == 1) {
+  if (n == 1) {  // the shard is the whole A: no communication
+    if (want_ag && p.M * row_bytes > 0) std::memcpy(ag, a_shard, p.M * row_bytes);
+    RunGemm(p, p.M, p.k, a_shard, b, c);
+    return;
+  }
+  if (p.pipeline == Pipeline::kSerial) {
     std::vector<size_t> counts(n), displs(n);
     for (int r = 0; r < n; ++r) {
       counts[r] = p.rows[r] * row_bytes;
@@ -630,7 +612,11 @@ void RunMatmulReduceScatter(const Group& g, const Plan& p, const char* a, const 
                             float* c, Pending& pend) {
   const int n = p.size, me = p.rank;
   const size_t row_bytes = p.k * p.esize;
-  if (p.pipeline == Pipeline::kSerial || n == 1) {
+  if (n == 1) {  // the own block is the whole product: no communication
+    GemmOrZero(p, p.M, a, b, c);
+    return;
+  }
+  if (p.pipeline == Pipeline::kSerial) {
     Scratch<float> full(p.M * p.n);
     GemmOrZero(p, p.M, a, b, full.data());
     std::vector<size_t> counts(n);
@@ -672,7 +658,7 @@ void RunMatmulAllReduce(const Group& g, const Plan& p, const char* a, const char
   const size_t row_bytes = p.k * p.esize;
   if (p.pipeline == Pipeline::kSerial || n == 1) {
     GemmOrZero(p, p.M, a, b, c);
-    if (p.M * p.n > 0) {
+    if (p.M * p.n > 0 && n > 1) {
       pend.Add(AllReduce(g, c, c, p.M * p.n, DType::kF32, ReduceOp::kSum, p.coll));
       pend.WaitAll();
     }
@@ -725,7 +711,7 @@ Work AllGatherMatmul(const Group& g, const void* a_shard, size_t m_local, size_t
     char* ag = static_cast<char*>(gathered_a);
     // Serial and chunked gather into Ag whatever the caller wants; fused
     // reads peers' shards in place and fills Ag only when asked.
-    if (ag == nullptr && (p.pipeline != Pipeline::kFused || p.size == 1)) {
+    if (ag == nullptr && p.size > 1 && p.pipeline != Pipeline::kFused) {
       own.Resize(p.M * p.k * p.esize);
       ag = own.data();
     }

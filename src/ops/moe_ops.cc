@@ -211,11 +211,15 @@ MoeRouting MoeRoute(const Group& g, const int32_t* expert_ids, size_t num_tokens
   r.experts_per_rank = num_experts / P;
   r.topk = topk;
   r.num_tokens = num_tokens;
-  std::vector<uint64_t> matrix(size_t(P) * num_experts);
-  CollectiveOptions co;
-  co.timeout = timeout;
-  AllGather(g, mine.data(), matrix.data(), mine.size(), DType::kI64, co).Wait();
-  r.counts.assign(matrix.begin(), matrix.end());
+  if (P == 1) {
+    r.counts.assign(mine.begin(), mine.end());  // one rank: its counts are the matrix
+  } else {
+    std::vector<uint64_t> matrix(size_t(P) * num_experts);
+    CollectiveOptions co;
+    co.timeout = timeout;
+    AllGather(g, mine.data(), matrix.data(), mine.size(), DType::kI64, co).Wait();
+    r.counts.assign(matrix.begin(), matrix.end());
+  }
   // Stable counting sort of the routed slots by expert.
   std::vector<size_t> next(num_experts + 1, 0);
   for (int e = 0; e < num_experts; ++e) next[e + 1] = next[e] + mine[e];
@@ -279,23 +283,14 @@ const char* OpOfCode(uint64_t code) {
 }
 
 // One call's plan and the row layout of this rank (see the top comment).
-struct MoePlan {
+struct MoePlan : fused::PlanBase {
   const char* op;
-  int rank = 0, size = 1;
   int El = 0;  // local experts
   size_t E = 0;
   // Both directions move rows of dtype: the combine's expert products are
   // rounded to bf16 for bf16 operands (see the top of this file).
-  DType dtype = DType::kF32;
-  size_t esize = 4;
   // h: the hidden width (the MLP's first GEMM's); h2: the MLP's second.
   size_t d = 0, h = 0, h2 = 0;
-  Pipeline pipeline = Pipeline::kSerial;
-  int splits = 1;
-  GemmOptions gemm;
-  // Runs the call's GEMMs (on the calling thread), each expert's weights
-  // packed at their first product (ops::PackedGemmB).
-  mutable ops::PackedGemmBSet gemms;
   // Expert side: sub-block (p, le) has in_cnt[p El + le] rows, at row
   // in_src[p El + le] in source-major order and in_exp[p El + le] in
   // expert-grouped order; block p has in_blk[p] rows from row in_blk_off[p].
@@ -357,13 +352,7 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
   same("topk", [](const MoeMsg& m) { return m.topk; });
   same("routing fingerprint (routings of different batches?)",
        [](const MoeMsg& m) { return m.fingerprint; });
-  same("pipeline", [](const MoeMsg& m) { return m.pipeline_splits >> 32; });
-  same("splits", [](const MoeMsg& m) { return m.pipeline_splits & 0xffffffff; });
-  same("emulated link bandwidth (bytes/s)", [](const MoeMsg& m) { return m.link_bw; });
-  same(
-      "cost model inputs (MC2_OPS_TUNING_FILE, MC2_LINK or heap size: `auto` could choose "
-      "differently)",
-      [](const MoeMsg& m) { return m.model_hash; });
+  fused::RequireSameSettings(all, op, p.rank);
 
   const int P = p.size, me = p.rank;
   p.dtype = dtype;
@@ -450,9 +439,7 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
     p.pipeline = c.pipeline;
     p.splits = c.splits;
   }
-  if (p.pipeline == Pipeline::kSerial) p.splits = 1;
-  p.gemm = fused::OperatorGemmOptions(g, dtype, o);
-  p.gemms = ops::PackedGemmBSet(dtype, p.gemm);
+  fused::FinishPlan(g, o, p);
   return p;
 }
 
@@ -1042,39 +1029,68 @@ void MlpFused(const Group& g, const MoePlan& p, const MlpArgs& x, Pending& pend)
   WaitAllAfterOverlap(p, x.overlap, "moe_mlp.wait", pend);
 }
 
+// The sizes a MoE operator's arguments are checked with.
+struct MoeSizes {
+  size_t R, T, El, es;  // rows received, tokens, local experts, element size
+};
+
+// The routing check, then `checks(sizes)` (fused::ArgChecks of the
+// operator's operands): "" if fine, else the reason.
+template <typename Checks>
+std::string CheckMoeArgs(const Group& g, const MoeRouting& r, DType dtype, Checks&& checks) {
+  std::string err = CheckRouting(g, r);
+  if (!err.empty()) return err;
+  return checks(MoeSizes{r.num_received(), r.num_tokens, static_cast<size_t>(r.experts_per_rank),
+                         DTypeSize(dtype)});
+}
+
+// One MoE operator call after its own checks: the agreement and plan, then
+// `body(plan, overlap, pending)` under the common completion.
+template <typename Body>
+Work RunMoeOp(const Group& g, const char* op, const MoeRouting& routing, DType dtype, size_t d,
+              size_t h, size_t h2, const std::string& err, const FusedOptions& options,
+              FusedReport* report, Body&& body) {
+  MoePlan p = MakeMoePlan(g, op, routing, dtype, d, h, err, options, h2);
+  fused::OverlapWork overlap(options.overlap_work);
+  const double flops = op == kDispatchName  ? GemmFlops(p.R, p.h, p.d)
+                       : op == kCombineName ? GemmFlops(p.R, p.d, p.h)
+                                            : GemmFlops(p.R, p.h, p.d) + GemmFlops(p.R, p.d, p.h2);
+  return fused::CompleteOp(g, op, p.pipeline, p.splits, static_cast<uint64_t>(flops), report,
+                           overlap, [&](Pending& pend) { body(p, overlap, pend); });
+}
+
+// The send buffer: x's rows in send order (one copy of the routed tokens).
+void PackSendRows(const MoePlan& p, const MoeRouting& routing, const void* x, char* xs,
+                  const char* span) {
+  OpSpan pack(span, trace::Category::kHost, p.pipeline);
+  const size_t rb = p.d * p.esize;
+  const char* src = static_cast<const char*>(x);
+  for (size_t pos = 0; pos < p.S && rb > 0; ++pos) {
+    std::memcpy(xs + pos * rb, src + (routing.send_slots[pos] / routing.topk) * rb, rb);
+  }
+}
+
 }  // namespace
 
 Work AllToAllMatmul(const Group& g, const MoeRouting& routing, const void* x, size_t d,
                     const void* w, size_t h, DType dtype, float* y, void* dispatched_x,
                     const FusedOptions& options, FusedReport* report) {
-  std::string err = CheckRouting(g, routing);
-  if (err.empty()) {
-    const size_t R = routing.num_received(), T = routing.num_tokens, es = DTypeSize(dtype);
-    const size_t El = static_cast<size_t>(routing.experts_per_rank);
-    err =
-        fused::ArgChecks(dtype, options,
-                         {{"x (num_tokens x d)", {T, d, es}},
-                          {"w (experts_per_rank x d x h)", {El, d, h, es}},
-                          {"y (received rows x h)", {R, h, sizeof(float)}},
-                          {"the dispatched x (received rows x d)", {R, d, es}}},
-                         {x == nullptr && T > 0 && d > 0, w == nullptr && El > 0 && d > 0 && h > 0,
-                          y == nullptr && R > 0 && h > 0});
-  }
-  MoePlan p = MakeMoePlan(g, kDispatchName, routing, dtype, d, h, err, options);
-  fused::OverlapWork overlap(options.overlap_work);
-  return fused::CompleteOp(
-      g, kDispatchName, p.pipeline, p.splits, static_cast<uint64_t>(GemmFlops(p.R, p.h, p.d)),
-      report, overlap, [&](Pending& pend) {
+  std::string err = CheckMoeArgs(g, routing, dtype, [&](const MoeSizes& z) {
+    return fused::ArgChecks(
+        dtype, options,
+        {{"x (num_tokens x d)", {z.T, d, z.es}},
+         {"w (experts_per_rank x d x h)", {z.El, d, h, z.es}},
+         {"y (received rows x h)", {z.R, h, sizeof(float)}},
+         {"the dispatched x (received rows x d)", {z.R, d, z.es}}},
+        {x == nullptr && z.T > 0 && d > 0, w == nullptr && z.El > 0 && d > 0 && h > 0,
+         y == nullptr && z.R > 0 && h > 0});
+  });
+  return RunMoeOp(
+      g, kDispatchName, routing, dtype, d, h, 0, err, options, report,
+      [&](const MoePlan& p, fused::OverlapWork& overlap, Pending& pend) {
         const size_t rb = p.d * p.esize;
         fused::Scratch<char> xs(p.S * rb), xr(p.R * rb), own_dx;
-        {
-          OpSpan pack("all_to_all_matmul.pack", trace::Category::kHost, p.pipeline);
-          const char* src = static_cast<const char*>(x);
-          for (size_t pos = 0; pos < p.S && rb > 0; ++pos) {
-            std::memcpy(xs.data() + pos * rb, src + (routing.send_slots[pos] / routing.topk) * rb,
-                        rb);
-          }
-        }
+        PackSendRows(p, routing, x, xs.data(), "all_to_all_matmul.pack");
         DispatchArgs a{static_cast<const char*>(w),
                        y,
                        static_cast<char*>(dispatched_x),
@@ -1100,24 +1116,19 @@ Work AllToAllMatmul(const Group& g, const MoeRouting& routing, const void* x, si
 Work MatmulAllToAll(const Group& g, const MoeRouting& routing, const void* hidden, size_t h,
                     const void* w, size_t d, DType dtype, float* out, const float* probs,
                     const FusedOptions& options, FusedReport* report) {
-  std::string err = CheckRouting(g, routing);
-  if (err.empty()) {
-    const size_t R = routing.num_received(), T = routing.num_tokens, es = DTypeSize(dtype);
-    const size_t El = static_cast<size_t>(routing.experts_per_rank);
-    err = fused::ArgChecks(
+  std::string err = CheckMoeArgs(g, routing, dtype, [&](const MoeSizes& z) {
+    return fused::ArgChecks(
         dtype, options,
-        {{"hidden (received rows x h)", {R, h, es}},
-         {"w (experts_per_rank x h x d)", {El, h, d, es}},
-         {"the expert outputs (received rows x d)", {R, d, sizeof(float)}},
-         {"out (num_tokens x d)", {T, d, sizeof(float)}}},
-        {hidden == nullptr && R > 0 && h > 0, w == nullptr && El > 0 && d > 0 && h > 0,
-         out == nullptr && T > 0 && d > 0});
-  }
-  MoePlan p = MakeMoePlan(g, kCombineName, routing, dtype, d, h, err, options);
-  fused::OverlapWork overlap(options.overlap_work);
-  return fused::CompleteOp(
-      g, kCombineName, p.pipeline, p.splits, static_cast<uint64_t>(GemmFlops(p.R, p.d, p.h)),
-      report, overlap, [&](Pending& pend) {
+        {{"hidden (received rows x h)", {z.R, h, z.es}},
+         {"w (experts_per_rank x h x d)", {z.El, h, d, z.es}},
+         {"the expert outputs (received rows x d)", {z.R, d, sizeof(float)}},
+         {"out (num_tokens x d)", {z.T, d, sizeof(float)}}},
+        {hidden == nullptr && z.R > 0 && h > 0, w == nullptr && z.El > 0 && d > 0 && h > 0,
+         out == nullptr && z.T > 0 && d > 0});
+  });
+  return RunMoeOp(
+      g, kCombineName, routing, dtype, d, h, 0, err, options, report,
+      [&](const MoePlan& p, fused::OverlapWork& overlap, Pending& pend) {
         fused::Scratch<char> ys(p.R * p.d * p.esize), yr(p.S * p.d * p.esize);
         CombineArgs a{static_cast<const char*>(hidden), static_cast<const char*>(w), ys.data(),
                       yr.data(), &overlap};
@@ -1136,42 +1147,30 @@ Work MoeMlp(const Group& g, const MoeRouting& routing, const void* x, size_t d, 
             size_t h1, const MoeActivation& act, size_t h2, const void* w2, DType dtype,
             float* out, const float* probs, const MoeMlpSaved& saved, const FusedOptions& options,
             FusedReport* report) {
-  std::string err = CheckRouting(g, routing);
-  if (err.empty()) {
-    const size_t R = routing.num_received(), T = routing.num_tokens, es = DTypeSize(dtype);
-    const size_t El = static_cast<size_t>(routing.experts_per_rank);
-    err = fused::ArgChecks(
+  std::string err = CheckMoeArgs(g, routing, dtype, [&](const MoeSizes& z) {
+    return fused::ArgChecks(
         dtype, options,
-        {{"x (num_tokens x d)", {T, d, es}},
-         {"w1 (experts_per_rank x d x h1)", {El, d, h1, es}},
-         {"w2 (experts_per_rank x h2 x d)", {El, h2, d, es}},
-         {"the hidden rows (received rows x h1)", {R, h1, sizeof(float)}},
-         {"the hidden rows (received rows x h2)", {R, h2, sizeof(float)}},
-         {"the dispatched x (received rows x d)", {R, d, sizeof(float)}},
-         {"out (num_tokens x d)", {T, d, sizeof(float)}}},
-        {x == nullptr && T > 0 && d > 0, w1 == nullptr && El > 0 && d > 0 && h1 > 0,
-         w2 == nullptr && El > 0 && h2 > 0 && d > 0, out == nullptr && T > 0 && d > 0});
-  }
+        {{"x (num_tokens x d)", {z.T, d, z.es}},
+         {"w1 (experts_per_rank x d x h1)", {z.El, d, h1, z.es}},
+         {"w2 (experts_per_rank x h2 x d)", {z.El, h2, d, z.es}},
+         {"the hidden rows (received rows x h1)", {z.R, h1, sizeof(float)}},
+         {"the hidden rows (received rows x h2)", {z.R, h2, sizeof(float)}},
+         {"the dispatched x (received rows x d)", {z.R, d, sizeof(float)}},
+         {"out (num_tokens x d)", {z.T, d, sizeof(float)}}},
+        {x == nullptr && z.T > 0 && d > 0, w1 == nullptr && z.El > 0 && d > 0 && h1 > 0,
+         w2 == nullptr && z.El > 0 && h2 > 0 && d > 0, out == nullptr && z.T > 0 && d > 0});
+  });
   if (err.empty() && !act && h1 != h2) {
     err = "act is null (the identity), so h2 (" + Str(h2) + ") must equal h1 (" + Str(h1) + ")";
   }
-  MoePlan p = MakeMoePlan(g, kMlpName, routing, dtype, d, h1, err, options, h2);
-  fused::OverlapWork overlap(options.overlap_work);
-  const auto flops = static_cast<uint64_t>(GemmFlops(p.R, p.h, p.d) + GemmFlops(p.R, p.d, p.h2));
-  return fused::CompleteOp(
-      g, kMlpName, p.pipeline, p.splits, flops, report, overlap, [&](Pending& pend) {
+  return RunMoeOp(
+      g, kMlpName, routing, dtype, d, h1, h2, err, options, report,
+      [&](const MoePlan& p, fused::OverlapWork& overlap, Pending& pend) {
         const size_t rb = p.d * p.esize;
         fused::Scratch<char> xs(p.S * rb), xr(p.R * rb), ys(p.R * rb), yr(p.S * rb), own_dx,
             own_hidden;
         fused::Scratch<float> own_y1, act_out;
-        {
-          OpSpan pack("moe_mlp.pack", trace::Category::kHost, p.pipeline);
-          const char* src = static_cast<const char*>(x);
-          for (size_t pos = 0; pos < p.S && rb > 0; ++pos) {
-            std::memcpy(xs.data() + pos * rb, src + (routing.send_slots[pos] / routing.topk) * rb,
-                        rb);
-          }
-        }
+        PackSendRows(p, routing, x, xs.data(), "moe_mlp.pack");
         MlpArgs a{static_cast<const char*>(w1),
                   static_cast<const char*>(w2),
                   &act,
