@@ -199,9 +199,8 @@ GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int
   arrive_slot_stage_bytes_ = world_->oversubscribed ? kArriveSlotStageBytes : kArriveStageBytes;
   // Touch every page of every member's flags and inline slots now, once.
   // Otherwise each page is touched first inside an operation, and on a VM
-  // such a first access costs ~10 us: the first slots() small operations of
-  // every group (inline slot seq % slots()) took 7-25 us instead of 0.3-0.7
-  // (`mc2 bench all_reduce -w 5` showed it as a slow first size).
+  // such a first access costs many times a small operation: the first
+  // slots() small operations of every group would be slow.
   // madvise(MADV_POPULATE_READ / _WRITE) did not remove that cost here; a
   // read of one byte per page does. The read is atomic (relaxed), since a
   // peer may be writing the same line. Only where ranks are processes: the
@@ -372,7 +371,7 @@ void GroupImpl::WaitArrival(OpContext& ctx, int grank, const Fingerprint& fp, co
                             size_t bytes) {
   if (grank == rank_) return;
   // The flag is read here directly, as Peek would (the flags are words of
-  // the mapped heap; the virtual call cost ~0.03 us per call, measured).
+  // the mapped heap; the virtual call is a measurable part of a small call).
   // A flag already set needs no wait context: the common case of a small
   // call skips building one (its std::function) and the virtual WaitGE.
   const auto* flag = reinterpret_cast<const uint64_t*>(Ptr(grank, ArriveOff(ctx.seq)));

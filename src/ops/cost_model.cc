@@ -474,9 +474,8 @@ Choice ChoosePipeline(const CostParams& params, const Environment& env, const Pr
   // The second error is the cost of a pipeline step, which the tuning
   // measures on raw shared memory: under link emulation every step whose
   // GEMM waits for a delayed flag also pays the delivery's and the
-  // waiter's wake-ups, which grow with the load of the host (measured in
-  // `mc2 bench ops --splits sweep`: 0.3-1 ms per fused step on this VM
-  // with builds running, against the tuned 20 us). A fourth scenario
+  // waiter's wake-ups, which grow with the load of the host and can exceed
+  // the tuned step cost many times over. A fourth scenario
   // charges every step `link_step_risk_s` more, so that of a flat optimum
   // (s = 4 and s = 16 predicted alike) the fewer steps win.
   constexpr double kScale[] = {1.0, 0.6, 1.6};

@@ -95,17 +95,15 @@ struct CostParams {
   // Under link emulation, each dependent flag hop of a collective (a ring
   // step waiting for the previous one) also pays the delivery thread's and
   // the waiter's wake-ups (docs/link-emulation.md: a delayed flag appears
-  // 50-150 us late on an idle host, more when the cores are busy). Charged
+  // late, later when the cores are busy). Charged
   // per hop to the chunked pipeline's s collectives; the fused pipeline's
   // transfers do not depend on each other, so it pays this once.
   double link_hop_s = 500e-6;
   // Under link emulation, how much more a pipeline step may cost than the
   // model says (wake-ups of delayed flags on a busy host): ChoosePipeline
   // prefers candidates that stay near the best with this added per step,
-  // a quarter of it when every rank has a core of its own. (1 ms until the
-  // operators packed B once per call: each chunk's GEMM re-laid all of B
-  // out, a per-step cost this also covered; with 1 ms auto then ran
-  // all_gather_matmul at 2 ranks with s=4, 1.07x the best s=16.)
+  // a quarter of it when every rank has a core of its own; a larger risk
+  // keeps s below the flat optimum of larger s.
   double link_step_risk_s = 0.5e-3;
   // Fraction of the cpu part of communication that hides behind GEMMs,
   // when there are at least as many ranks as cores, and when there are

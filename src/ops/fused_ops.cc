@@ -77,9 +77,7 @@
 //
 // GEMMs. Every pipeline multiplies by B packed once per call
 // (ops::PackedGemmB): given plain B, oneDNN re-lays all of B out on every
-// call (2048 x 1024 f32, k = 2048, one core: 64-row chunks took 56 ms in
-// all, packed 46 ms, one 2048-row GEMM 48 ms), which made fused s=8 at 4
-// ranks (32 GEMMs of 64 rows) 25% slower than serial on raw shm.
+// call, which made many small chunk GEMMs slower than one large one.
 //
 // Determinism: row blocks of a oneDNN product (one thread) are bitwise the
 // rows of the full product, and every reduction is ReduceTree over ranks
@@ -484,15 +482,8 @@ void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, cons
   // Chunk j of a block starts at row chunk_lo(rows, j). For an all-reduce
   // the last chunk is half as tall as the others: the call ends with that
   // chunk's reduction and its hand-off to n - 1 peers, one after another
-  // on the owner's port, which nothing overlaps. Side by side at 4 ranks
-  // (bench ops matmul_all_reduce, M=2048 K=2048 N=1024, EMULATED bw=220
-  // and 270 MB/s, s = 2-4, 5 runs of each): the confirmed best 100-104 ms
-  // against 103-104 ms (220) and 99 against 102-104 ms (270); a third-size
-  // last chunk measured no better. At 2 ranks (one hand-off ends the call)
-  // it makes s = 2-4 slower (taller other chunks, a longer first GEMM) but
-  // s = 8-16 faster: 8 alternating pairs at EMULATED 190 and 205 MB/s,
-  // fused s = 4-16, confirmed best 50.4 ms on average against 51.6, 6
-  // pairs of 8 faster (docs/benchmarks.md, session 13).
+  // on the owner's port, which nothing overlaps: a shorter last chunk
+  // shortens that exposed tail (a third-size one gained nothing more).
   const bool short_tail = all_gather;
   auto chunk_lo = [s, short_tail](size_t rows, int j) -> size_t {
     if (!short_tail) return ChunkLo(rows, j, s);
@@ -582,11 +573,9 @@ void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, cons
   // round late, after the partial of chunk j+1: when it is done the peer's
   // partial for it left a whole GEMM earlier and has landed, so it is
   // reduced (and handed out) at once, and the call ends with the last
-  // chunk's reduction and hand-off only, not also the peer's last transfer
-  // (matmul_all_reduce, emulated balanced link, s=4: 58.7 ms against 64.5
-  // ms in order). With more ranks the delay piles the all-gather hand-offs
-  // (to n-1 peers each) into the end of the call instead: at 4 ranks, s=2,
-  // in order was 125-136 ms against 124-148 ms delayed, so they go in order.
+  // chunk's reduction and hand-off only, not also the peer's last transfer.
+  // With more ranks the delay piles the all-gather hand-offs (to n-1 peers
+  // each) into the end of the call instead, so they go in order.
   const bool own_late = n == 2;
   for (int j = 0; j < s; ++j) {
     for (int i = 1; i < n; ++i) {

@@ -46,10 +46,9 @@
 //             interleave them and make every block arrive late) and the
 //             rank whose GEMMs are longest gets its rows earliest. A rank
 //             multiplies its own block first, then the chunks as they
-//             arrive, the earliest due first.
-//             (Until 2026-12 the order was a ring, block r+i at step i: at
-//             4 ranks with skewed experts the busiest rank waited 9 of its
-//             37 ms dispatch for rows from ranks that reached it late.)
+//             arrive, the earliest due first. (A ring order, block r+i at
+//             step i, makes the busiest rank wait for rows from ranks that
+//             reach it late when experts are skewed.)
 // MatmulAllToAll (hidden [R x h] expert-grouped -> out [T x d]):
 //   serial    one GEMM per expert, sort to source-major, the all-to-all-v
 //             back to send order (Yr), combine.
@@ -76,7 +75,7 @@
 //             rest at the end: other ranks' rows go first, as their
 //             results must travel and the own rows need no transfer
 //             (own rows first, as the dispatch does, would hold every
-//             return behind the own GEMMs; not measured side by side).
+//             return behind the own GEMMs).
 //             The chunks of one block are done in order, as the owner
 //             matches them in order.
 //   In both, the combine's receives are all posted up front.
@@ -1019,9 +1018,7 @@ void MlpFused(const Group& g, const MoePlan& p, const MlpArgs& x, Pending& pend)
   PostCombineReceives(g, p, x, pend);
   // Results are sent as soon as they are done, queued behind any dispatch
   // block posted before them. (Holding them until this rank had posted all
-  // its dispatch blocks, which feed other ranks' GEMMs, measured the same:
-  // 4 ranks, emulated 105 MB/s, bench ops moe_mlp: best 108-110 ms either
-  // way.)
+  // its dispatch blocks, which feed other ranks' GEMMs, gains nothing.)
   RunFusedDispatch(
       g, p, x.xs, x.xr, "moe_mlp.wait", x.overlap, pend,
       [&](size_t lo, size_t hi) { MlpOwnRows(p, x, lo, hi); },
