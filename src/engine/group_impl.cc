@@ -144,7 +144,7 @@ P2PEngine& World::P2P() {
   return *p2p;
 }
 
-size_t GroupImpl::DefaultScratchBytes() {
+size_t ControlArea::DefaultScratchBytes() {
   static const size_t bytes = [] {
     size_t b = core::EnvBytes("MC2_SCRATCH_BYTES", size_t{2} << 20);
     MC2_CHECK_ARG(b >= 4096 && b % 64 == 0,
@@ -155,19 +155,19 @@ size_t GroupImpl::DefaultScratchBytes() {
   return bytes;
 }
 
-uint64_t GroupImpl::SlotsFor(bool oversubscribed) {
+uint64_t ControlArea::SlotsFor(bool oversubscribed) {
   return oversubscribed ? kSlots : kDedicatedSlots;
 }
 
-size_t GroupImpl::FixedBytes(int size) {
+size_t ControlArea::FixedBytes(int size) {
   return (kP2POff + static_cast<size_t>(size) * 64 + 4095) / 4096 * 4096;
 }
 
-size_t GroupImpl::AreaBytes(int size, uint64_t slots, size_t scratch_bytes) {
+size_t ControlArea::AreaBytes(int size, uint64_t slots, size_t scratch_bytes) {
   return FixedBytes(size) + slots * kInlineBytes + 2 * scratch_bytes;
 }
 
-void GroupImpl::ClearArea(char* area, int size, uint64_t slots) {
+void ControlArea::ClearArea(char* area, int size, uint64_t slots) {
   const size_t fixed = FixedBytes(size);
   // The fixed part holds flags that peers may already be polling (the world
   // group's area has a known offset, so a fast peer's Arrive reads ours

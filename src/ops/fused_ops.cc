@@ -39,35 +39,28 @@
 //            chunk of a block is half as tall as the others (its
 //            hand-offs end the call).
 //
-// The fused pipeline. Each group has an operator workspace in the symmetric
-// heap (Workspace, cached in GroupImpl::ops_state, grown when a call needs
-// more): a data area, and per member 2 x n signal words (one 64-byte line
-// each), where word (phase, src) of rank d counts the chunks src handed to
-// d in that phase, over all calls (monotonic: never reset). A transfer is
-// one-sided: the producer writes the chunk into its own workspace (the
-// GEMM's output goes straight there; AllGatherMatmul's shard is copied
-// there by the progress thread while the caller multiplies its own shard),
-// then bumps the consumer's signal word with RemoteAdd declaring the
-// chunk's bytes. Under link emulation that bump is delivered only at the
-// modeled completion of the transfer on the producer's egress port
-// (transport/link_emulation.h: per-port serialization, in posting order),
-// by the link's delivery thread, so the caller goes on multiplying while
-// the "transfer" runs; without emulation it is immediate. The consumer
-// reads the chunk in place from the producer's workspace (a zero-copy Get
-// over shared memory: the GEMM or ReduceTree reads it directly) once its
-// signal word reached the expected count. Waiting is Transport::WaitGE:
-// a short spin, then a futex sleep (no CPU burnt), with the health checks
-// that turn a dead or aborted peer into an error within the timeout.
+// The fused pipeline runs over the group's channel (engine/channel.h): a
+// window of symmetric memory per rank and two phases of notification
+// counters. A transfer is one-sided: the producer writes the chunk into its
+// own window (the GEMM's output goes straight there; AllGatherMatmul's
+// shard is copied there by the progress thread, Channel::Async, while the
+// caller multiplies its own shard), then notifies the consumer with the
+// chunk's offset and bytes. Under link emulation the notification arrives
+// only at the modeled completion of the transfer on the producer's egress
+// port, so the caller goes on multiplying while the "transfer" runs. The
+// consumer waits for the count (a short spin, then a sleep, with the health
+// checks that turn a dead or aborted peer into an error within the
+// timeout) and reads the chunk in place through Channel::View (zero copy
+// over shared memory: the GEMM or ReduceTree reads it directly).
 //
-// Reuse safety. A rank overwrites its workspace only in a later call, and
-// every call starts with the all-gather of ShapeMsgs, which no rank passes
+// Reuse safety. A rank overwrites its window only in a later call, and
+// every call starts with the agreement exchange, which no rank passes
 // before every rank has entered the call, i.e. has returned from the
 // previous one, having read everything it was handed. Within a call no
-// region is written twice. Signal targets are cumulative per (phase, src),
-// kept by each consumer (Workspace::landed), so no reset is ever needed. A
-// call that fails with a communication error aborts the world (the
-// counters are then out of step and the world unusable, as after any
-// failed collective).
+// region is written twice. Counters are cumulative (Channel::Consumed), so
+// no reset is ever needed. A call that fails with a communication error
+// aborts the world (the counters are then out of step and the world
+// unusable, as after any failed collective).
 //
 // Cost of fused per rank: AllGatherMatmul hands out (n-1) m_r k bytes on
 // its port (its shard to each peer) and copies m_r k; MatmulReduceScatter
@@ -471,7 +464,7 @@ void RunAllGatherMatmul(const Group& g, const Plan& p, const char* a_shard, cons
 // `all_gather` (MatmulAllReduce), `out` is C [M x n] and every reduced chunk
 // is also handed to every peer, which copies it into its C.
 //
-// Workspace of rank r: the partials it makes for each other rank d, in rank
+// Window of rank r: the partials it makes for each other rank d, in rank
 // order ((M - rows[r]) n floats), then (all_gather) its reduced block
 // (rows[r] n floats).
 void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, const char* b,

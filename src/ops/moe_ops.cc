@@ -24,10 +24,10 @@
 //
 // Every pipeline moves rows over the engine's two-sided messages in its
 // internal tag space (engine/channel.h: Channel::Send / Recv, never matched
-// by a user's Recv), one message per (peer, chunk), so that they all pay for the same
-// transport, and so that link emulation, which charges point-to-point
-// chunks but not the direct all-to-all collective (docs/link-emulation.md),
-// times them alike.
+// by a user's Recv), one message per (peer, chunk), so that they all pay
+// for the same path, and so that link emulation, which charges
+// point-to-point chunks but not the direct all-to-all collective
+// (docs/link-emulation.md), times them alike.
 //
 // AllToAllMatmul (x [T x d] -> y [R x h] expert-grouped):
 //   pack      x rows in send order into Xs (S rows: one copy of the routed
