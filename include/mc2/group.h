@@ -123,12 +123,12 @@ class Group {
   uint64_t ReadSignal(int slot) const;
 
   // Tagged point-to-point messages. A Send matches the Recv with the same
-  // (source, tag) posted in the same order; sizes must match exactly. Tags
-  // are >= 0 (a negative tag throws kInvalidArgument); the library's own
-  // messages (the fused operators') use a separate tag space, so they never
-  // match a user's Send or Recv.
+  // (source, tag) posted in the same order; sizes must match exactly.
   Work Send(const void* data, size_t bytes, int peer, int tag = 0) const;
   Work Recv(void* data, size_t bytes, int peer, int tag = 0) const;
+  // Tags are >= 0 (a negative tag throws kInvalidArgument): the library's
+  // own messages (the fused operators') use a tag space of their own, so
+  // they never match a user's Send or Recv.
 
   internal::GroupImpl* impl() const { return impl_.get(); }
   explicit Group(std::shared_ptr<internal::GroupImpl> impl) : impl_(std::move(impl)) {}

@@ -338,20 +338,20 @@ uint64_t Group::ReadSignal(int slot) const {
 
 Work Group::Send(const void* data, size_t bytes, int peer, int tag) const {
   MC2_CHECK_ARG(impl_, "Send on an invalid (empty) group");
+  MC2_CHECK_ARG(tag >= 0, "Send: tag {} is negative (user tags are ints >= 0)", tag);
   MC2_CHECK_ARG(peer >= 0 && peer < size() && peer != rank(),
                 "Send: peer {} must be another rank in [0, {})", peer, size());
   MC2_CHECK_ARG(data || bytes == 0, "Send: null buffer with {} bytes", bytes);
-  MC2_CHECK_ARG(tag >= 0, "Send: tag {} is negative (user tags are ints >= 0)", tag);
   return impl_->world().P2P().Post(impl_, true, static_cast<char*>(const_cast<void*>(data)),
                                    bytes, peer, tag);
 }
 
 Work Group::Recv(void* data, size_t bytes, int peer, int tag) const {
   MC2_CHECK_ARG(impl_, "Recv on an invalid (empty) group");
+  MC2_CHECK_ARG(tag >= 0, "Recv: tag {} is negative (user tags are ints >= 0)", tag);
   MC2_CHECK_ARG(peer >= 0 && peer < size() && peer != rank(),
                 "Recv: peer {} must be another rank in [0, {})", peer, size());
   MC2_CHECK_ARG(data || bytes == 0, "Recv: null buffer with {} bytes", bytes);
-  MC2_CHECK_ARG(tag >= 0, "Recv: tag {} is negative (user tags are ints >= 0)", tag);
   return impl_->world().P2P().Post(impl_, false, static_cast<char*>(data), bytes, peer, tag);
 }
 
