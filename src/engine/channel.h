@@ -15,7 +15,8 @@
 // Works as follows (rank p produces, rank c consumes, one phase):
 //   1. Every member calls Begin(bytes) with the same size (the size follows
 //      from the operator's agreed plan); if the window is smaller, every
-//      member re-allocates it at once (a collective step).
+//      member re-allocates it at once (a collective step: the old window
+//      is free, as every member has finished the previous call).
 //   2. p writes the chunk into its own window (Window() + offset), then
 //      calls Notify(c, phase, offset, bytes). The notification bumps the
 //      counter (phase, p) of c by one. Under link emulation the bump is
@@ -117,9 +118,10 @@ class Channel {
   Channel& operator=(const Channel&) = delete;
 
   // Starts a call that uses `window_bytes` of window per rank. Collective
-  // when the window must grow (every member passes the same size, so every
-  // member grows alike); throws kShmExhausted on every rank when the heap
-  // cannot hold it, leaving the channel as it was.
+  // on the group's first call (the counters are allocated) and when the
+  // window must grow (every member passes the same size and has the same
+  // history, so every member grows alike; a group of one rank grows alone);
+  // throws kShmExhausted on every rank when the heap cannot hold it.
   void Begin(size_t window_bytes, const CallInfo& info);
 
   // This rank's window (at least the bytes passed to Begin).
