@@ -62,6 +62,9 @@ void Channel::Begin(size_t window_bytes, const CallInfo& info) {
     }
     return;
   }
+  // At least a page, so that every member's window has an address even in
+  // a call that moves nothing (its views are still formed).
+  window_bytes = std::max<size_t>(window_bytes, 4096);
   if (counters_.size() == 0) {
     Group g(g_->shared_from_this());
     SymmetricBuffer counters = g.AllocSymmetric(kPhases * g_->size() * kLine);
@@ -75,9 +78,7 @@ void Channel::Begin(size_t window_bytes, const CallInfo& info) {
 
 void Channel::Grow(size_t bytes) {
   Group g(g_->shared_from_this());
-  // At least a page, so that every member's window has an address; grow
-  // geometrically (fewer collective re-allocations), within the heap.
-  bytes = std::max<size_t>(bytes, 4096);
+  // Grow geometrically (fewer collective re-allocations), within the heap.
   size_t want = std::max(bytes, std::min(window_.size() * 2, heap_bytes() / 4));
   want = (want + 4095) & ~size_t{4095};
   window_ = SymmetricBuffer();  // every member is past its last call: free

@@ -72,6 +72,36 @@ TEST(Channel, ViewIsThePeersWindowMappedInPlace) {
   });
 }
 
+// A group's first call may move nothing (an empty product): its window
+// still exists on every member, so the views the pipeline forms are the
+// peers' windows, not garbage.
+TEST(Channel, AnEmptyFirstCallStillHasWindows) {
+  Group::RunInProcess(3, [](Group& g) {
+    Channel& ch = Channel::Of(g);
+    ch.Begin(0, {});
+    ASSERT_NE(ch.Window(), nullptr);
+    std::vector<const char*> windows(3);
+    const char* mine = ch.Window();
+    AllGather(g, &mine, windows.data(), sizeof(mine), DType::kU8).Wait();
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(ch.View(r, 0, 0), windows[r]);
+  });
+}
+
+// Regression: a fused operator whose first call on a group has an empty
+// product (n = 0), then one that moves data.
+TEST(Channel, FusedCallsAfterAnEmptyFirstCall) {
+  Group::RunInProcess(2, [](Group& g) {
+    FusedOptions o;
+    o.pipeline = Pipeline::kFused;
+    o.splits = 2;
+    std::vector<float> a(8 * 4, 1.0f), b(4 * 3, 1.0f), c(8 * 3, -1.0f);
+    MatmulAllReduce(g, a.data(), 8, 4, b.data(), 0, DType::kF32, c.data(), o).Wait();
+    MatmulAllReduce(g, a.data(), 8, 4, b.data(), 3, DType::kF32, c.data(), o).Wait();
+    // Every entry sums 4 products of ones on each of the 2 ranks.
+    for (float v : c) EXPECT_EQ(v, 8.0f);
+  });
+}
+
 TEST(Channel, AMissingChunkTimesOutNamingIt) {
   WorldOptions wo;
   wo.timeout = std::chrono::milliseconds(300);
