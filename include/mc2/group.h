@@ -130,6 +130,9 @@ class Group {
   // space, throws kInvalidArgument.
   Work Send(const void* data, size_t bytes, int peer, int tag = 0) const;
   Work Recv(void* data, size_t bytes, int peer, int tag = 0) const;
+  // Tags are >= 0 (a negative tag throws kInvalidArgument): the library's
+  // own messages (the fused operators') use a tag space of their own, so
+  // they never match a user's Send or Recv.
 
   internal::GroupImpl* impl() const { return impl_.get(); }
   explicit Group(std::shared_ptr<internal::GroupImpl> impl) : impl_(std::move(impl)) {}

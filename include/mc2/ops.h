@@ -138,9 +138,10 @@ void ConvertBF16ToF32(const bf16* src, float* dst, size_t count);
 // mc2::Error(kMismatch) from the call, on EVERY rank: each call starts with a
 // small all-gather of every rank's shapes and options, checked identically
 // everywhere, so a bad argument on one rank fails all ranks instead of
-// hanging them. Every rank of the group must call the same operator in the
-// same order (like a collective). Calls on one group from one thread at a
-// time. Buffers are the caller's; they are only used during the call.
+// hanging them (a group of one rank runs no collective at all). Sizes whose
+// byte counts overflow size_t are invalid arguments, named in the error. Every rank of the group
+// must call the same operator in the same order (like a collective). Calls on one group from one
+// thread at a time. Buffers are the caller's; they are only used during the call.
 //
 // Determinism. In deterministic mode (Group::deterministic(), the default)
 // f32 GEMMs run on oneDNN (GemmBackend::kOneDNN, row-block invariant) and
@@ -303,13 +304,12 @@ enum class BatchB : uint8_t {
 // chunks > j move; fused = point-to-point transfers all posted at once (each
 // rank sends its shard to r+1, r+2, ... in that order): the own shard
 // first, then the shards of ranks r-1, r-2, ..., each cut into `splits`
-// chunks and multiplied chunk by chunk as they arrive; auto = fused when a rough
-// estimate says overlap pays (3/4 of min(compute, comm) beats ~5% GEMM
-// efficiency plus ~30 us per chunk and peer; comm at the emulated link's
-// bandwidth, else ~4 GB/s; src/ops/fused_common.h OverlapPays), with the
-// chunk count the cost model's T(s) favours (ops::ChooseFusedSplits), else
-// serial. Under link emulation serial and chunked gather with the ring
-// algorithm (charged by the link).
+// chunks and multiplied chunk by chunk as they arrive; auto = the cost
+// model's choice between serial and fused at the chunk count its T(s)
+// favours (as for Pipeline::kAuto: fused only when predicted faster by a
+// margin, from the busiest rank's GEMM rows and port bytes). Under link
+// emulation serial and chunked gather with the ring algorithm (charged by
+// the link).
 Work AllGatherBatchMatmul(const Group& g, const void* a_shard, size_t batch, size_t m_local,
                           size_t k, const void* b, BatchB b_layout, size_t n, DType dtype,
                           float* c, void* gathered_a = nullptr, const FusedOptions& options = {},
@@ -399,10 +399,9 @@ MoeRouting MoeRoute(const Group& g, const int32_t* expert_ids, size_t num_tokens
 // as it arrives while chunks > j move; fused = every rank sends its blocks
 // (cut into `splits` chunks) one at a time, the rank with the most expert
 // rows first, and multiplies the own rows first, then each chunk as it
-// arrives while the others move; auto = fused when overlap pays (judged as
-// AllGatherBatchMatmul's, from the busiest rank's rows and port bytes),
-// with the chunk count that the cost model's T(s) favours for those rows
-// and bytes, else serial; the count matrix, link settings and operator
+// arrives while the others move; auto = the cost model's choice as for
+// AllGatherBatchMatmul, from the busiest rank's rows and port bytes; the
+// count matrix, link settings and operator
 // tuning are the same everywhere (checked), so is the choice.
 // FusedOptions::timeout does not apply
 // to the point-to-point messages (they use the group's timeout).
@@ -470,9 +469,9 @@ struct MoeMlpSaved {
 // dispatch of AllToAllMatmul's fused pipeline (one block per port at a
 // time, the busiest receiver's first), each chunk sent back as soon as
 // its GEMMs are done, the own rows (cut into `splits` parts) whenever no
-// chunk is there, and last; auto = fused when overlap pays,
-// from the busiest rank's rows (both GEMMs) and port bytes (both
-// directions), with the cost model's chunk count, else serial. Agreement
+// chunk is there, and last; auto = the cost model's choice as for
+// AllToAllMatmul, from the busiest rank's rows (both GEMMs) and port bytes
+// (both directions). Agreement
 // rules as AllToAllMatmul's; h1 and h2 must agree too.
 Work MoeMlp(const Group& g, const MoeRouting& routing, const void* x, size_t d, const void* w1,
             size_t h1, const MoeActivation& act, size_t h2, const void* w2, DType dtype,

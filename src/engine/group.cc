@@ -353,6 +353,7 @@ uint64_t Group::ReadSignal(int slot) const {
 
 Work Group::Send(const void* data, size_t bytes, int peer, int tag) const {
   MC2_CHECK_ARG(impl_, "Send on an invalid (empty) group");
+  MC2_CHECK_ARG(tag >= 0, "Send: tag {} is negative (user tags are ints >= 0)", tag);
   MC2_CHECK_ARG(peer >= 0 && peer < size() && peer != rank(),
                 "Send: peer {} must be another rank in [0, {})", peer, size());
   MC2_CHECK_ARG(data || bytes == 0, "Send: null buffer with {} bytes", bytes);
@@ -363,6 +364,7 @@ Work Group::Send(const void* data, size_t bytes, int peer, int tag) const {
 
 Work Group::Recv(void* data, size_t bytes, int peer, int tag) const {
   MC2_CHECK_ARG(impl_, "Recv on an invalid (empty) group");
+  MC2_CHECK_ARG(tag >= 0, "Recv: tag {} is negative (user tags are ints >= 0)", tag);
   MC2_CHECK_ARG(peer >= 0 && peer < size() && peer != rank(),
                 "Recv: peer {} must be another rank in [0, {})", peer, size());
   MC2_CHECK_ARG(data || bytes == 0, "Recv: null buffer with {} bytes", bytes);

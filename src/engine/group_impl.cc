@@ -13,6 +13,7 @@
 #include "core/enforce.h"
 #include "core/env.h"
 #include "core/log.h"
+#include "engine/channel.h"
 #include "mc2/collectives.h"
 #include "trace/recorder.h"
 
@@ -143,7 +144,7 @@ P2PEngine& World::P2P() {
   return *p2p;
 }
 
-size_t GroupImpl::DefaultScratchBytes() {
+size_t ControlArea::DefaultScratchBytes() {
   static const size_t bytes = [] {
     size_t b = core::EnvBytes("MC2_SCRATCH_BYTES", size_t{2} << 20);
     MC2_CHECK_ARG(b >= 4096 && b % 64 == 0,
@@ -154,19 +155,19 @@ size_t GroupImpl::DefaultScratchBytes() {
   return bytes;
 }
 
-uint64_t GroupImpl::SlotsFor(bool oversubscribed) {
+uint64_t ControlArea::SlotsFor(bool oversubscribed) {
   return oversubscribed ? kSlots : kDedicatedSlots;
 }
 
-size_t GroupImpl::FixedBytes(int size) {
+size_t ControlArea::FixedBytes(int size) {
   return (kP2POff + static_cast<size_t>(size) * 64 + 4095) / 4096 * 4096;
 }
 
-size_t GroupImpl::AreaBytes(int size, uint64_t slots, size_t scratch_bytes) {
+size_t ControlArea::AreaBytes(int size, uint64_t slots, size_t scratch_bytes) {
   return FixedBytes(size) + slots * kInlineBytes + 2 * scratch_bytes;
 }
 
-void GroupImpl::ClearArea(char* area, int size, uint64_t slots) {
+void ControlArea::ClearArea(char* area, int size, uint64_t slots) {
   const size_t fixed = FixedBytes(size);
   // The fixed part holds flags that peers may already be polling (the world
   // group's area has a known offset, so a fast peer's Arrive reads ours
@@ -198,9 +199,8 @@ GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int
   arrive_slot_stage_bytes_ = world_->oversubscribed ? kArriveSlotStageBytes : kArriveStageBytes;
   // Touch every page of every member's flags and inline slots now, once.
   // Otherwise each page is touched first inside an operation, and on a VM
-  // such a first access costs ~10 us: the first slots() small operations of
-  // every group (inline slot seq % slots()) took 7-25 us instead of 0.3-0.7
-  // (`mc2 bench all_reduce -w 5` showed it as a slow first size).
+  // such a first access costs many times a small operation: the first
+  // slots() small operations of every group would be slow.
   // madvise(MADV_POPULATE_READ / _WRITE) did not remove that cost here; a
   // read of one byte per page does. The read is atomic (relaxed), since a
   // peer may be writing the same line. Only where ranks are processes: the
@@ -371,7 +371,7 @@ void GroupImpl::WaitArrival(OpContext& ctx, int grank, const Fingerprint& fp, co
                             size_t bytes) {
   if (grank == rank_) return;
   // The flag is read here directly, as Peek would (the flags are words of
-  // the mapped heap; the virtual call cost ~0.03 us per call, measured).
+  // the mapped heap; the virtual call is a measurable part of a small call).
   // A flag already set needs no wait context: the common case of a small
   // call skips building one (its std::function) and the virtual WaitGE.
   const auto* flag = reinterpret_cast<const uint64_t*>(Ptr(grank, ArriveOff(ctx.seq)));

@@ -1,31 +1,6 @@
 // GroupImpl: the state of one communicator on one rank, and the building
-// blocks every algorithm uses (arrival with fingerprints, flags, scratch).
-//
-// Control area. Each member of a group owns an area in its heap, laid out
-// identically on every member (offsets below are relative to the area):
-//
-//   [arrive kSlots x 128 B][done 64 B][steps kNumStreams x 64 B]
-//   [signals 64 x 8 B][p2p: size x 64 B][inline slots() x kInlineBytes]
-//   [scratch 2 x scratch_bytes]
-//
-// Flags (arrive, done, steps, p2p words) are written only by their owner and
-// only increase, so waits are "peer flag >= target". A flag's value for
-// operation `seq` is FlagValue(seq, step): monotonic across operations.
-//
-// Reuse safety. Every operation ends by publishing done = seq (once; the
-// engine adds it if the body did not), and no rank writes the slots of
-// operation `seq` (arrive and inline, indexed by seq % slots(), slots() <=
-// kSlots) before every member's done >= seq - slots() (AwaitReuse), so a
-// slot is never overwritten while still being read. Most operations start with Arrive():
-// each rank publishes its fingerprint and buffer offsets in its arrive slot
-// and waits for all members to do the same, which also proves every member
-// finished seq - 2 (so AwaitReuse costs nothing after it). Eager
-// small-message operations (collectives/eager.cc) skip that full handshake:
-// a rank waits only for the peers whose data it needs, so a broadcast root
-// can run up to slots() operations ahead of its receivers, as MPI's eager
-// protocol lets a sender run ahead while its messages fit the buffers. User
-// buffers read in place by peers (symmetric zero-copy) are protected by
-// FinishReads()/WaitReadersDone() at the end of an operation.
+// blocks every algorithm uses: the arrival protocol (arrival.h) over the
+// group's control area (control_area.h), flags, staging and scratch.
 //
 // Thread safety: operations of one group are issued by one thread at a
 // time; their bodies run on the rank's progress thread (or inline).
@@ -36,17 +11,18 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <optional>
-#include <string>
 #include <span>
+#include <string>
 #include <vector>
 
-#include "engine/heap_allocator.h"
+#include "engine/arrival.h"
+#include "engine/control_area.h"
 #include "engine/p2p_engine.h"
-#include "engine/progress_engine.h"
 #include "engine/work_state.h"
+#include "engine/world.h"
 #include "mc2/group.h"
 #include "mc2/tensor.h"
 #include "mc2/work.h"
@@ -56,88 +32,8 @@ namespace mc2::internal {
 
 using transport::Clock;
 
-// What kind of operation a rank is in; part of the fingerprint.
-enum class OpKind : uint16_t {
-  kInit = 1,
-  kExchange,
-  kBarrier,
-  kAllReduce,
-  kReduce,
-  kBroadcast,
-  kAllGather,
-  kAllGatherV,
-  kGather,
-  kScatter,
-  kReduceScatter,
-  kReduceScatterV,
-  kAllToAll,
-  kAllToAllV,
-  kFused = 64,  // fused operators add their own kinds from here on
-};
-const char* OpKindName(OpKind kind);
-
-// Identifies an operation across ranks: every member must publish the same
-// fingerprint for the same sequence number, or the operation fails with
-// kMismatch on every rank before any data moves.
-struct Fingerprint {
-  uint16_t kind = 0;
-  uint8_t dtype = 0;
-  uint8_t op = 0;
-  int32_t root = -1;
-  uint64_t count = 0;  // elements (or bytes for byte-oriented operations)
-  uint64_t aux = 0;    // operation-specific (e.g. a hash of per-rank counts)
-  uint8_t algorithm = 0;  // mc2::Algorithm that runs it (ranks must agree)
-  bool operator==(const Fingerprint&) const = default;
-  std::string Describe() const;
-};
-
-// Marks a buffer that is not in the symmetric heap.
-inline constexpr uint64_t kPrivate = ~uint64_t{0};
-
-struct World {
-  std::unique_ptr<transport::Transport> transport;
-  std::unique_ptr<engine::HeapAllocator> heap;
-  std::chrono::nanoseconds timeout{};
-  bool deterministic = true;
-  // MC2_CHECK=1: strict mismatch checking (see GroupImpl::strict_check).
-  bool strict_check = false;
-  // More ranks than the host has CPUs, so ranks share cores: waits poll
-  // less before they yield, and eager ranks run further ahead.
-  bool oversubscribed = false;
-  // Operation slots every group of this world cycles through (<=
-  // GroupImpl::kSlots; see there). Every rank must use the same (init).
-  uint64_t slots = 0;
-  // Point-to-point progress, started by the first message.
-  P2PEngine& P2P();
-  std::once_flag p2p_once;
-  std::unique_ptr<P2PEngine> p2p;
-  // Last so that it is destroyed first: its thread may still use the rest.
-  std::unique_ptr<engine::ProgressEngine> engine;
-  ~World();
-};
-
-// The deleter of every World's shared_ptr. The last reference may go on the
-// world's own progress or point-to-point thread: a task or message that
-// outlived the caller's last handle of its group.
-void DestroyWorld(World* world);
-// Waits until every world DestroyWorld handed to a thread of its own is
-// gone. Runs at exit once there was one.
-void WaitForDeferredWorlds();
-
-// Published by each rank at the start of every operation. Eager
-// operations publish no buffer offsets; a small one stages its data in
-// their place (GroupImpl::StageOff), so all of it shares the flag's line.
-struct alignas(64) ArrivalSlot {
-  uint64_t seq;  // the flag: seq of the operation this slot describes
-  uint64_t send_off;
-  uint64_t recv_off;
-  uint64_t pad;
-  Fingerprint fp;
-};
-// One line: the next line of the arrive slot may hold a stage (StageOff).
-static_assert(sizeof(ArrivalSlot) <= 64);
-
 class GroupImpl;
+class Channel;  // engine/channel.h
 
 // Per-operation context handed to algorithm bodies.
 struct OpContext {
@@ -154,52 +50,12 @@ struct OpContext {
   std::span<uint64_t> send_off, recv_off;
 };
 
-class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
+class GroupImpl : public ControlArea, public std::enable_shared_from_this<GroupImpl> {
  public:
-  static constexpr int kNumStreams = 8;
-  static constexpr size_t kInlineBytes = 8192;
-  // Operation slots in the layout: at most how far an eager rank may run
-  // ahead. A world uses all of them when it has more ranks than CPUs, and
-  // kDedicatedSlots otherwise (World::slots, SlotsFor). Ranks that share a
-  // core switch less often the further they can run ahead: at 4 ranks on 2
-  // cores an 8 B broadcast took 0.62-0.82 us per call with 32 slots,
-  // 0.48-0.50 with 64, 0.37-0.52 with 128. With a core per rank the run
-  // ahead gains nothing, while each slot's lines are cold at their first
-  // use after the caller touched much memory: in `mc2 bench all_reduce -n 2
-  // -e 256M` the rows from 8 B in place to 32 B (20 calls each, medians of
-  // 6 runs) took 0.84-0.94 us a call with 128 slots, 0.55-0.57 with 32.
-  static constexpr uint64_t kSlots = 128;
-  static constexpr uint64_t kDedicatedSlots = 32;
-  static_assert((kSlots & (kSlots - 1)) == 0 && (kDedicatedSlots & (kDedicatedSlots - 1)) == 0,
-                "slots are indexed by a mask (Slot)");
-  static uint64_t SlotsFor(bool oversubscribed);
-  static constexpr size_t kArriveOff = 0;
-  // An arrive slot: the line of the flag (ArrivalSlot) and one line of
-  // stage (StageOff).
-  static constexpr size_t kArriveSlotBytes = 128;
-  static constexpr size_t kDoneOff = kArriveOff + kSlots * kArriveSlotBytes;
-  static constexpr size_t kStepsOff = kDoneOff + 64;
-  static constexpr size_t kSignalsOff = kStepsOff + kNumStreams * 64;
-  static constexpr size_t kP2POff = kSignalsOff + Group::kNumSignals * 8;
-
   // `area_offsets[i]`: heap offset of member i's control area.
   GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int rank,
             std::vector<uint64_t> area_offsets, size_t scratch_bytes);
   ~GroupImpl();
-
-  // Bytes of heap a group of `size` members needs for its control area in a
-  // world of `slots` operation slots (World::slots): the inline data of the
-  // unused slots is neither allocated nor cleared nor touched.
-  static size_t AreaBytes(int size, uint64_t slots, size_t scratch_bytes);
-  // Bytes of the fixed part of a control area for a group of `size`
-  // members (arrive slots, flags, signals, p2p lines), rounded up to whole
-  // pages: the inline slots follow it.
-  static size_t FixedBytes(int size);
-  // Zeroes the flags and inline areas of a control area at `area` (this
-  // rank's memory) for a group of `size` members; scratch needs no reset.
-  static void ClearArea(char* area, int size, uint64_t slots);
-  // Scratch per half used by new groups: MC2_SCRATCH_BYTES, default 2 MiB.
-  static size_t DefaultScratchBytes();
 
   World& world() const { return *world_; }
   const std::shared_ptr<World>& world_ptr() const { return world_; }
@@ -215,37 +71,9 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // times, and with slots() a run-time value each was a 64-bit division.
   uint64_t Slot(uint64_t seq) const { return seq & slot_mask_; }
   uint64_t ArriveOff(uint64_t seq) const { return kArriveOff + Slot(seq) * kArriveSlotBytes; }
-  static uint64_t StepOff(int stream) { return kStepsOff + stream * 64; }
-  static uint64_t SignalOff(int slot) { return kSignalsOff + slot * 8; }
   uint64_t P2POff(int peer) const { return kP2POff + peer * 64; }
   uint64_t InlineOff(uint64_t seq) const { return inline_off_ + Slot(seq) * kInlineBytes; }
-  // Where an eager operation whose largest stage is `stage_bytes` stages a
-  // rank's data: up to kArriveStageBytes in its arrive line, beside the
-  // flag, in place of the buffer offsets eager operations do not publish
-  // (a reader then takes one line from the writer, not two); else, in a
-  // world with more ranks than CPUs, up to kArriveSlotStageBytes in the
-  // second line of the arrive slot; else the inline area. The stage size
-  // follows from the fingerprint, and World::oversubscribed is the same on
-  // every rank (World::slots depends on it too), so writer and readers
-  // agree.
-  static constexpr size_t kArriveStageBytes = 24;
-  static bool StagesInArriveLine(size_t stage_bytes) { return stage_bytes <= kArriveStageBytes; }
-  // The arrive slots are contiguous (16 KiB at 128 slots), the inline slots
-  // kInlineBytes apart (1 MiB). With 4 ranks on 2 cores a 32-64 B reduce
-  // staged in the inline slots took 0.71-0.82 us per call, 0.44-0.53 in
-  // the arrive slot (`mc2 bench reduce -n 4 -b 8 -e 512 -i 1000`, 4 runs
-  // each, alternating). Spacing the inline slots by a line more (other
-  // cache sets) gained nothing, so it is not set conflicts; it is likely
-  // the pages, which processes that take turns on a core keep losing from
-  // their TLBs. With a CPU per rank (32 slots) the inline slots are better:
-  // 2 ranks, 32 and 64 B all_reduce against Open MPI (`compare_mpi.sh -n 2
-  // -b 8 -e 512 -r 5`, 10 runs each, alternating), medians 1.09x and 1.14x
-  // in the arrive slot, 1.13x and 1.18x in the inline slots; a reader
-  // polling the flag likely pulls in the line beside it before the writer
-  // has filled it. Stages above 64 B stay in the inline slots: with 512 B
-  // arrive slots, 128-256 B stages there took ~0.04 us more per call with
-  // 2 ranks, and 8-16 B ~0.13 us more with 4.
-  static constexpr size_t kArriveSlotStageBytes = kArriveSlotBytes - 64;
+  // Where an eager operation stages (the staging policy, control_area.h).
   bool StagesInArriveSlot(size_t stage_bytes) const {
     return stage_bytes <= arrive_slot_stage_bytes_;
   }
@@ -264,8 +92,6 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   char* HeapPtr(int grank, uint64_t heap_off) const { return bases_[grank] + heap_off; }
   // Heap offset of [p, p+bytes) if it lies in this rank's heap, else kPrivate.
   uint64_t HeapOffset(const void* p, size_t bytes) const;
-
-  static uint64_t FlagValue(uint64_t seq, uint64_t step) { return (seq << 24) | step; }
 
   // Publishes this rank's area-relative flag.
   void Publish(uint64_t off, uint64_t value, size_t payload = 0) const {
@@ -335,9 +161,7 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // A copy of [src, src + bytes), for an operation that must not read its
   // input in place (in-place all-to-allv, collectives.cc): the buffer the
   // previous such call used if nothing holds it any more, else a new one.
-  // A new vector per call paid its page faults on every call (2 ranks,
-  // 16 MiB in-place all_to_all, which then copied too: 0.39x Open MPI,
-  // against 2.1x out of place).
+  // A new vector per call would pay its page faults on every call.
   // Copies above kMaxSpareCopy are not kept for the next call.
   static constexpr size_t kMaxSpareCopy = size_t{64} << 20;
   std::shared_ptr<std::vector<char>> CopyOfInput(const char* src, size_t bytes) {
@@ -384,16 +208,9 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // state, for eager operations once their arrival is out. A peer read
   // those lines slots() operations ago, so writing them takes them back
   // from its cache; left to the next operation, those round trips stall
-  // the fence of its PublishArrival on the latency path (2 ranks, 8 B
-  // all_reduce: ~0.07 us of ~0.65 per call). Requested now, they complete
-  // while this operation waits for its peers.
+  // the fence of its PublishArrival on the latency path. Requested now,
+  // they complete while this operation waits for its peers.
   void PrepareNextSlot(const OpContext& ctx, size_t staged_bytes) const;
-  // The whole stage, up to 2 KiB. 2 ranks, all_reduce, per call (probe,
-  // alternating runs), with the first 256 B asked for against the whole
-  // stage: 1 KiB 0.84-0.85 -> 0.77-0.78 us, 2 KiB 1.13 -> 1.02-1.03. At
-  // 8 KiB the whole stage lost (2.12-2.40 us against 1.97-2.16 with 2 KiB):
-  // the requests queue ahead of the operation's own misses.
-  static constexpr size_t kPrepareBytes = 2048;
   // Waits until member `grank` published operation ctx.seq and checks its
   // fingerprint against `fp`; throws kMismatch naming both sides. `payload`
   // (`bytes`, in `grank`'s memory) is what the caller reads next: if it is
@@ -401,18 +218,6 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   // flag, so that their misses overlap the flag's instead of following it.
   void WaitArrival(OpContext& ctx, int grank, const Fingerprint& fp, const void* payload = nullptr,
                    size_t bytes = 0);
-  // The largest payload WaitArrival loads while it polls. Only a payload
-  // loaded whole gains: a reader that loads the first lines of a larger
-  // stage takes them from the writer while it is still filling the stage
-  // behind them, and both pay more round trips. 2 ranks, all_reduce, per
-  // call (probe, alternating runs): 256 B 0.49-0.52 us with the loads,
-  // 0.60 without; loading the first 256 B of larger stages, 1 KiB
-  // 1.03-1.04 us against 0.84-0.85 without, 2 KiB 1.29-1.30 against 1.13.
-  static constexpr size_t kHintBytes = 256;
-  // Flag checks of WaitArrival's first polling stretch (a few
-  // microseconds); a single one with more ranks than CPUs, where a wait
-  // hands its core to the peer at once (see ShmTransport::WaitGE).
-  static constexpr int kHintPolls = 128;
   // Waits until member `grank` finished operation ctx.seq (its done flag),
   // for operations released by one member. A timeout names the members that
   // have not arrived at ctx.seq (what holds the releaser up), else `grank`.
@@ -491,17 +296,12 @@ class GroupImpl : public std::enable_shared_from_this<GroupImpl> {
   std::vector<uint64_t> arrival_offsets_;
 
  public:
-  // State a layer above the engine keeps per group (the fused operators'
-  // symmetric workspace, src/ops/fused_ops.cc), opaque here. Touched only
-  // by the thread issuing the group's operations. Declared last so that it
-  // is released first, while the world it allocated from is still alive.
-  std::shared_ptr<void> ops_state;
+  // The group's channel for the fused operators (engine/channel.h),
+  // created on first use. Touched only by the thread issuing the group's
+  // operations. Declared last so that it is released first, while the
+  // world it allocated from is still alive.
+  std::unique_ptr<Channel> channel;
 };
-
-// The stage GroupImpl::StageOff puts in the arrive line fits between the
-// flag and the fingerprint.
-static_assert(offsetof(ArrivalSlot, fp) - offsetof(ArrivalSlot, send_off) >=
-              GroupImpl::kArriveStageBytes);
 
 }  // namespace mc2::internal
 

@@ -51,7 +51,7 @@ P2PEngine::~P2PEngine() {
 }
 
 Work P2PEngine::Post(std::shared_ptr<GroupImpl> group, bool send, char* data, size_t bytes,
-                     int peer, int tag) {
+                     int peer, int64_t tag) {
   auto work = std::make_shared<WorkState>(0, send ? "send" : "recv");
   Op op{std::move(group), send, data, bytes, peer, tag, 0, Chunks(bytes),
         std::chrono::steady_clock::now() + world_->timeout, work};

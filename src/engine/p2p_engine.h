@@ -56,8 +56,10 @@ class P2PEngine {
   explicit P2PEngine(World* world);
   ~P2PEngine();
 
+  // `tag`: a user tag (an int >= 0) or an internal one (channel.h's
+  // InternalTag, above every int).
   Work Post(std::shared_ptr<GroupImpl> group, bool send, char* data, size_t bytes, int peer,
-            int tag);
+            int64_t tag);
 
   std::thread::id thread_id() const { return thread_.get_id(); }
 
@@ -68,7 +70,7 @@ class P2PEngine {
     char* data;
     size_t bytes;
     int peer;
-    int tag;
+    int64_t tag;
     size_t next = 0;  // next chunk of this message
     size_t chunks;
     std::chrono::steady_clock::time_point deadline;

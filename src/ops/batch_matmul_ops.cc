@@ -25,11 +25,10 @@
 //            own shard, then chunk j of the shard of rank r-i as soon as it
 //            has arrived. No send waits for a receive: a ring whose step i+1
 //            was posted when step i arrived paid a wake-up per step, which
-//            under emulation on busy cores took up to milliseconds (4 ranks,
-//            compute << comm: fused s=1 12.9 ms against 10.1 posted up
-//            front, s=4 10.0 against 9.3). Under link emulation serial and
-//            chunked gather with the ring algorithm, which charges the link
-//            (fused_common.h).
+//            under emulation on busy cores can take milliseconds. The
+//            messages use the engine's internal tag space (engine/channel.h).
+//            Under link emulation serial and chunked gather with the ring
+//            algorithm, which charges the link (fused_common.h).
 // Bytes per rank: (M - m_r) b k in, (P-1) m_r b k out, in every pipeline.
 //
 // Determinism: with one thread, row i of a oneDNN product does not depend on
@@ -40,7 +39,6 @@
 #include <string>
 #include <vector>
 
-#include "collectives/algorithm.h"
 #include "mc2/collectives.h"
 #include "mc2/error.h"
 #include "mc2/ops.h"
@@ -57,9 +55,9 @@ using fused::Pending;
 using fused::Str;
 
 constexpr const char* kOpName = "all_gather_batch_matmul";
-// Point-to-point tag of the fused ring (distinct from the other operators'
-// so that a message can never be taken for another operator's).
-constexpr int kBatchTag = 0x4d433242;  // "MC2B"
+// The fused ring's messages, in the engine's internal tag space (never a
+// user's message, nor another operator's).
+constexpr internal::InternalTag kBatchTag = internal::InternalTag::kBatchGather;
 
 struct BatchMsg {
   uint64_t dtype;
@@ -75,20 +73,10 @@ struct BatchMsg {
   uint64_t error;
 };
 
-struct BatchPlan {
-  int rank = 0, size = 1;
-  DType dtype = DType::kF32;
-  size_t esize = 4;
-  Pipeline pipeline = Pipeline::kSerial;
-  int splits = 1;
+struct BatchPlan : fused::PlanBase {
   size_t batch = 0, k = 0, n = 0, M = 0;
   bool shared_b = false;
   std::vector<size_t> rows, offs;  // per rank m_q and M_q
-  GemmOptions gemm;
-  // Runs the call's GEMMs (on the calling thread), each B packed at its
-  // first product (ops::PackedGemmB).
-  mutable ops::PackedGemmBSet gemms;
-  CollectiveOptions coll;
 };
 
 BatchPlan MakeBatchPlan(const Group& g, const BatchMsg& mine, const std::string& local_error,
@@ -105,11 +93,7 @@ BatchPlan MakeBatchPlan(const Group& g, const BatchMsg& mine, const std::string&
   same("batch", [](const BatchMsg& m) { return m.batch; });
   same("k", [](const BatchMsg& m) { return m.k; });
   same("B layout (0 per batch, 1 shared)", [](const BatchMsg& m) { return m.b_layout; });
-  same("pipeline", [](const BatchMsg& m) { return m.pipeline_splits >> 32; });
-  same("splits", [](const BatchMsg& m) { return m.pipeline_splits & 0xffffffff; });
-  same("emulated link bandwidth (bytes/s)", [](const BatchMsg& m) { return m.link_bw; });
-  same("operator tuning (MC2_OPS_TUNING_FILE: `auto` could choose differently)",
-       [](const BatchMsg& m) { return m.model_hash; });
+  fused::RequireSameSettings(all, kOpName, p.rank);
   p.dtype = static_cast<DType>(all[0].dtype);
   p.esize = DTypeSize(p.dtype);
   p.batch = all[0].batch;
@@ -119,12 +103,20 @@ BatchPlan MakeBatchPlan(const Group& g, const BatchMsg& mine, const std::string&
   p.rows.resize(p.size);
   p.offs.resize(p.size);
   size_t max_n = 0;
+  bool too_large = false;
   for (int q = 0; q < p.size; ++q) {
     p.offs[q] = p.M;
     p.rows[q] = all[q].m_local;
-    p.M += all[q].m_local;
+    too_large = too_large || __builtin_add_overflow(p.M, all[q].m_local, &p.M);
     max_n = std::max<size_t>(max_n, all[q].n);
   }
+  // The gathered A and C are only known once M is (every rank fails alike).
+  std::string size_err =
+      too_large
+          ? "M (the sum of the ranks' m_local) overflows size_t"
+          : fused::SizeChecks({{"the gathered A (batch x M x k)", {p.batch, p.M, p.k, p.esize}},
+                               {"C (batch x M x n)", {p.batch, p.M, max_n, sizeof(float)}}});
+  if (!size_err.empty()) fused::Fail(ErrorCode::kInvalidArgument, kOpName, p.rank, size_err);
   // A null C is only known to be an error once M is known; every rank
   // sees every rank's flag, so all fail together.
   for (int q = 0; q < p.size && p.batch * p.M > 0; ++q) {
@@ -138,16 +130,10 @@ BatchPlan MakeBatchPlan(const Group& g, const BatchMsg& mine, const std::string&
   p.splits = static_cast<int>(all[0].pipeline_splits & 0xffffffff);
   if (p.pipeline == Pipeline::kAuto) {
     // The same inputs on every rank, so the same choice everywhere. A rank's
-    // port carries its shard to each of the P - 1 others.
+    // port carries its shard to each of the P - 1 others. Fused rather than
+    // chunked: chunked gathers each chunk with a collective whose steps wait
+    // on one another, and hides little.
     size_t max_rows = *std::max_element(p.rows.begin(), p.rows.end());
-    double port = double(p.size - 1) * p.batch * max_rows * p.k * p.esize;
-    bool overlap = fused::OverlapPays(GemmFlops(p.batch * p.M, max_n, p.k), p.dtype, port,
-                                      all[0].link_bw, p.size);
-    // Fused, with the chunks per shard from the cost model: chunked gathers
-    // each chunk with a collective whose steps wait on one another, and hid
-    // next to nothing (bench ops, emulated balanced link, 2048 x 1024 x 1024
-    // bf16: chunked s=4 1.01x serial at 2 ranks and 0.89x at 4, fused s=4
-    // 1.64x and 1.28x; it was auto's choice until 2026-12).
     ops::SplitProblem sp;
     sp.dtype = p.dtype;
     sp.ranks = p.size;
@@ -158,20 +144,17 @@ BatchPlan MakeBatchPlan(const Group& g, const BatchMsg& mine, const std::string&
     // one more per chunk where a chunk boundary splits an entry.
     sp.fixed_calls = double(p.size) * (p.shared_b ? 1.0 : double(p.batch));
     sp.calls_per_stage = 1;
-    // s = 5 with a batch of 4 ran 17 ms against s = 4's 15 (2 ranks,
-    // emulated balanced link): whole entries per chunk, or whole chunks
-    // per entry.
+    // Whole entries per chunk, or whole chunks per entry: other counts cut
+    // entries into two smaller GEMMs.
     sp.align = p.shared_b || p.batch > 16 ? 1 : static_cast<int>(std::max<size_t>(1, p.batch));
     sp.blocks = p.size - 1;
-    sp.port_bytes = port;
+    sp.port_bytes = double(p.size - 1) * p.batch * max_rows * p.k * p.esize;
     sp.link_bytes_per_second = double(all[0].link_bw);
-    p.pipeline = overlap ? Pipeline::kFused : Pipeline::kSerial;
-    p.splits = overlap ? ops::ChooseFusedSplits(ops::LoadedCostParams(), sp) : 1;
+    ops::Choice c = ops::ChooseSplitPipeline(ops::LoadedCostParams(), sp);
+    p.pipeline = c.pipeline;
+    p.splits = c.splits;
   }
-  if (p.pipeline == Pipeline::kSerial) p.splits = 1;
-  p.gemm = fused::OperatorGemmOptions(g, p.dtype, o);
-  p.gemms = ops::PackedGemmBSet(p.dtype, p.gemm);
-  p.coll = fused::OperatorCollectiveOptions(g, o);
+  fused::FinishPlan(g, o, p);
   return p;
 }
 
@@ -300,15 +283,16 @@ void RunFused(const Group& g, const BatchPlan& p, const BatchArgs& x, Pending& p
   const int P = p.size, me = p.rank, s = p.splits;
   const size_t row_bytes = p.k * p.esize;
   auto shard_of = [&](int q) { return x.g + p.batch * p.offs[q] * row_bytes; };
+  const internal::Channel& ch = internal::Channel::Of(g);
   // recv[i][j]: chunk j of the shard of step i (rank r-i), as flat rows.
   std::vector<std::vector<Work>> recv(P, std::vector<Work>(s));
   for (int i = 1; i < P; ++i) {
-    int src = collectives::Mod(me - i, P);
+    int src = fused::Mod(me - i, P);
     size_t rows = p.batch * p.rows[src];
     for (int j = 0; j < s; ++j) {
       size_t lo = ChunkLo(rows, j, s), hi = ChunkLo(rows, j + 1, s);
       if ((hi - lo) * row_bytes == 0) continue;
-      recv[i][j] = g.Recv(shard_of(src) + lo * row_bytes, (hi - lo) * row_bytes, src, kBatchTag);
+      recv[i][j] = ch.Recv(shard_of(src) + lo * row_bytes, (hi - lo) * row_bytes, src, kBatchTag);
       pend.Add(recv[i][j]);
     }
   }
@@ -317,14 +301,14 @@ void RunFused(const Group& g, const BatchPlan& p, const BatchArgs& x, Pending& p
     for (int j = 0; j < s; ++j) {
       size_t lo = ChunkLo(my_rows, j, s), hi = ChunkLo(my_rows, j + 1, s);
       if ((hi - lo) * row_bytes == 0) continue;
-      pend.Add(g.Send(x.a_shard + lo * row_bytes, (hi - lo) * row_bytes,
-                      collectives::Mod(me + i, P), kBatchTag));
+      pend.Add(ch.Send(x.a_shard + lo * row_bytes, (hi - lo) * row_bytes, fused::Mod(me + i, P),
+                       kBatchTag));
     }
   };
   for (int i = 1; i < P; ++i) post_send(i);
   MultiplyRows(p, x, me, x.a_shard, 0, my_rows);
   for (int i = 1; i < P; ++i) {
-    int src = collectives::Mod(me - i, P);
+    int src = fused::Mod(me - i, P);
     size_t rows = p.batch * p.rows[src];
     for (int j = 0; j < s; ++j) {
       {
@@ -343,9 +327,14 @@ Work AllGatherBatchMatmul(const Group& g, const void* a_shard, size_t batch, siz
                           size_t k, const void* b, BatchB b_layout, size_t n, DType dtype, float* c,
                           void* gathered_a, const FusedOptions& options, FusedReport* report) {
   const bool shared = b_layout == BatchB::kShared;
-  std::string err = fused::LocalChecks(dtype, options,
-                                       {a_shard == nullptr && batch * m_local * k > 0,
-                                        b == nullptr && (shared ? 1 : batch) * k * n > 0});
+  const size_t es = DTypeSize(dtype);
+  std::string err =
+      fused::ArgChecks(dtype, options,
+                       {{"A (batch x m_local x k)", {batch, m_local, k, es}},
+                        {"B (batch x k x n)", {shared ? 1 : batch, k, n, es}},
+                        {"C (batch x m_local x n)", {batch, m_local, n, sizeof(float)}}},
+                       {a_shard == nullptr && batch > 0 && m_local > 0 && k > 0,
+                        b == nullptr && (shared || batch > 0) && k > 0 && n > 0});
   if (err.empty() && b_layout != BatchB::kPerBatch && !shared) {
     err = "b_layout must be BatchB::kPerBatch or BatchB::kShared";
   }
@@ -358,39 +347,44 @@ Work AllGatherBatchMatmul(const Group& g, const void* a_shard, size_t batch, siz
   mine.b_layout = static_cast<uint64_t>(b_layout);
   mine.pipeline_splits = fused::PackPipelineSplits(options);
   mine.c_null = c == nullptr && n > 0;
-  mine.link_bw = g.valid() ? fused::LinkBytesPerSecond(g) : 0;
-  mine.model_hash = ops::LoadedCostParams().Hash();
+  if (g.valid()) {
+    const ops::Environment env = fused::ModelEnvironment(g);
+    mine.link_bw = static_cast<uint64_t>(env.link_bytes_per_second);
+    mine.model_hash = fused::ModelHash(env);
+  }
   BatchPlan p = MakeBatchPlan(g, mine, err, options);
   fused::OverlapWork overlap(options.overlap_work);
-  return fused::CompleteOp(g, kOpName, p.pipeline, p.splits, report, overlap, [&](Pending& pend) {
-    const size_t total_bytes = p.batch * p.M * p.k * p.esize;
-    fused::Scratch<char> own_ag, own_g;
-    BatchArgs x{static_cast<const char*>(a_shard), static_cast<const char*>(b), c,
-                static_cast<char*>(gathered_a), nullptr};
-    // Serial always lays the gathered A out (its GEMMs read that layout);
-    // when batch is 1, G already is that layout and is used for both.
-    if (x.ag == nullptr && p.pipeline == Pipeline::kSerial) {
-      own_ag.Resize(total_bytes);
-      x.ag = own_ag.data();
-    }
-    if (p.batch == 1 && x.ag != nullptr) {
-      x.g = x.ag;
-    } else {
-      own_g.Resize(total_bytes);
-      x.g = own_g.data();
-    }
-    if (p.pipeline == Pipeline::kSerial || p.size == 1) {
-      if (p.size == 1 && p.pipeline != Pipeline::kSerial) {
-        MultiplyRows(p, x, 0, x.a_shard, 0, p.batch * p.rows[0]);
-        return;
-      }
-      RunSerial(g, p, x, pend);
-    } else if (p.pipeline == Pipeline::kChunked) {
-      RunChunked(g, p, x, pend);
-    } else {
-      RunFused(g, p, x, pend);
-    }
-  });
+  const auto flops = static_cast<uint64_t>(GemmFlops(p.batch * p.M, p.n, p.k));
+  return fused::CompleteOp(
+      g, kOpName, p.pipeline, p.splits, flops, report, overlap, [&](Pending& pend) {
+        const size_t total_bytes = p.batch * p.M * p.k * p.esize;
+        fused::Scratch<char> own_ag, own_g;
+        BatchArgs x{static_cast<const char*>(a_shard), static_cast<const char*>(b), c,
+                    static_cast<char*>(gathered_a), nullptr};
+        if (p.size == 1) {  // the shard is the whole A: no communication
+          MultiplyRows(p, x, 0, x.a_shard, 0, p.batch * p.rows[0]);
+          return;
+        }
+        // Serial always lays the gathered A out (its GEMMs read that layout);
+        // when batch is 1, G already is that layout and is used for both.
+        if (x.ag == nullptr && p.pipeline == Pipeline::kSerial) {
+          own_ag.Resize(total_bytes);
+          x.ag = own_ag.data();
+        }
+        if (p.batch == 1 && x.ag != nullptr) {
+          x.g = x.ag;
+        } else {
+          own_g.Resize(total_bytes);
+          x.g = own_g.data();
+        }
+        if (p.pipeline == Pipeline::kSerial) {
+          RunSerial(g, p, x, pend);
+        } else if (p.pipeline == Pipeline::kChunked) {
+          RunChunked(g, p, x, pend);
+        } else {
+          RunFused(g, p, x, pend);
+        }
+      });
 }
 
 }  // namespace mc2

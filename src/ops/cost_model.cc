@@ -369,8 +369,11 @@ Estimate Predict(const CostParams& params, const Environment& env, const Problem
   return e;
 }
 
-int ChooseFusedSplits(const CostParams& params, const SplitProblem& p) {
-  const double cores = core::HostCpus();
+namespace {
+
+// The chunks per block of a split pipeline (see ChooseSplitPipeline).
+int BestSplits(const CostParams& params, const SplitProblem& p) {
+  const double cores = p.cores > 0 ? p.cores : core::HostCpus();
   const CostParams::GemmRate& gemm = params.Gemm(p.dtype);
   const double rate = gemm.flops_per_s * std::min(1.0, cores / std::max(1, p.ranks));
   const double tl = p.port_bytes / (p.link_bytes_per_second > 0 ? p.link_bytes_per_second
@@ -378,9 +381,7 @@ int ChooseFusedSplits(const CostParams& params, const SplitProblem& p) {
   // A step costs alpha_fused_s when its waiter wakes at once, and up to
   // link_hop_s under emulation when the cores are busy with GEMMs and the
   // delayed flag's wake-ups queue behind them. Which one holds depends on
-  // the load of the moment (measured per step, AllGatherBatchMatmul, 4
-  // ranks: ~0.06 ms with compute << comm, ~0.28 ms balanced; 2 ranks
-  // balanced: below 0.1 ms), so the s whose worse ratio to the best under
+  // the load of the moment, so the s whose worse ratio to the best under
   // either cost is least wins: the choice that is never far from the best.
   const double step_lo = params.alpha_fused_s;
   const double step_hi = p.link_bytes_per_second > 0 ? params.link_hop_s : step_lo;
@@ -411,6 +412,50 @@ int ChooseFusedSplits(const CostParams& params, const SplitProblem& p) {
   return best->s;
 }
 
+}  // namespace
+
+Choice ChooseSplitPipeline(const CostParams& params, const SplitProblem& p) {
+  Choice c;
+  if (p.ranks <= 1) return c;  // nothing to overlap
+  const int cores = p.cores > 0 ? p.cores : core::HostCpus();
+  const CostParams::GemmRate& gemm = params.Gemm(p.dtype);
+  const double rate = gemm.flops_per_s * std::min(1.0, double(cores) / p.ranks);
+  const bool link = p.link_bytes_per_second > 0;
+  const double comm = p.port_bytes / (link ? p.link_bytes_per_second : params.copy_bytes_per_s);
+  // Serial: the GEMMs (one per fixed call) after the communication, one
+  // step for the whole exchange.
+  auto tc_of = [&](double calls) {
+    return 2.0 * p.n * p.k * (p.rows + calls * gemm.half_rows) / rate;
+  };
+  const double serial = tc_of(p.fixed_calls) + comm + params.alpha_fused_s;
+  // Fused at the chosen s: the same form as BestSplits, where on raw shared
+  // memory only the fraction overlap_cpu of the copies can hide (the cores
+  // that copy are the cores that multiply), as in Predict.
+  const int s = BestSplits(params, p);
+  const double stages = double(std::max(1, p.blocks)) * s;
+  const double ov =
+      link ? 1.0 : (p.ranks >= cores ? params.overlap_cpu_busy : params.overlap_cpu_idle);
+  const double tc = tc_of(p.fixed_calls + p.calls_per_stage * stages) + (1 - ov) * comm;
+  const double h = ov * comm;
+  const double t = std::max(tc, h) + p.exposed_stages * std::min(tc, h) / stages;
+  const double lo = t + stages * params.alpha_fused_s;
+  const double hi = t + stages * (link ? params.link_hop_s : params.alpha_fused_s);
+  c.serial.seconds = serial;
+  c.serial.compute_s = tc_of(p.fixed_calls);
+  c.estimate = c.serial;
+  // Fused only when it is predicted at least min_gain faster with steps at
+  // their cheapest, and not slower with steps at their dearest: a smaller
+  // gain is within the model's error.
+  if (lo <= (1 - params.min_gain) * serial && hi <= serial) {
+    c.pipeline = Pipeline::kFused;
+    c.splits = s;
+    c.estimate.seconds = lo;
+    c.estimate.compute_s = tc;
+    c.estimate.stages = static_cast<int>(stages);
+  }
+  return c;
+}
+
 Choice ChoosePipeline(const CostParams& params, const Environment& env, const Problem& p) {
   Choice best;
   best.serial = Predict(params, env, p, Pipeline::kSerial, 1);
@@ -429,9 +474,8 @@ Choice ChoosePipeline(const CostParams& params, const Environment& env, const Pr
   // The second error is the cost of a pipeline step, which the tuning
   // measures on raw shared memory: under link emulation every step whose
   // GEMM waits for a delayed flag also pays the delivery's and the
-  // waiter's wake-ups, which grow with the load of the host (measured in
-  // `mc2 bench ops --splits sweep`: 0.3-1 ms per fused step on this VM
-  // with builds running, against the tuned 20 us). A fourth scenario
+  // waiter's wake-ups, which grow with the load of the host and can exceed
+  // the tuned step cost many times over. A fourth scenario
   // charges every step `link_step_risk_s` more, so that of a flat optimum
   // (s = 4 and s = 16 predicted alike) the fewer steps win.
   constexpr double kScale[] = {1.0, 0.6, 1.6};
@@ -444,10 +488,8 @@ Choice ChoosePipeline(const CostParams& params, const Environment& env, const Pr
   }
   // The wake-ups that make a step late queue behind GEMMs mostly when ranks
   // outnumber the cores (a woken waiter waits for another rank's slice on
-  // its core): per fused step, 4 ranks on 2 cores ~0.28 ms, 2 ranks below
-  // 0.1 ms (ChooseFusedSplits). With a core per rank a quarter of the risk
-  // applies; the full one kept s at 5 at 2 ranks, 2-6% slower than the
-  // flat optimum of s = 6-16 measured there (docs/benchmarks.md, session 13).
+  // its core). With a core per rank a quarter of the risk applies: the full
+  // one keeps s below the flat optimum of larger s.
   const int cores = CoresOf(env);
   const double step_risk = env.link_bytes_per_second <= 0 ? 0.0
                            : p.ranks > cores              ? params.link_step_risk_s

@@ -95,17 +95,15 @@ struct CostParams {
   // Under link emulation, each dependent flag hop of a collective (a ring
   // step waiting for the previous one) also pays the delivery thread's and
   // the waiter's wake-ups (docs/link-emulation.md: a delayed flag appears
-  // 50-150 us late on an idle host, more when the cores are busy). Charged
+  // late, later when the cores are busy). Charged
   // per hop to the chunked pipeline's s collectives; the fused pipeline's
   // transfers do not depend on each other, so it pays this once.
   double link_hop_s = 500e-6;
   // Under link emulation, how much more a pipeline step may cost than the
   // model says (wake-ups of delayed flags on a busy host): ChoosePipeline
   // prefers candidates that stay near the best with this added per step,
-  // a quarter of it when every rank has a core of its own. (1 ms until the
-  // operators packed B once per call: each chunk's GEMM re-laid all of B
-  // out, a per-step cost this also covered; with 1 ms auto then ran
-  // all_gather_matmul at 2 ranks with s=4, 1.07x the best s=16.)
+  // a quarter of it when every rank has a core of its own; a larger risk
+  // keeps s below the flat optimum of larger s.
   double link_step_risk_s = 0.5e-3;
   // Fraction of the cpu part of communication that hides behind GEMMs,
   // when there are at least as many ranks as cores, and when there are
@@ -173,22 +171,28 @@ Estimate Predict(const CostParams& params, const Environment& env, const Problem
 Choice ChoosePipeline(const CostParams& params, const Environment& env, const Problem& p);
 
 // For the operators outside FusedOpKind (AllGatherBatchMatmul, the MoE
-// pair), which run their fused pipeline when overlap pays: the chunks per
-// block s in 1..16 that minimise the busiest rank's
-//   T(s) = max(Tc, Tl) + min(Tc, Tl) / stages + stages * step,
-// the form above for `blocks` blocks of s chunks (stages = blocks s):
-//   Tc   2 n k (rows + calls(s) half_rows) / rate, calls(s) = fixed_calls
-//        + calls_per_stage stages (each call loses the half-efficiency
-//        rows), the rate scaled by cores / ranks when ranks outnumber cores;
-//   Tl   port_bytes over the link (over the copy rate on raw shm);
-//   step what a chunk's message costs beyond its bytes: alpha_fused_s on
-//        raw shm; under emulation anywhere from alpha_fused_s (idle cores)
-//        to link_hop_s (cores busy with GEMMs delay the delayed flags'
-//        wake-ups), so the s whose worse ratio to the best s under either
-//        step cost is least wins.
+// pair), which run serial or their fused pipeline of `blocks` blocks of s
+// chunks (stages = blocks s). The busiest rank's time is modeled as
+//   serial    Tc(fixed_calls) + Tl + alpha_fused_s
+//   fused(s)  max(Tc', H) + exposed min(Tc', H) / stages + stages * step
+// where Tc(calls) = 2 n k (rows + calls half_rows) / rate (each call loses
+// the half-efficiency rows; the rate scaled by cores / ranks when ranks
+// outnumber cores), calls = fixed_calls + calls_per_stage stages, and Tl is
+// port_bytes over the link (over the copy rate on raw shm). Under emulation
+// the link hides whole (Tc' = Tc, H = Tl); on raw shared memory only the
+// fraction overlap_cpu of the copies does, as in Predict. A step costs
+// alpha_fused_s on raw shm; under emulation anywhere from alpha_fused_s
+// (idle cores) to link_hop_s (cores busy with GEMMs delay the delayed
+// flags' wake-ups).
+//
+// ChooseSplitPipeline picks s in 1..16 whose worse ratio to the best s
+// under either step cost is least, then fused at that s if it is predicted
+// min_gain faster than serial with the cheap step and not slower with the
+// dear one; else serial (always with fewer than 2 ranks).
 struct SplitProblem {
   DType dtype = DType::kF32;
   int ranks = 1;
+  int cores = 0;  // 0: core::HostCpus()
   double rows = 0, n = 0, k = 0;
   double fixed_calls = 0, calls_per_stage = 1;
   int blocks = 1;
@@ -203,7 +207,7 @@ struct SplitProblem {
   // entries: other counts cut entries into two smaller GEMMs).
   int align = 1;
 };
-int ChooseFusedSplits(const CostParams& params, const SplitProblem& p);
+Choice ChooseSplitPipeline(const CostParams& params, const SplitProblem& p);
 
 // The parameters in effect: MC2_OPS_TUNING_FILE (an error if unreadable or
 // invalid), else ~/.cache/mc2/ops_tuning.json if present (an error if

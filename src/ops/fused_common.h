@@ -18,15 +18,15 @@
 #include <string>
 #include <vector>
 
-#include "core/env.h"
 #include "core/scratch.h"
-#include "engine/group_impl.h"
+#include "engine/channel.h"
 #include "engine/work_state.h"
 #include "mc2/collectives.h"
 #include "mc2/error.h"
 #include "mc2/ops.h"
+#include "ops/cost_model.h"
+#include "ops/gemm.h"
 #include "trace/recorder.h"
-#include "transport/link_emulation.h"
 
 namespace mc2::fused {
 
@@ -39,6 +39,44 @@ inline std::string Str(uint64_t v) { return std::to_string(v); }
 // Chunk j of s of a block of `rows` rows starts at row ChunkLo(rows, j, s);
 // chunks differ by at most one row and may be empty.
 inline size_t ChunkLo(size_t rows, int j, int s) { return rows * j / s; }
+
+// x mod n in [0, n) for any int x: ring neighbours (rank + i, rank - i).
+inline int Mod(int x, int n) { return ((x % n) + n) % n; }
+
+// Trace labels "fused s=4" etc. (span strings outlive the call).
+const char* PipelineLabel(Pipeline p, int splits);
+
+// x * y * z into *out; true (and *out unspecified) if it overflows size_t.
+inline bool MulOverflows(size_t x, size_t y, size_t z, size_t* out) {
+  size_t xy;
+  return __builtin_mul_overflow(x, y, &xy) || __builtin_mul_overflow(xy, z, out);
+}
+
+// The size of one operand: `what` names it and its shape ("A (m x k)"),
+// its bytes are the product of `factors` (the element size last).
+struct Extent {
+  const char* what;
+  std::initializer_list<size_t> factors;
+};
+
+// "" if every operand's byte size fits in size_t, else the reason naming the
+// first that does not (reported as kInvalidArgument). Checked before any
+// other use of the sizes, so no product below can wrap around.
+inline std::string SizeChecks(std::initializer_list<Extent> extents) {
+  for (const Extent& e : extents) {
+    size_t bytes = 1;
+    std::string dims;
+    bool overflow = false;
+    for (size_t f : e.factors) {
+      overflow = overflow || __builtin_mul_overflow(bytes, f, &bytes);
+      dims += (dims.empty() ? "" : " x ") + std::to_string(f);
+    }
+    if (overflow) {
+      return std::string(e.what) + " is too large: " + dims + " bytes overflows size_t";
+    }
+  }
+  return {};
+}
 
 // The checks every operator makes on its own arguments before the exchange:
 // "" if fine, else the reason (reported as kInvalidArgument on every rank).
@@ -60,13 +98,26 @@ inline std::string LocalChecks(DType dtype, const FusedOptions& o,
   return {};
 }
 
+// All the checks of an operator's own arguments: LocalChecks, with the
+// sizes (SizeChecks) checked before the null pointers, so that no size
+// product in those can wrap around.
+inline std::string ArgChecks(DType dtype, const FusedOptions& o,
+                             std::initializer_list<Extent> extents,
+                             std::initializer_list<bool> nulls) {
+  std::string err = LocalChecks(dtype, o, {});
+  if (err.empty()) err = SizeChecks(extents);
+  if (err.empty()) err = LocalChecks(dtype, o, nulls);
+  return err;
+}
+
 // pipeline << 32 | splits, the form the agreement messages carry.
 inline uint64_t PackPipelineSplits(const FusedOptions& o) {
   return (uint64_t(static_cast<uint8_t>(o.pipeline)) << 32) |
          uint32_t(std::clamp(o.splits, 0, 1 << 20));
 }
 
-// The agreement exchange: all-gathers one fixed-size message per rank. If
+// The agreement exchange: all-gathers one fixed-size message per rank (a
+// group of one rank exchanges nothing and runs no collective). If
 // any rank's `local_error` is non-empty, every rank throws
 // kInvalidArgument (the rank at fault with its own reason, the others
 // naming it), so a bad argument on one rank never leaves the others hanging
@@ -80,6 +131,11 @@ std::vector<Msg> ExchangeArgs(const Group& g, const char* op, const Msg& mine,
   if (!g.valid()) throw Error(ErrorCode::kInvalidArgument, "invalid group", -1, op);
   Msg m = mine;
   m.*error_flag = local_error.empty() ? 0 : 1;
+  if (!local_error.empty() && g.size() == 1) {
+    Fail(ErrorCode::kInvalidArgument, op, g.rank(), local_error);
+  }
+  // A group of one rank has nobody to agree with: no collective at all.
+  if (g.size() == 1) return {m};
   std::vector<Msg> all(g.size());
   CollectiveOptions co;
   co.timeout = timeout;
@@ -107,6 +163,51 @@ void RequireSame(const std::vector<Msg>& all, const char* op, int me, const char
   }
 }
 
+// What every operator's plan holds besides its shapes: who runs it, the
+// element type, the pipeline that runs and how its GEMMs and collectives
+// are made. Identical on every rank except `rank`.
+struct PlanBase {
+  int rank = 0, size = 1;
+  DType dtype = DType::kF32;
+  size_t esize = 4;
+  Pipeline pipeline = Pipeline::kSerial;
+  int splits = 1;
+  GemmOptions gemm;
+  // Runs the call's GEMMs (on the calling thread), each B packed at its
+  // first product (ops::PackedGemmB): chunks of a few rows run at the
+  // full-size rate, and all pipelines and split counts run the same
+  // kernels.
+  mutable ops::PackedGemmBSet gemms;
+  CollectiveOptions coll;
+  std::chrono::nanoseconds timeout{};
+};
+
+// Checks that every rank asked for the same pipeline and splits and runs
+// with the same cost model inputs (`Msg` has the fields pipeline_splits
+// and model_hash, ModelHash), so that `auto` decides alike everywhere.
+template <typename Msg>
+void RequireSameSettings(const std::vector<Msg>& all, const char* op, int me) {
+  RequireSame(all, op, me, "pipeline", [](const Msg& m) { return m.pipeline_splits >> 32; });
+  RequireSame(all, op, me, "splits", [](const Msg& m) { return m.pipeline_splits & 0xffffffff; });
+  RequireSame(all, op, me,
+              "cost model inputs (MC2_OPS_TUNING_FILE, MC2_LINK or heap size: `auto` could "
+              "choose differently)",
+              [](const Msg& m) { return m.model_hash; });
+}
+
+inline GemmOptions OperatorGemmOptions(const Group& g, DType dtype, const FusedOptions& o);
+inline CollectiveOptions OperatorCollectiveOptions(const Group& g, const FusedOptions& o);
+
+// Completes a plan once its pipeline and splits are chosen (kAuto
+// resolved): one split for serial, the GEMM and collective options.
+inline void FinishPlan(const Group& g, const FusedOptions& o, PlanBase& p) {
+  if (p.pipeline == Pipeline::kSerial) p.splits = 1;
+  p.gemm = OperatorGemmOptions(g, p.dtype, o);
+  p.gemms = ops::PackedGemmBSet(p.dtype, p.gemm);
+  p.coll = OperatorCollectiveOptions(g, o);
+  p.timeout = o.timeout.count() > 0 ? o.timeout : g.timeout();
+}
+
 // GEMM options of an operator's GEMMs: deterministic mode pins f32 to
 // oneDNN, whose row blocks are bitwise the rows of the full product.
 inline GemmOptions OperatorGemmOptions(const Group& g, DType dtype, const FusedOptions& o) {
@@ -120,44 +221,32 @@ inline GemmOptions OperatorGemmOptions(const Group& g, DType dtype, const FusedO
 // GEMMs, however small, so never inline on the caller. Under link emulation
 // the direct algorithms declare no payload (they would move data for free,
 // docs/link-emulation.md), so the ring, which charges each rank's port with
-// what it sends, is used instead (as fused_ops.cc does): baselines then pay
-// for their bytes like the overlapped pipelines.
+// what it sends, is used instead: baselines then pay for their bytes like
+// the overlapped pipelines.
 inline CollectiveOptions OperatorCollectiveOptions(const Group& g, const FusedOptions& o) {
   CollectiveOptions co;
   co.timeout = o.timeout;
   co.may_run_inline = false;
-  if (g.impl()->tx().link() != nullptr) co.algorithm = Algorithm::kRing;
+  if (internal::Channel::Of(g).link().emulated()) co.algorithm = Algorithm::kRing;
   return co;
 }
 
-// The emulated link's bandwidth in bytes/s, 0 without emulation. Operators
-// that decide `auto` from it put it in their agreement message, so that
-// ranks with different settings fail with kMismatch instead of choosing
-// different pipelines.
-inline uint64_t LinkBytesPerSecond(const Group& g) {
-  transport::LinkModel* port = g.impl()->tx().link();
-  return port ? static_cast<uint64_t>(port->config().bytes_per_second) : 0;
+// The cost model's view of this group: link settings and heap size. Its
+// hash goes into every agreement message, so that ranks with different
+// settings fail with kMismatch instead of choosing different pipelines.
+inline ops::Environment ModelEnvironment(const Group& g) {
+  const internal::Channel& ch = internal::Channel::Of(g);
+  ops::Environment env;
+  env.link_bytes_per_second = ch.link().bytes_per_second;
+  env.link_latency_s = ch.link().latency_seconds;
+  env.heap_bytes = ch.heap_bytes();
+  return env;
 }
 
-// `auto` for the operators the measured cost model (cost_model.h) does not
-// cover yet: whether a 4-chunk pipeline (AllGatherBatchMatmul: chunked;
-// MoE: fused) is expected to beat serial. It
-// hides at most 3/4 of the smaller of compute (flops at ~100 GF/s f32,
-// ~200 GF/s bf16 per core, shared when ranks outnumber cores) and
-// communication (the busiest port's bytes at the link's bandwidth, or
-// ~4 GB/s of shared-memory copies), and costs ~5% GEMM efficiency (more,
-// smaller GEMMs) and ~30 us per chunk and peer. The same inputs on every
-// rank give the same answer everywhere.
-inline bool OverlapPays(double flops_per_rank, DType dtype, double port_bytes, uint64_t link_bw,
-                        int ranks) {
-  if (ranks <= 1) return false;
-  const double cores = core::HostCpus();
-  const double rate = (dtype == DType::kBF16 ? 2e11 : 1e11) * std::min(1.0, cores / ranks);
-  const double tc = flops_per_rank / rate;
-  const double tm = port_bytes / (link_bw > 0 ? double(link_bw) : 4e9);
-  const double saving = 0.75 * std::min(tc, tm);
-  const double cost = 0.05 * tc + 4 * (ranks - 1) * 30e-6;
-  return saving > cost;
+// The hash of everything `auto` depends on besides the shapes: the cost
+// model's parameters and its environment.
+inline uint64_t ModelHash(const ops::Environment& env) {
+  return ops::LoadedCostParams().Hash() ^ (env.Hash() * 0x9e3779b97f4a7c15ull);
 }
 
 // A call's scratch buffer, not zeroed (every byte an operator reads from
@@ -220,17 +309,17 @@ class OverlapWork {
 // that throws, a transfer that failed).
 inline void AbortUnlessAgreed(const Group& g, std::exception_ptr failure) {
   if (!g.valid()) return;
+  const internal::Channel& ch = internal::Channel::Of(g);
   try {
     std::rethrow_exception(failure);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kInvalidArgument && e.code() != ErrorCode::kMismatch &&
         e.code() != ErrorCode::kShmExhausted)
-      g.impl()->tx().Abort(e);
+      ch.Abort(e);
   } catch (const std::exception& e) {
-    g.impl()->tx().Abort(
-        Error(ErrorCode::kInternal, std::string("fused operator failed: ") + e.what()));
+    ch.Abort(Error(ErrorCode::kInternal, std::string("fused operator failed: ") + e.what()));
   } catch (...) {
-    g.impl()->tx().Abort(Error(ErrorCode::kInternal, "fused operator failed"));
+    ch.Abort(Error(ErrorCode::kInternal, "fused operator failed"));
   }
 }
 
@@ -239,8 +328,9 @@ inline void AbortUnlessAgreed(const Group& g, std::exception_ptr failure) {
 // a completed Work carrying the pipeline name, or the failure (the world
 // aborted as AbortUnlessAgreed says, after every outstanding communication
 // finished).
+// The call is traced as one kHost span named `op` with its `flops`.
 template <typename Body>
-Work CompleteOp(const Group& g, const char* op, Pipeline pipeline, int splits,
+Work CompleteOp(const Group& g, const char* op, Pipeline pipeline, int splits, uint64_t flops,
                 FusedReport* report, OverlapWork& overlap, Body&& body) {
   if (report) {
     report->pipeline = pipeline;
@@ -248,6 +338,12 @@ Work CompleteOp(const Group& g, const char* op, Pipeline pipeline, int splits,
   }
   auto state = std::make_shared<internal::WorkState>(0, op);
   state->SetAlgorithm(PipelineName(pipeline));
+  trace::ScopedSpan span(trace::Category::kHost);
+  if (span.on()) {
+    span.span().name = op;
+    span.span().pipeline = PipelineLabel(pipeline, splits);
+    span.span().flops = flops;
+  }
   Pending pend;
   try {
     body(pend);

@@ -39,35 +39,28 @@
 //            chunk of a block is half as tall as the others (its
 //            hand-offs end the call).
 //
-// The fused pipeline. Each group has an operator workspace in the symmetric
-// heap (Workspace, cached in GroupImpl::ops_state, grown when a call needs
-// more): a data area, and per member 2 x n signal words (one 64-byte line
-// each), where word (phase, src) of rank d counts the chunks src handed to
-// d in that phase, over all calls (monotonic: never reset). A transfer is
-// one-sided: the producer writes the chunk into its own workspace (the
-// GEMM's output goes straight there; AllGatherMatmul's shard is copied
-// there by the progress thread while the caller multiplies its own shard),
-// then bumps the consumer's signal word with RemoteAdd declaring the
-// chunk's bytes. Under link emulation that bump is delivered only at the
-// modeled completion of the transfer on the producer's egress port
-// (transport/link_emulation.h: per-port serialization, in posting order),
-// by the link's delivery thread, so the caller goes on multiplying while
-// the "transfer" runs; without emulation it is immediate. The consumer
-// reads the chunk in place from the producer's workspace (a zero-copy Get
-// over shared memory: the GEMM or ReduceTree reads it directly) once its
-// signal word reached the expected count. Waiting is Transport::WaitGE:
-// a short spin, then a futex sleep (no CPU burnt), with the health checks
-// that turn a dead or aborted peer into an error within the timeout.
+// The fused pipeline runs over the group's channel (engine/channel.h): a
+// window of symmetric memory per rank and two phases of notification
+// counters. A transfer is one-sided: the producer writes the chunk into its
+// own window (the GEMM's output goes straight there; AllGatherMatmul's
+// shard is copied there by the progress thread, Channel::Async, while the
+// caller multiplies its own shard), then notifies the consumer with the
+// chunk's offset and bytes. Under link emulation the notification arrives
+// only at the modeled completion of the transfer on the producer's egress
+// port, so the caller goes on multiplying while the "transfer" runs. The
+// consumer waits for the count (a short spin, then a sleep, with the health
+// checks that turn a dead or aborted peer into an error within the
+// timeout) and reads the chunk in place through Channel::View (zero copy
+// over shared memory: the GEMM or ReduceTree reads it directly).
 //
-// Reuse safety. A rank overwrites its workspace only in a later call, and
-// every call starts with the all-gather of ShapeMsgs, which no rank passes
+// Reuse safety. A rank overwrites its window only in a later call, and
+// every call starts with the agreement exchange, which no rank passes
 // before every rank has entered the call, i.e. has returned from the
 // previous one, having read everything it was handed. Within a call no
-// region is written twice. Signal targets are cumulative per (phase, src),
-// kept by each consumer (Workspace::landed), so no reset is ever needed. A
-// call that fails with a communication error aborts the world (the
-// counters are then out of step and the world unusable, as after any
-// failed collective).
+// region is written twice. Counters are cumulative (Channel::Consumed), so
+// no reset is ever needed. A call that fails with a communication error
+// aborts the world (the counters are then out of step and the world
+// unusable, as after any failed collective).
 //
 // Cost of fused per rank: AllGatherMatmul hands out (n-1) m_r k bytes on
 // its port (its shard to each peer) and copies m_r k; MatmulReduceScatter
@@ -77,9 +70,7 @@
 //
 // GEMMs. Every pipeline multiplies by B packed once per call
 // (ops::PackedGemmB): given plain B, oneDNN re-lays all of B out on every
-// call (2048 x 1024 f32, k = 2048, one core: 64-row chunks took 56 ms in
-// all, packed 46 ms, one 2048-row GEMM 48 ms), which made fused s=8 at 4
-// ranks (32 GEMMs of 64 rows) 25% slower than serial on raw shm.
+// call, which made many small chunk GEMMs slower than one large one.
 //
 // Determinism: row blocks of a oneDNN product (one thread) are bitwise the
 // rows of the full product, and every reduction is ReduceTree over ranks
@@ -95,10 +86,8 @@
 #include <string>
 #include <vector>
 
-#include "collectives/algorithm.h"
 #include "core/reduce.h"
-#include "engine/group_impl.h"
-#include "engine/work_state.h"
+#include "engine/channel.h"
 #include "mc2/collectives.h"
 #include "mc2/error.h"
 #include "mc2/ops.h"
@@ -106,7 +95,6 @@
 #include "ops/fused_common.h"
 #include "ops/gemm.h"
 #include "trace/recorder.h"
-#include "transport/link_emulation.h"
 
 namespace mc2 {
 
@@ -127,6 +115,19 @@ std::optional<Pipeline> ParsePipeline(std::string_view name) {
   return std::nullopt;
 }
 
+// Trace labels "fused s=4" etc.: span strings must outlive the process's
+// trace files, so they are made once.
+const char* fused::PipelineLabel(Pipeline p, int splits) {
+  static const auto labels = [] {
+    std::vector<std::string> v;
+    for (int i = 0; i < kNumPipelines; ++i)
+      for (int s = 0; s <= 16; ++s)
+        v.push_back(fmt::format("{} s={}", PipelineName(static_cast<Pipeline>(i)), s));
+    return v;
+  }();
+  return labels[static_cast<int>(p) * 17 + std::clamp(splits, 0, 16)].c_str();
+}
+
 namespace {
 
 using fused::ChunkLo;
@@ -141,7 +142,10 @@ using FusedOp = FusedOpKind;
 
 const char* FusedOpName(FusedOp op) { return ops::FusedOpKindName(op); }
 
-// What every rank publishes at the start of a call.
+using fused::Fail;
+using fused::Str;
+
+// What every rank publishes at the start of a call (fused::ExchangeArgs).
 struct ShapeMsg {
   uint64_t op;
   uint64_t dtype;
@@ -150,120 +154,61 @@ struct ShapeMsg {
   uint64_t n;
   uint64_t m_local;  // RS: the shard rows; others 0
   uint64_t pipeline_splits;  // pipeline << 32 | splits
-  uint64_t local_error;      // 1 if this rank's arguments are invalid
+  uint64_t error;            // 1 if this rank's arguments are invalid
+  uint64_t c_null;           // AG: C is null with n > 0 (an error if M > 0)
   uint64_t model_hash;       // cost-model inputs (auto must decide alike)
   uint64_t want_gathered;    // AG: gathered_a requested (the model counts its copy)
 };
-static_assert(sizeof(ShapeMsg) == 80);
-
-[[noreturn]] void Fail(ErrorCode code, FusedOp op, int rank, const std::string& msg) {
-  throw Error(code, msg, rank, FusedOpName(op));
-}
-
-std::string Str(uint64_t v) { return std::to_string(v); }
+static_assert(sizeof(ShapeMsg) == 88);
 
 // The validated plan of one call, identical on every rank except `rank`.
-struct Plan {
+struct Plan : fused::PlanBase {
   FusedOp op;
-  int rank = 0;
-  int size = 1;
-  DType dtype = DType::kF32;
-  size_t esize = 4;
-  Pipeline pipeline = Pipeline::kSerial;
-  int splits = 1;
+  const char* name = "";
   size_t k = 0, n = 0;
   size_t M = 0;
   std::vector<size_t> rows;  // per rank block rows
   std::vector<size_t> offs;  // per rank block first row
-  GemmOptions gemm;
-  // Runs the call's GEMMs (on the calling thread): B packed at the first.
-  mutable ops::PackedGemmBSet gemms;
-  CollectiveOptions coll;
-  std::chrono::nanoseconds timeout{};
-  // FusedOptions::overlap_work (the caller's, alive for the call) and
-  // whether it ran.
-  const std::function<void()>* overlap = nullptr;
-  mutable bool overlap_done = false;
+  // The caller's FusedOptions::overlap_work, run where a pipeline would
+  // first block.
+  fused::OverlapWork* overlap = nullptr;
 };
 
-// Runs the caller's independent work once: where a pipeline would block.
-void RunOverlapWork(const Plan& p) {
-  if (p.overlap_done || !p.overlap || !*p.overlap) return;
-  p.overlap_done = true;
-  (*p.overlap)();
-}
-
-// The cost model's view of this group: link settings and heap size.
-ops::Environment ModelEnvironment(const Group& g) {
-  ops::Environment env;
-  GroupImpl* gi = g.impl();
-  if (transport::LinkModel* port = gi->tx().link()) {
-    env.link_bytes_per_second = port->config().bytes_per_second;
-    env.link_latency_s = std::chrono::duration<double>(port->config().latency).count();
-  }
-  env.heap_bytes = gi->tx().HeapBytes();
-  return env;
-}
-
 // Validates locally, exchanges, validates globally. Throws on every rank.
-// `c_null`: AllGatherMatmul's C is null with n > 0, an error only if M > 0
-// (known after the exchange).
-Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, std::string local_error,
-              const FusedOptions& o, bool c_null = false) {
-  if (!g.valid()) throw Error(ErrorCode::kInvalidArgument, "invalid group", -1, FusedOpName(op));
+Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, const std::string& local_error,
+              const FusedOptions& o, fused::OverlapWork& overlap) {
+  const char* name = FusedOpName(op);
+  ShapeMsg mine = mine_in;
+  ops::Environment env;
+  if (g.valid()) {
+    env = fused::ModelEnvironment(g);
+    mine.model_hash = fused::ModelHash(env);
+  }
+  std::vector<ShapeMsg> all =
+      fused::ExchangeArgs(g, name, mine, local_error, &ShapeMsg::error, o.timeout);
   Plan p;
   p.op = op;
+  p.name = name;
   p.rank = g.rank();
   p.size = g.size();
-  const ops::Environment env = ModelEnvironment(g);
-  const ops::CostParams& params = ops::LoadedCostParams();
-  ShapeMsg mine = mine_in;
-  mine.local_error = (local_error.empty() ? 0 : 1) | (c_null ? 2 : 0);
-  mine.model_hash = params.Hash() ^ (env.Hash() * 0x9e3779b97f4a7c15ull);
-  std::vector<ShapeMsg> all(p.size);
-  CollectiveOptions co;
-  co.timeout = o.timeout;
-  AllGather(g, &mine, all.data(), sizeof(ShapeMsg), DType::kU8, co).Wait();
-  if (!local_error.empty()) Fail(ErrorCode::kInvalidArgument, op, p.rank, local_error);
-  for (int r = 0; r < p.size; ++r) {
-    if (all[r].local_error & 1) {
-      Fail(ErrorCode::kInvalidArgument, op, p.rank,
-           "rank " + std::to_string(r) + " passed invalid arguments (see its error)");
-    }
-  }
+  p.overlap = &overlap;
   const ShapeMsg& z = all[0];
-  auto mismatch = [&](int r, const char* what, uint64_t v0, uint64_t vr) {
-    Fail(ErrorCode::kMismatch, op, p.rank,
-         std::string(what) + " differs across ranks: rank 0 has " + Str(v0) + ", rank " +
-             std::to_string(r) + " has " + Str(vr));
-  };
   for (int r = 1; r < p.size; ++r) {
-    const ShapeMsg& x = all[r];
-    if (x.op != z.op) {
-      Fail(ErrorCode::kMismatch, op, p.rank,
+    if (all[r].op != z.op) {
+      Fail(ErrorCode::kMismatch, name, p.rank,
            std::string("ranks called different operators: rank 0 ") +
                FusedOpName(static_cast<FusedOp>(z.op)) + ", rank " + std::to_string(r) + " " +
-               FusedOpName(static_cast<FusedOp>(x.op)));
+               FusedOpName(static_cast<FusedOp>(all[r].op)));
     }
-    if (x.dtype != z.dtype) mismatch(r, "dtype", z.dtype, x.dtype);
-    if (x.pipeline_splits >> 32 != z.pipeline_splits >> 32) {
-      mismatch(r, "pipeline", z.pipeline_splits >> 32, x.pipeline_splits >> 32);
-    }
-    if ((x.pipeline_splits & 0xffffffff) != (z.pipeline_splits & 0xffffffff)) {
-      mismatch(r, "splits", z.pipeline_splits & 0xffffffff, x.pipeline_splits & 0xffffffff);
-    }
-    if (op == FusedOp::kAllGatherMatmul) {
-      if (x.k != z.k) mismatch(r, "k", z.k, x.k);
-    } else {
-      if (x.m != z.m) mismatch(r, "M (rows of A)", z.m, x.m);
-      if (x.n != z.n) mismatch(r, "n (columns of B)", z.n, x.n);
-    }
-    if (x.model_hash != z.model_hash) {
-      Fail(ErrorCode::kMismatch, op, p.rank,
-           "the cost model's inputs differ across ranks (rank 0 and rank " + std::to_string(r) +
-               " loaded different operator tuning files (MC2_OPS_TUNING_FILE), link settings "
-               "(MC2_LINK) or heap sizes), so `auto` could choose differently");
-    }
+  }
+  auto same = [&](const char* what, auto get) { fused::RequireSame(all, name, p.rank, what, get); };
+  same("dtype", [](const ShapeMsg& m) { return m.dtype; });
+  fused::RequireSameSettings(all, name, p.rank);
+  if (op == FusedOp::kAllGatherMatmul) {
+    same("k", [](const ShapeMsg& m) { return m.k; });
+  } else {
+    same("M (rows of A)", [](const ShapeMsg& m) { return m.m; });
+    same("n (columns of B)", [](const ShapeMsg& m) { return m.n; });
   }
   p.dtype = static_cast<DType>(z.dtype);
   p.esize = DTypeSize(p.dtype);
@@ -278,6 +223,10 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, std::string l
     if (op == FusedOp::kAllGatherMatmul) rows = all[r].m;
     else if (op == FusedOp::kMatmulReduceScatter) rows = all[r].m_local;
     else rows = z.m * (r + 1) / p.size - z.m * r / p.size;
+    if (total + rows < total) {
+      Fail(ErrorCode::kInvalidArgument, name, p.rank,
+           "the ranks' row counts add up to more than SIZE_MAX");
+    }
     p.offs[r] = total;
     p.rows[r] = rows;
     total += rows;
@@ -291,13 +240,24 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, std::string l
       if (r > 0) list.push_back(',');
       list.append(Str(p.rows[r]));
     }
-    Fail(ErrorCode::kMismatch, op, p.rank,
+    Fail(ErrorCode::kMismatch, name, p.rank,
          "the ranks' m_local (" + list + ") add up to " + Str(total) + ", not M = " + Str(z.m));
   }
   p.M = op == FusedOp::kAllGatherMatmul ? total : z.m;
+  if (op == FusedOp::kAllGatherMatmul) {
+    // C [M x n] and the gathered A [M x k] are only known once M is.
+    size_t unused;
+    if (fused::MulOverflows(p.M, p.n, sizeof(float), &unused) ||
+        fused::MulOverflows(p.M, p.k, p.esize, &unused)) {
+      Fail(ErrorCode::kInvalidArgument, name, p.rank,
+           "M x n or M x k (M = " + Str(p.M) +
+               ", the sum of the ranks' m_local) overflows "
+               "size_t in bytes");
+    }
+  }
   for (int r = 0; r < p.size; ++r) {
-    if ((all[r].local_error & 2) && p.M > 0) {
-      Fail(ErrorCode::kInvalidArgument, op, p.rank,
+    if (all[r].c_null && p.M > 0) {
+      Fail(ErrorCode::kInvalidArgument, name, p.rank,
            r == p.rank ? "C is null but M x n = " + Str(p.M * p.n)
                        : "rank " + std::to_string(r) + " passed a null C");
     }
@@ -317,29 +277,13 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, std::string l
     prob.n = max_n;
     prob.rows = p.rows;
     prob.gathered_a = want_gathered;
-    ops::Choice c = ops::ChoosePipeline(params, env, prob);
+    ops::Choice c = ops::ChoosePipeline(ops::LoadedCostParams(), env, prob);
     p.pipeline = c.pipeline;
     p.splits = c.splits;
   }
   // (One rank runs the serial code whatever was asked: there is nothing to
   // overlap. The report still names the pipeline asked for.)
-  if (p.pipeline == Pipeline::kSerial) p.splits = 1;
-  p.gemm.threads = o.gemm_threads;
-  if (g.deterministic() && p.dtype == DType::kF32) p.gemm.backend = GemmBackend::kOneDNN;
-  // Every pipeline multiplies by B packed once (ops::PackedGemmB): chunks
-  // of a few rows run at the full-size rate, and all pipelines and split
-  // counts run the same kernels.
-  p.gemms = ops::PackedGemmBSet(p.dtype, p.gemm);
-  p.coll = co;
-  // The pipelines' collectives must run beside the GEMMs, however small.
-  p.coll.may_run_inline = false;
-  // Under link emulation the direct algorithms declare no payload (they
-  // would move data for free, docs/link-emulation.md), so the serial and
-  // chunked pipelines use the ring, which charges each rank's port with
-  // what it actually sends: the baselines pay for their bytes as fused does.
-  if (env.link_bytes_per_second > 0) p.coll.algorithm = Algorithm::kRing;
-  p.timeout = o.timeout.count() > 0 ? o.timeout : g.timeout();
-  p.overlap = &o.overlap_work;
+  fused::FinishPlan(g, o, p);
   return p;
 }
 
@@ -373,166 +317,45 @@ void GemmOrZero(const Plan& p, size_t rows, const char* a_rows, const char* b, f
   else RunGemm(p, rows, p.k, a_rows, b, dst);
 }
 
-// ---------------------------------------------------------------- workspace
-// The per-group symmetric workspace of the fused pipeline (see the top of
-// the file).
-//
-// Invariants: `flags` holds kPhases x size signal lines per member and was
-// zeroed before any peer learnt its offset; landed[phase][src] is the
-// number of chunks this rank has consumed from src in that phase over all
-// calls, equal to the value src has added to our word once a call ends.
-// flag_off/data_off are every member's absolute heap offsets. Thread
-// safety: used only by the thread issuing the group's operations.
-struct Workspace {
-  static constexpr int kPhases = 2;
-  static constexpr size_t kLine = 64;
-  SymmetricBuffer flags, data;
-  std::vector<uint64_t> flag_off, data_off;
-  std::array<std::vector<uint64_t>, kPhases> landed;
-};
-
-// Every member's heap offset of `buf` (a small all-gather).
-std::vector<uint64_t> ExchangeOffsets(const Group& g, const SymmetricBuffer& buf,
-                                      const CollectiveOptions& co) {
-  uint64_t mine = g.impl()->HeapOffset(buf.data(), buf.size());
-  std::vector<uint64_t> all(g.size());
-  AllGather(g, &mine, all.data(), 1, DType::kI64, co).Wait();
-  return all;
-}
-
-// The group's workspace with at least `bytes` of data per rank. Collective
-// when it allocates, which every rank decides alike (from the plan and the
-// same history of calls).
-Workspace& GetWorkspace(const Group& g, const Plan& p, size_t bytes) {
-  GroupImpl* gi = g.impl();
-  auto ws = std::static_pointer_cast<Workspace>(gi->ops_state);
-  CollectiveOptions co = p.coll;
-  co.algorithm = Algorithm::kAuto;
-  if (!ws) {
-    ws = std::make_shared<Workspace>();
-    ws->flags = g.AllocSymmetric(Workspace::kPhases * p.size * Workspace::kLine);
-    std::memset(ws->flags.data(), 0, ws->flags.size());
-    // Our words are zero before anyone can learn where they are.
-    ws->flag_off = ExchangeOffsets(g, ws->flags, co);
-    for (auto& v : ws->landed) v.assign(p.size, 0);
-    gi->ops_state = ws;
-  }
-  // At least a page, so that every member's area has an address.
-  bytes = std::max<size_t>(bytes, 4096);
-  if (ws->data.size() < bytes) {
-    // Grow geometrically (fewer collective re-allocations), within the heap.
-    size_t want = std::max(bytes, std::min(ws->data.size() * 2, gi->tx().HeapBytes() / 4));
-    want = (want + 4095) & ~size_t{4095};
-    ws->data = SymmetricBuffer();  // every rank is past the last call: free
-    try {
-      ws->data = g.AllocSymmetric(want);
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::kShmExhausted || want == bytes) throw;
-      ws->data = g.AllocSymmetric(bytes);
-    }
-    ws->data_off = ExchangeOffsets(g, ws->data, co);
-  }
-  return *ws;
-}
-
-// Trace labels "fused s=4" etc.: span strings must outlive the process's
-// trace files, so they are made once.
-const char* PipelineLabel(Pipeline p, int splits) {
-  static const auto labels = [] {
-    std::vector<std::string> v;
-    for (int i = 0; i < kNumPipelines; ++i)
-      for (int s = 0; s <= 16; ++s)
-        v.push_back(fmt::format("{} s={}", PipelineName(static_cast<Pipeline>(i)), s));
-    return v;
-  }();
-  return labels[static_cast<int>(p) * 17 + std::clamp(splits, 0, 16)].c_str();
-}
-
-// One call of the fused pipeline: the workspace and the signalling.
+// ---------------------------------------------------------------- channel
+// One call of the fused pipeline over the group's channel
+// (engine/channel.h): its window of `bytes` per rank, and the waits that
+// run the caller's overlap work first and name the missing chunk.
 class FusedCall {
  public:
   FusedCall(const Group& g, const Plan& p, size_t bytes)
-      : g_(g), p_(p), gi_(g.impl()), tx_(gi_->tx()), ws_(GetWorkspace(g, p, bytes)) {}
+      : p_(p), ch_(internal::Channel::Of(g)), bytes_(bytes) {
+    ch_.Begin(bytes, {p.name, fused::PipelineLabel(p.pipeline, p.splits), p.timeout});
+  }
 
-  // This rank's data area, and member r's as mapped here.
-  char* Mine() const { return ws_.data.as<char>(); }
-  const char* Of(int r) const { return gi_->HeapPtr(r, ws_.data_off[r]); }
+  // This rank's window, and member r's (read only after waiting for it).
+  char* Mine() const { return ch_.Window(); }
+  const char* Of(int r) const { return ch_.View(r, 0, bytes_); }
 
-  // Tells `dst` that one more chunk of `phase` (of `bytes`, charged to this
-  // rank's egress port under link emulation) is readable in our area.
-  void Signal(int phase, int dst, size_t bytes) const {
-    const bool on = trace::On();
-    const int64_t start = on ? trace::NowNs() : 0;
-    tx_.RemoteAdd(gi_->world_rank(dst), FlagOff(dst, phase, p_.rank), 1, bytes);
-    if (on) [[unlikely]] {
-      // The span covers the transfer as modeled: from the post to the
-      // completion on our port (the port's state right after our post;
-      // without emulation the signal is the transfer).
-      trace::Span sp{};
-      sp.start_ns = start;
-      sp.end_ns = trace::NowNs();
-      if (transport::LinkModel* port = tx_.link(); port && bytes > 0) {
-        const auto done = port->busy_until() + port->config().latency;
-        sp.end_ns = std::max<int64_t>(
-            sp.end_ns, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           done.time_since_epoch()).count());
-      }
-      sp.name = "fused_transfer";
-      sp.pipeline = PipelineLabel(p_.pipeline, p_.splits);
-      sp.bytes = bytes;
-      sp.step = -1;
-      sp.rank = -1;
-      sp.kind = static_cast<uint8_t>(trace::Category::kComm);
-      trace::Record(sp);
-    }
+  // Tells `dst` that one more chunk of `phase`, `bytes` at `offset` of our
+  // window, is ready.
+  void Signal(int phase, int dst, size_t offset, size_t bytes) const {
+    ch_.Notify(dst, phase, offset, bytes);
   }
   // Whether chunk `j` (0-based, of this call) of `phase` from `src` landed.
-  bool Landed(int phase, int src, uint64_t j) const {
-    return tx_.Peek(gi_->world_rank(p_.rank), FlagOff(p_.rank, phase, src)) >=
-           ws_.landed[phase][src] + j + 1;
-  }
-  // Blocks (spin, then futex sleep) until chunk j of `phase` from `src`
-  // landed; kTimeout / kPeerDied / kAborted name the missing chunk.
+  bool Landed(int phase, int src, uint64_t j) const { return ch_.Landed(src, phase, j + 1); }
+  // Blocks until chunk j of `phase` from `src` landed, running the overlap
+  // work first if it would block.
   void WaitLanded(int phase, int src, uint64_t j) const {
     if (Landed(phase, src, j)) return;
-    RunOverlapWork(p_);
-    if (Landed(phase, src, j)) return;
-    trace::ScopedSpan span(trace::Category::kWait);
-    if (span.on()) span.span().name = "fused_wait";
-    const uint64_t target = ws_.landed[phase][src] + j + 1;
-    transport::Clock::time_point deadline{};
-    transport::WaitContext wc;
-    wc.op = FusedOpName(p_.op);
-    wc.deadline = &deadline;
-    wc.timeout = p_.timeout;
-    wc.describe_missing = [&] {
+    p_.overlap->Run();
+    ch_.Wait(src, phase, j + 1, [&] {
       return fmt::format("chunk {} of {} from rank {} ({} pipeline, phase {})", j + 1,
                          p_.splits, src, PipelineName(p_.pipeline), phase);
-    };
-    tx_.WaitGE(gi_->world_rank(p_.rank), FlagOff(p_.rank, phase, src), target, wc);
+    });
   }
-  // The call consumed `chunks` chunks of `phase` from every peer.
-  void Consumed(int phase, uint64_t chunks) {
-    for (int r = 0; r < p_.size; ++r)
-      if (r != p_.rank) ws_.landed[phase][r] += chunks;
-  }
-  // Runs `body` on the progress thread (asynchronous puts into our area).
-  Work Async(std::function<void()> body) const {
-    return gi_->Submit(
-        "fused_put", false, [b = std::move(body)](internal::OpContext&) { b(); },
-        /*collective=*/false);
-  }
+  void Consumed(int phase, uint64_t chunks) { ch_.Consumed(phase, chunks); }
+  Work Async(std::function<void()> body) const { return ch_.Async(std::move(body)); }
 
  private:
-  uint64_t FlagOff(int owner, int phase, int src) const {
-    return ws_.flag_off[owner] + (static_cast<uint64_t>(phase) * p_.size + src) * Workspace::kLine;
-  }
-
-  const Group& g_;
   const Plan& p_;
-  GroupImpl* gi_;
-  transport::Transport& tx_;
-  Workspace& ws_;
+  internal::Channel& ch_;
+  size_t bytes_;
 };
 
 // ---------------------------------------------------------------- AG + GEMM
@@ -555,7 +378,7 @@ void FusedAllGatherMatmul(const Group& g, const Plan& p, const char* a_shard, co
       size_t lo = ChunkLo(my_rows, j, s), hi = ChunkLo(my_rows, j + 1, s);
       const size_t bytes = (hi - lo) * row_bytes;
       if (bytes) std::memcpy(call.Mine() + lo * row_bytes, a_shard + lo * row_bytes, bytes);
-      for (int i = 1; i < n; ++i) call.Signal(0, collectives::Mod(me + i, n), bytes);
+      for (int i = 1; i < n; ++i) call.Signal(0, fused::Mod(me + i, n), lo * row_bytes, bytes);
     }
   }));
   RunGemm(p, my_rows, p.k, a_shard, b, c + p.offs[me] * p.n);
@@ -563,7 +386,7 @@ void FusedAllGatherMatmul(const Group& g, const Plan& p, const char* a_shard, co
   // Chunk j of shard r-1, r-2, ...: the order in which they land.
   for (int j = 0; j < s; ++j) {
     for (int i = 1; i < n; ++i) {
-      const int src = collectives::Mod(me - i, n);
+      const int src = fused::Mod(me - i, n);
       size_t lo = ChunkLo(p.rows[src], j, s), hi = ChunkLo(p.rows[src], j + 1, s);
       call.WaitLanded(0, src, j);
       if (hi == lo) continue;
@@ -586,7 +409,12 @@ void RunAllGatherMatmul(const Group& g, const Plan& p, const char* a_shard, cons
                         float* c, char* ag, bool want_ag, Pending& pend) {
   const int n = p.size, me = p.rank;
   const size_t row_bytes = p.k * p.esize;
-  if (p.pipeline == Pipeline::kSerial || n == 1) {
+  if (n == 1) {  // the shard is the whole A: no communication
+    if (want_ag && p.M * row_bytes > 0) std::memcpy(ag, a_shard, p.M * row_bytes);
+    RunGemm(p, p.M, p.k, a_shard, b, c);
+    return;
+  }
+  if (p.pipeline == Pipeline::kSerial) {
     std::vector<size_t> counts(n), displs(n);
     for (int r = 0; r < n; ++r) {
       counts[r] = p.rows[r] * row_bytes;
@@ -617,7 +445,7 @@ void RunAllGatherMatmul(const Group& g, const Plan& p, const char* a_shard, cons
                           DType::kU8, p.coll));
     }
     for (int j = 0; j < s; ++j) {
-      if (!pend[j].Test()) RunOverlapWork(p);
+      p.overlap->RunBefore(pend[j]);
       pend[j].Wait();
       for (int r = 0; r < n; ++r) {
         size_t lo = ChunkLo(p.rows[r], j, s), hi = ChunkLo(p.rows[r], j + 1, s);
@@ -636,7 +464,7 @@ void RunAllGatherMatmul(const Group& g, const Plan& p, const char* a_shard, cons
 // `all_gather` (MatmulAllReduce), `out` is C [M x n] and every reduced chunk
 // is also handed to every peer, which copies it into its C.
 //
-// Workspace of rank r: the partials it makes for each other rank d, in rank
+// Window of rank r: the partials it makes for each other rank d, in rank
 // order ((M - rows[r]) n floats), then (all_gather) its reduced block
 // (rows[r] n floats).
 void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, const char* b,
@@ -647,15 +475,8 @@ void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, cons
   // Chunk j of a block starts at row chunk_lo(rows, j). For an all-reduce
   // the last chunk is half as tall as the others: the call ends with that
   // chunk's reduction and its hand-off to n - 1 peers, one after another
-  // on the owner's port, which nothing overlaps. Side by side at 4 ranks
-  // (bench ops matmul_all_reduce, M=2048 K=2048 N=1024, EMULATED bw=220
-  // and 270 MB/s, s = 2-4, 5 runs of each): the confirmed best 100-104 ms
-  // against 103-104 ms (220) and 99 against 102-104 ms (270); a third-size
-  // last chunk measured no better. At 2 ranks (one hand-off ends the call)
-  // it makes s = 2-4 slower (taller other chunks, a longer first GEMM) but
-  // s = 8-16 faster: 8 alternating pairs at EMULATED 190 and 205 MB/s,
-  // fused s = 4-16, confirmed best 50.4 ms on average against 51.6, 6
-  // pairs of 8 faster (docs/benchmarks.md, session 13).
+  // on the owner's port, which nothing overlaps: a shorter last chunk
+  // shortens that exposed tail (a third-size one gained nothing more).
   const bool short_tail = all_gather;
   auto chunk_lo = [s, short_tail](size_t rows, int j) -> size_t {
     if (!short_tail) return ChunkLo(rows, j, s);
@@ -696,7 +517,10 @@ void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, cons
       core::ReduceTree(DType::kF32, ReduceOp::kSum, dst, srcs.data(), n, elems, n);
     }
     if (all_gather) {
-      for (int i = 1; i < n; ++i) call.Signal(1, collectives::Mod(me + i, n), elems * 4);
+      for (int i = 1; i < n; ++i) {
+        call.Signal(1, fused::Mod(me + i, n), (reduced_off(me) + lo * ncol) * sizeof(float),
+                    elems * sizeof(float));
+      }
       if (elems) std::memcpy(my_out + lo * ncol, mine + reduced_off(me) + lo * ncol, elems * 4);
     }
   };
@@ -722,7 +546,7 @@ void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, cons
     }
     if (!all_gather) return;
     for (int i = 1; i < n; ++i) {
-      const int src = collectives::Mod(me - i, n);
+      const int src = fused::Mod(me - i, n);
       while (gathered[src] < s) {
         if (block) call.WaitLanded(1, src, gathered[src]);
         else if (!call.Landed(1, src, gathered[src])) break;
@@ -742,19 +566,18 @@ void FusedMatmulReduceScatter(const Group& g, const Plan& p, const char* a, cons
   // round late, after the partial of chunk j+1: when it is done the peer's
   // partial for it left a whole GEMM earlier and has landed, so it is
   // reduced (and handed out) at once, and the call ends with the last
-  // chunk's reduction and hand-off only, not also the peer's last transfer
-  // (matmul_all_reduce, emulated balanced link, s=4: 58.7 ms against 64.5
-  // ms in order). With more ranks the delay piles the all-gather hand-offs
-  // (to n-1 peers each) into the end of the call instead: at 4 ranks, s=2,
-  // in order was 125-136 ms against 124-148 ms delayed, so they go in order.
+  // chunk's reduction and hand-off only, not also the peer's last transfer.
+  // With more ranks the delay piles the all-gather hand-offs (to n-1 peers
+  // each) into the end of the call instead, so they go in order.
   const bool own_late = n == 2;
   for (int j = 0; j < s; ++j) {
     for (int i = 1; i < n; ++i) {
-      const int d = collectives::Mod(me + i, n);
+      const int d = fused::Mod(me + i, n);
       size_t lo = chunk_lo(p.rows[d], j), hi = chunk_lo(p.rows[d], j + 1);
       GemmOrZero(p, hi - lo, a + (p.offs[d] + lo) * row_bytes, b,
                  mine + part_off(me, d) + lo * ncol);
-      call.Signal(0, d, (hi - lo) * ncol * sizeof(float));
+      call.Signal(0, d, (part_off(me, d) + lo * ncol) * sizeof(float),
+                  (hi - lo) * ncol * sizeof(float));
       progress(false);
     }
     if (!own_late) own_gemm(j);
@@ -771,7 +594,11 @@ void RunMatmulReduceScatter(const Group& g, const Plan& p, const char* a, const 
                             float* c, Pending& pend) {
   const int n = p.size, me = p.rank;
   const size_t row_bytes = p.k * p.esize;
-  if (p.pipeline == Pipeline::kSerial || n == 1) {
+  if (n == 1) {  // the own block is the whole product: no communication
+    GemmOrZero(p, p.M, a, b, c);
+    return;
+  }
+  if (p.pipeline == Pipeline::kSerial) {
     Scratch<float> full(p.M * p.n);
     GemmOrZero(p, p.M, a, b, full.data());
     std::vector<size_t> counts(n);
@@ -799,7 +626,7 @@ void RunMatmulReduceScatter(const Group& g, const Plan& p, const char* a, const 
       }
       base = at;
     }
-    RunOverlapWork(p);
+    p.overlap->Run();
     pend.WaitAll();
     return;
   }
@@ -813,7 +640,7 @@ void RunMatmulAllReduce(const Group& g, const Plan& p, const char* a, const char
   const size_t row_bytes = p.k * p.esize;
   if (p.pipeline == Pipeline::kSerial || n == 1) {
     GemmOrZero(p, p.M, a, b, c);
-    if (p.M * p.n > 0) {
+    if (p.M * p.n > 0 && n > 1) {
       pend.Add(AllReduce(g, c, c, p.M * p.n, DType::kF32, ReduceOp::kSum, p.coll));
       pend.WaitAll();
     }
@@ -828,46 +655,19 @@ void RunMatmulAllReduce(const Group& g, const Plan& p, const char* a, const char
       pend.Add(AllReduce(g, c + lo * p.n, c + lo * p.n, (hi - lo) * p.n, DType::kF32,
                          ReduceOp::kSum, p.coll));
     }
-    RunOverlapWork(p);
+    p.overlap->Run();
     pend.WaitAll();
     return;
   }
   FusedMatmulReduceScatter(g, p, a, b, c, /*all_gather=*/true, pend);
 }
 
-// Runs `body` and returns a completed Work carrying the pipeline name, or
-// the failure (after every outstanding communication has finished). A
-// communication failure aborts the world, as a failed collective task does,
-// so that peers blocked in this call's exchanges fail at once instead of at
-// their timeout.
+// Runs a dense operator's body under the common completion (fused_common.h).
 template <typename Body>
 Work Complete(const Group& g, const Plan& p, FusedReport* report, Body&& body) {
-  if (report) {
-    report->pipeline = p.pipeline;
-    report->splits = p.splits;
-  }
-  auto state = std::make_shared<internal::WorkState>(0, FusedOpName(p.op));
-  state->SetAlgorithm(PipelineName(p.pipeline));
-  trace::ScopedSpan span(trace::Category::kHost);
-  if (span.on()) {
-    span.span().name = FusedOpName(p.op);
-    span.span().pipeline = PipelineLabel(p.pipeline, p.splits);
-    span.span().flops = static_cast<uint64_t>(GemmFlops(p.M, p.n, p.k));
-  }
-  Pending pend;
-  try {
-    body(pend);
-    RunOverlapWork(p);  // serial, or nothing ever blocked
-    state->Complete();
-  } catch (...) {
-    // Errors every rank raises alike before data moves leave the group
-    // usable (the workspace's counters are untouched): bad arguments, and
-    // a workspace that does not fit the heap (AllocSymmetric fails on all).
-    fused::AbortUnlessAgreed(g, std::current_exception());
-    pend.Drain();
-    state->Fail(std::current_exception());
-  }
-  return Work(state);
+  return fused::CompleteOp(g, p.name, p.pipeline, p.splits,
+                           static_cast<uint64_t>(GemmFlops(p.M, p.n, p.k)), report, *p.overlap,
+                           std::forward<Body>(body));
 }
 
 }  // namespace
@@ -876,18 +676,24 @@ Work AllGatherMatmul(const Group& g, const void* a_shard, size_t m_local, size_t
                      const void* b, size_t n, DType dtype, float* c, void* gathered_a,
                      const FusedOptions& options, FusedReport* report) {
   const FusedOp op = FusedOp::kAllGatherMatmul;
-  std::string err = LocalChecks(dtype, options,
-                                {a_shard == nullptr && m_local * k > 0,
-                                 b == nullptr && k * n > 0});
+  const size_t es = DTypeSize(dtype);
+  std::string err = fused::ArgChecks(
+      dtype, options,
+      {{"A (m_local x k)", {m_local, k, es}},
+       {"B (k x n)", {k, n, es}},
+       {"C (m_local x n)", {m_local, n, sizeof(float)}}},
+      {a_shard == nullptr && m_local > 0 && k > 0, b == nullptr && k > 0 && n > 0});
   ShapeMsg msg = Msg(op, dtype, m_local, k, n, 0, options);
   msg.want_gathered = gathered_a != nullptr;
-  Plan p = MakePlan(g, op, msg, err, options, c == nullptr && n > 0);
+  msg.c_null = c == nullptr && n > 0;
+  fused::OverlapWork overlap(options.overlap_work);
+  Plan p = MakePlan(g, op, msg, err, options, overlap);
   return Complete(g, p, report, [&](Pending& pend) {
     Scratch<char> own;
     char* ag = static_cast<char*>(gathered_a);
     // Serial and chunked gather into Ag whatever the caller wants; fused
     // reads peers' shards in place and fills Ag only when asked.
-    if (ag == nullptr && (p.pipeline != Pipeline::kFused || p.size == 1)) {
+    if (ag == nullptr && p.size > 1 && p.pipeline != Pipeline::kFused) {
       own.Resize(p.M * p.k * p.esize);
       ag = own.data();
     }
@@ -900,11 +706,17 @@ Work MatmulReduceScatter(const Group& g, const void* a, size_t m, size_t k, cons
                          size_t n, DType dtype, float* c_shard, size_t m_local,
                          const FusedOptions& options, FusedReport* report) {
   const FusedOp op = FusedOp::kMatmulReduceScatter;
-  std::string err = LocalChecks(dtype, options,
-                                {a == nullptr && m * k > 0, b == nullptr && k * n > 0,
-                                 c_shard == nullptr && m_local * n > 0});
+  const size_t es = DTypeSize(dtype);
+  std::string err =
+      fused::ArgChecks(dtype, options,
+                       {{"A (M x k)", {m, k, es}},
+                        {"B (k x n)", {k, n, es}},
+                        {"the product (M x n)", {m, n, sizeof(float)}}},
+                       {a == nullptr && m > 0 && k > 0, b == nullptr && k > 0 && n > 0,
+                        c_shard == nullptr && m_local > 0 && n > 0});
   if (err.empty() && m_local > m) err = "m_local " + Str(m_local) + " exceeds M " + Str(m);
-  Plan p = MakePlan(g, op, Msg(op, dtype, m, k, n, m_local, options), err, options);
+  fused::OverlapWork overlap(options.overlap_work);
+  Plan p = MakePlan(g, op, Msg(op, dtype, m, k, n, m_local, options), err, options, overlap);
   return Complete(g, p, report, [&](Pending& pend) {
     RunMatmulReduceScatter(g, p, static_cast<const char*>(a), static_cast<const char*>(b),
                            c_shard, pend);
@@ -914,10 +726,14 @@ Work MatmulReduceScatter(const Group& g, const void* a, size_t m, size_t k, cons
 Work MatmulAllReduce(const Group& g, const void* a, size_t m, size_t k, const void* b, size_t n,
                      DType dtype, float* c, const FusedOptions& options, FusedReport* report) {
   const FusedOp op = FusedOp::kMatmulAllReduce;
-  std::string err = LocalChecks(dtype, options,
-                                {a == nullptr && m * k > 0, b == nullptr && k * n > 0,
-                                 c == nullptr && m * n > 0});
-  Plan p = MakePlan(g, op, Msg(op, dtype, m, k, n, 0, options), err, options);
+  const size_t es = DTypeSize(dtype);
+  std::string err = fused::ArgChecks(
+      dtype, options,
+      {{"A (M x k)", {m, k, es}}, {"B (k x n)", {k, n, es}}, {"C (M x n)", {m, n, sizeof(float)}}},
+      {a == nullptr && m > 0 && k > 0, b == nullptr && k > 0 && n > 0,
+       c == nullptr && m > 0 && n > 0});
+  fused::OverlapWork overlap(options.overlap_work);
+  Plan p = MakePlan(g, op, Msg(op, dtype, m, k, n, 0, options), err, options, overlap);
   return Complete(g, p, report, [&](Pending& pend) {
     RunMatmulAllReduce(g, p, static_cast<const char*>(a), static_cast<const char*>(b), c, pend);
   });

@@ -244,7 +244,7 @@ std::shared_ptr<const Entry> Lookup(const Key& key) {
     auto it = cache.map.find(key);
     if (it != cache.map.end()) return it->second;
   }
-  // Created outside the lock (it takes ~1 ms); a racing thread may create
+  // Created outside the lock (creation is slow); a racing thread may create
   // the same primitive, and the first one stored wins.
   auto entry = MakeEntry(key);
   std::lock_guard<std::mutex> lock(cache.mu);
@@ -458,7 +458,7 @@ std::string GemmImplementation(size_t m, size_t n, size_t k, DType ab, DType c_t
 namespace {
 
 // How a B layout is packed: the layout and the reorder into it (once per
-// shape; creating a reorder takes ~0.1 ms).
+// shape; creating a reorder is slow).
 struct PackInfo {
   memory::desc user, packed;
   dnnl::reorder reorder;
@@ -505,10 +505,8 @@ PackedGemmB::PackedGemmB(size_t k, size_t n, DType ab, const void* b, const Gemm
     if (!info->useful) return;
     // From the thread's scratch cache (core/scratch.h), not the allocator:
     // a call packs each B afresh, and a fresh 16 MiB buffer whose pages the
-    // allocator gave back to the kernel (and this VM to its host) costs
-    // ~48 ms of page faults to fill, where a reused one takes ~2-4 ms
-    // (mc2 demo --moe-experts 4: packs over 10 ms took 1.7-2.4 s of a
-    // rank's 3 serial steps).
+    // allocator gave back to the kernel (and a VM to its host) pays its page
+    // faults on every fill, many times what a reused one costs.
     auto block = std::make_shared<core::ScratchBlock>(info->packed.get_size());
     void* data = block->data();
     packed_ = std::shared_ptr<void>(block, data);

@@ -103,14 +103,21 @@ TEST(CostModel, SmallChunksLoseGemmEfficiency) {
   EXPECT_NEAR(one.compute_s, 2e6 * 900 / 1e11, 1e-9);
 }
 
-// ChooseFusedSplits (AllGatherBatchMatmul, MoE) on inputs worked out by
+// The splits of a fused choice; -1 if the choice is serial.
+int FusedSplits(const CostParams& params, const SplitProblem& p) {
+  Choice c = ChooseSplitPipeline(params, p);
+  return c.pipeline == Pipeline::kFused ? c.splits : -1;
+}
+
+// ChooseSplitPipeline (AllGatherBatchMatmul, MoE) on inputs worked out by
 // hand: Tc = Tl = 50 ms, so T(s) = 50 ms + 50 ms / stages + stages * step.
 // Under emulation a step costs between alpha_fused_s (here 0) and
 // link_hop_s, and the s with the least worse ratio to the best of each wins.
 TEST(CostModel, FusedSplitsBalanceFillAgainstPerStepCost) {
   CostParams params = Simple();
   SplitProblem p;
-  p.ranks = 1;  // no core sharing, whatever this host has
+  p.ranks = 2;
+  p.cores = 4;  // no core sharing, whatever this host has
   p.rows = 2500;
   p.n = p.k = 1000;  // 2e6 flop per row at 100 GF/s: 50 ms
   p.fixed_calls = 1;
@@ -121,38 +128,75 @@ TEST(CostModel, FusedSplitsBalanceFillAgainstPerStepCost) {
   // (53.1 ms). s = 9 is 1.051x / 1.046x those, s = 8 1.032x / 1.059x,
   // s = 10 1.071x / 1.035x: 9 is never far from either.
   params.link_hop_s = 2e-3;
-  EXPECT_EQ(ChooseFusedSplits(params, p), 9);
+  EXPECT_EQ(FusedSplits(params, p), 9);
   // Three blocks per pipeline: stages = 3 s. 1 ms a step: s = 4 is 1.029x
   // the best (s = 2, 64.3 ms) and 1.061x the free-step best (51.0 ms);
   // s = 3 1.004x / 1.088x, s = 5 1.062x / 1.045x.
   params.link_hop_s = 1e-3;
   p.blocks = 3;
-  EXPECT_EQ(ChooseFusedSplits(params, p), 4);
+  EXPECT_EQ(FusedSplits(params, p), 4);
   // One block, 1 ms a step: s = 11 (1.022x / 1.027x).
   p.blocks = 1;
-  EXPECT_EQ(ChooseFusedSplits(params, p), 11);
+  EXPECT_EQ(FusedSplits(params, p), 11);
   // Steps that cost the same either way: the plain minimum, s = 7.
   params.alpha_fused_s = 1e-3;
-  EXPECT_EQ(ChooseFusedSplits(params, p), 7);
+  EXPECT_EQ(FusedSplits(params, p), 7);
   params.alpha_fused_s = 0;
   // Small chunks that lose GEMM efficiency push s down: each call costs
   // half_rows rows more.
   params.f32.half_rows = 500;  // +10 ms of Tc per call
-  EXPECT_LT(ChooseFusedSplits(params, p), 11);
+  EXPECT_LT(FusedSplits(params, p), 11);
   // Raw shared memory: the copy rate instead of the link, alpha_fused_s a
   // step; with neither costing anything the deepest pipeline wins.
   params.f32.half_rows = 0;
   p.link_bytes_per_second = 0;
   params.copy_bytes_per_s = 1e9;
-  EXPECT_EQ(ChooseFusedSplits(params, p), 16);
+  params.overlap_cpu_idle = 1;  // the copies hide whole
+  EXPECT_EQ(FusedSplits(params, p), 16);
   params.alpha_fused_s = 2e-3;
-  EXPECT_EQ(ChooseFusedSplits(params, p), 5);
+  EXPECT_EQ(FusedSplits(params, p), 5);
   // A batch of 4 entries: s divides 4 or 4 divides s; 4 (T 70.5 ms) beats
   // 2 (79 ms) and 8 (72.3 ms).
   p.align = 4;
-  EXPECT_EQ(ChooseFusedSplits(params, p), 4);
+  EXPECT_EQ(FusedSplits(params, p), 4);
   p.align = 3;  // 6 (T 70.3 ms) beats 3 (72.7 ms)
-  EXPECT_EQ(ChooseFusedSplits(params, p), 6);
+  EXPECT_EQ(FusedSplits(params, p), 6);
+}
+
+// Serial when overlap cannot pay: one rank, a problem whose communication
+// is negligible next to its compute (nothing to hide, the extra GEMM calls
+// cost), or one whose per-step cost exceeds what a pipeline hides.
+TEST(CostModel, SplitPipelineChoosesSerialWhenOverlapDoesNotPay) {
+  CostParams params = Simple();
+  SplitProblem p;
+  p.ranks = 2;
+  p.cores = 4;
+  p.rows = 2500;
+  p.n = p.k = 1000;  // 50 ms of GEMMs
+  p.fixed_calls = 1;
+  p.port_bytes = 50e6;
+  p.link_bytes_per_second = 1e9;  // 50 ms on the port
+  params.link_hop_s = 1e-3;
+  EXPECT_EQ(ChooseSplitPipeline(params, p).pipeline, Pipeline::kFused);
+  SplitProblem one = p;
+  one.ranks = 1;
+  EXPECT_EQ(ChooseSplitPipeline(params, one).pipeline, Pipeline::kSerial);
+  EXPECT_EQ(ChooseSplitPipeline(params, one).splits, 1);
+  // 50 us on the port: at most 50 us to hide, below min_gain of 50 ms.
+  SplitProblem small_comm = p;
+  small_comm.port_bytes = 50e3;
+  EXPECT_EQ(ChooseSplitPipeline(params, small_comm).pipeline, Pipeline::kSerial);
+  // Tiny GEMMs and transfers: each step costs more than it hides.
+  SplitProblem tiny = p;
+  tiny.rows = 1;
+  tiny.port_bytes = 1e3;
+  params.alpha_fused_s = 1e-3;
+  EXPECT_EQ(ChooseSplitPipeline(params, tiny).pipeline, Pipeline::kSerial);
+  // The prediction is reported: fused beats the serial estimate it names.
+  params.alpha_fused_s = 0;
+  Choice c = ChooseSplitPipeline(params, p);
+  EXPECT_NEAR(c.serial.seconds, 0.1, 1e-3);  // 50 ms GEMMs + 50 ms port
+  EXPECT_LT(c.estimate.seconds, c.serial.seconds);
 }
 
 TEST(CostModel, AutoChoosesByRegime) {
