@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/access.h"
 #include "engine/group_impl.h"
 #include "mc2/collectives.h"
 #include "mc2/error.h"
@@ -373,7 +374,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         [&](mc2::Group& g) {
           {
             std::lock_guard<std::mutex> lock(mu);
-            worlds.push_back(g.impl()->world_ptr());
+            worlds.push_back(mc2::internal::Access::Impl(g)->world_ptr());
           }
           for (const Args& a : calls) {
             try {

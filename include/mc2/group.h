@@ -17,6 +17,7 @@ namespace mc2 {
 namespace internal {
 class GroupImpl;
 struct SymmetricAllocation;
+struct Access;
 }  // namespace internal
 
 class Group;
@@ -134,10 +135,10 @@ class Group {
   // own messages (the fused operators') use a tag space of their own, so
   // they never match a user's Send or Recv.
 
-  internal::GroupImpl* impl() const { return impl_.get(); }
+ private:
+  friend struct internal::Access;
   explicit Group(std::shared_ptr<internal::GroupImpl> impl) : impl_(std::move(impl)) {}
 
- private:
   std::shared_ptr<internal::GroupImpl> impl_;
 };
 

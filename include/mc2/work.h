@@ -12,7 +12,8 @@ namespace mc2 {
 
 namespace internal {
 class WorkState;
-}
+struct Access;
+}  // namespace internal
 
 // A Work is returned by every collective, point-to-point and fused operation.
 // The operation runs on the rank's progress thread, or on the calling thread
@@ -26,7 +27,6 @@ class WorkState;
 class Work {
  public:
   Work() = default;
-  explicit Work(std::shared_ptr<internal::WorkState> state) : state_(std::move(state)) {}
 
   // True once the operation finished, successfully or not. Never throws.
   bool Test() const;
@@ -46,6 +46,9 @@ class Work {
   std::string algorithm() const;
 
  private:
+  friend struct internal::Access;
+  explicit Work(std::shared_ptr<internal::WorkState> state) : state_(std::move(state)) {}
+
   std::shared_ptr<internal::WorkState> state_;
 };
 

@@ -13,6 +13,7 @@
 #include "core/checked.h"
 #include "core/enforce.h"
 #include "core/log.h"
+#include "engine/access.h"
 #include "trace/recorder.h"
 
 namespace mc2 {
@@ -182,7 +183,7 @@ void RunBody(OpContext& ctx, const CollArgs& a, const Plan& p) {
 // `a` by reference: a call run inline never copies or moves its arguments
 // (only a queued one moves them into its task).
 Work Launch(const Group& g, CollArgs&& a, const CollectiveOptions& opts, size_t select_bytes) {
-  GroupImpl* gi = g.impl();
+  GroupImpl* gi = internal::Access::Impl(g);
   const int n = gi->size();
   a.esize = DTypeSize(a.dtype);
   a.deterministic = gi->world().deterministic;
@@ -282,7 +283,7 @@ Work Launch(const Group& g, CollArgs&& a, const CollectiveOptions& opts, size_t 
 std::optional<Work> TryEagerAllReduce(const Group& g, const void* send, void* recv, size_t count,
                                       DType dtype, ReduceOp op, const CollectiveOptions& opts,
                                       size_t bytes) {
-  GroupImpl* gi = g.impl();
+  GroupImpl* gi = internal::Access::Impl(g);
   if (bytes > GroupImpl::kInlineBytes || !opts.may_run_inline || gi->strict_check())
     return std::nullopt;
   const int n = gi->size();

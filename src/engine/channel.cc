@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/enforce.h"
+#include "engine/access.h"
 #include "engine/group_impl.h"
 #include "engine/p2p_engine.h"
 #include "trace/recorder.h"
@@ -40,7 +41,7 @@ std::vector<uint64_t> ExchangeOffsets(GroupImpl* g, const SymmetricBuffer& buf) 
 
 Channel& Channel::Of(const Group& g) {
   MC2_CHECK_ARG(g.valid(), "channel of an invalid (empty) group");
-  GroupImpl* gi = g.impl();
+  GroupImpl* gi = Access::Impl(g);
   if (!gi->channel) gi->channel = std::make_unique<Channel>(gi);
   return *gi->channel;
 }
@@ -58,7 +59,7 @@ void Channel::Begin(size_t window_bytes, const CallInfo& info) {
     // Nobody to hand data to: a private window, no collective step.
     if (window_.size() < window_bytes) {
       window_ = SymmetricBuffer();
-      window_ = Group(g_->shared_from_this()).AllocSymmetric(window_bytes);
+      window_ = Access::MakeGroup(g_->shared_from_this()).AllocSymmetric(window_bytes);
     }
     return;
   }
@@ -66,7 +67,7 @@ void Channel::Begin(size_t window_bytes, const CallInfo& info) {
   // a call that moves nothing (its views are still formed).
   window_bytes = std::max<size_t>(window_bytes, 4096);
   if (counters_.size() == 0) {
-    Group g(g_->shared_from_this());
+    Group g = Access::MakeGroup(g_->shared_from_this());
     SymmetricBuffer counters = g.AllocSymmetric(kPhases * g_->size() * kLine);
     std::memset(counters.data(), 0, counters.size());
     // Our counters are zero before anyone can learn where they are.
@@ -77,7 +78,7 @@ void Channel::Begin(size_t window_bytes, const CallInfo& info) {
 }
 
 void Channel::Grow(size_t bytes) {
-  Group g(g_->shared_from_this());
+  Group g = Access::MakeGroup(g_->shared_from_this());
   // Grow geometrically (fewer collective re-allocations), within the heap.
   size_t want = std::max(bytes, std::min(window_.size() * 2, heap_bytes() / 4));
   want = (want + 4095) & ~size_t{4095};

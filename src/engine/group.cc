@@ -15,6 +15,7 @@
 #include "core/enforce.h"
 #include "core/env.h"
 #include "core/log.h"
+#include "engine/access.h"
 #include "engine/group_impl.h"
 #include "trace/recorder.h"
 
@@ -289,15 +290,15 @@ namespace {
 char* PeerAddress(const Group& g, const SymmetricBuffer& b,
                   const std::shared_ptr<internal::SymmetricAllocation>& a, int peer,
                   size_t offset, size_t bytes, const char* what) {
-  MC2_CHECK_ARG(a && a->group == g.impl(), "{}: the buffer was not allocated by this group",
-                what);
+  MC2_CHECK_ARG(a && a->group == internal::Access::Impl(g),
+                "{}: the buffer was not allocated by this group", what);
   MC2_CHECK_ARG(peer >= 0 && peer < g.size(), "{}: peer {} out of range [0, {})", what, peer,
                 g.size());
   // Compared without forming offset + bytes, which may wrap.
   MC2_CHECK_ARG(offset <= a->bytes && bytes <= a->bytes - offset,
                 "{}: {} bytes at offset {} exceed the buffer's {} bytes", what, bytes, offset,
                 a->bytes);
-  return g.impl()->HeapPtr(peer, a->offsets[peer]) + offset;
+  return internal::Access::Impl(g)->HeapPtr(peer, a->offsets[peer]) + offset;
 }
 }  // namespace
 

@@ -284,7 +284,8 @@ Work GroupImpl::Submit(const char* name, bool inline_ok, std::function<void(OpCo
     fn(ctx);
     if (ctx.seq) PublishDone(ctx);
   };
-  if (inline_ok && world_->engine->TryRunInline(work, [&] { run(body); })) return Work(work);
+  if (inline_ok && world_->engine->TryRunInline(work, [&] { run(body); }))
+    return Access::MakeWork(work);
   world_->engine->Submit(work, [self = shared_from_this(), run, body = std::move(body)]() mutable {
     // Drop our reference when the body ends, before the work completes:
     // a caller that waits and then lets go then holds the last one, and the
@@ -294,7 +295,7 @@ Work GroupImpl::Submit(const char* name, bool inline_ok, std::function<void(OpCo
     std::shared_ptr<GroupImpl> keep = std::move(self);
     run(body);
   });
-  return Work(work);
+  return Access::MakeWork(work);
 }
 
 void GroupImpl::RunSync(const char* name, std::function<void(OpContext&)> body) {

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/access.h"
 #include "engine/arrival.h"
 #include "engine/control_area.h"
 #include "engine/p2p_engine.h"
@@ -126,7 +127,7 @@ class GroupImpl : public ControlArea, public std::enable_shared_from_this<GroupI
       body(ctx);
       PublishDone(ctx);
     });
-    return Work(std::move(work));
+    return Access::MakeWork(std::move(work));
   }
 
 #if defined(__SANITIZE_THREAD__)

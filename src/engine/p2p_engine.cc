@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/enforce.h"
+#include "engine/access.h"
 #include "engine/group_impl.h"
 #include "trace/recorder.h"
 
@@ -62,7 +63,7 @@ Work P2PEngine::Post(std::shared_ptr<GroupImpl> group, bool send, char* data, si
   }
   cv_.notify_one();
   world_->transport->Wake(world_->transport->rank());
-  return Work(work);
+  return Access::MakeWork(work);
 }
 
 bool P2PEngine::CanSend(const Op& op) const {

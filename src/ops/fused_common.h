@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/scratch.h"
+#include "engine/access.h"
 #include "engine/channel.h"
 #include "engine/work_state.h"
 #include "mc2/collectives.h"
@@ -354,7 +355,7 @@ Work CompleteOp(const Group& g, const char* op, Pipeline pipeline, int splits, u
     pend.Drain();
     state->Fail(std::current_exception());
   }
-  return Work(state);
+  return internal::Access::MakeWork(state);
 }
 
 // A span of an operator's own work on the calling thread (GEMMs: kCompute

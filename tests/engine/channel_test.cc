@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/access.h"
 #include "engine/group_impl.h"
 #include "mc2/mc2.h"
 #include "transport/link_emulation.h"
@@ -134,7 +135,7 @@ TEST(Channel, EmulatedLinkChargesEachNotifiedTransfer) {
         EXPECT_TRUE(ch.link().emulated());
         EXPECT_DOUBLE_EQ(ch.link().bytes_per_second, 1e9);
         ch.Begin(1 << 20, {});
-        transport::LinkModel* port = g.impl()->tx().link();
+        transport::LinkModel* port = internal::Access::Impl(g)->tx().link();
         ASSERT_NE(port, nullptr);
         const uint64_t before = port->bytes_posted();
         ch.Notify(1 - g.rank(), 0, 0, 1 << 20);

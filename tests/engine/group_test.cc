@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/access.h"
 #include "engine/group_impl.h"
 #include "mc2/mc2.h"
 
@@ -265,10 +266,10 @@ TEST(Group, TheLastHandleMayGoOnTheWorldsProgressThread) {
   std::weak_ptr<internal::World> world;
   Group::RunInProcess(2, [&](Group& g) {
     if (g.rank() != 0) return;
-    world = g.impl()->world_ptr();
+    world = internal::Access::Impl(g)->world_ptr();
     // The body's copy of the group is released with the finished task, on
     // the progress thread.
-    g.impl()->Submit(
+    internal::Access::Impl(g)->Submit(
         "hold", /*inline_ok=*/false, [copy = g, go](internal::OpContext&) { go.wait(); },
         /*collective=*/false);
   });

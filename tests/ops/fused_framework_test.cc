@@ -50,7 +50,7 @@ TEST(FusedFramework, OneRankRunsEveryOperatorWithoutCollectives) {
       FusedOptions o;
       o.pipeline = pl;
       o.gemm_threads = 1;
-      const uint64_t seq = g.impl()->last_seq();
+      const uint64_t seq = internal::Access::Impl(g)->last_seq();
       std::vector<float> c(m * n, -1.0f), rs(m * n, -1.0f), ar(m * n, -1.0f);
       std::vector<float> gathered(m * k, -1.0f);
       AllGatherMatmul(g, af, m, k, bf, n, DType::kF32, c.data(), gathered.data(), o).Wait();
@@ -63,7 +63,7 @@ TEST(FusedFramework, OneRankRunsEveryOperatorWithoutCollectives) {
           .Wait();
       // No operation took a sequence number: no agreement exchange, no
       // collective.
-      EXPECT_EQ(g.impl()->last_seq(), seq);
+      EXPECT_EQ(internal::Access::Impl(g)->last_seq(), seq);
       EXPECT_TRUE(SameBits(c, want));
       EXPECT_TRUE(SameBits(rs, want));
       EXPECT_TRUE(SameBits(ar, want));
@@ -79,7 +79,7 @@ TEST(FusedFramework, OneRankRunsTheMoeOperatorsWithoutCollectives) {
     const size_t T = 9, d = 8, h = 6;
     const int E = 2, topk = 1;
     std::vector<int32_t> ids = {0, 1, 1, 0, -1, 1, 0, 0, 1};
-    const uint64_t seq = g.impl()->last_seq();
+    const uint64_t seq = internal::Access::Impl(g)->last_seq();
     MoeRouting r = MoeRoute(g, ids.data(), T, topk, E);
     Mat x = Random(T * d, DType::kF32, 4), w = Random(E * d * h, DType::kF32, 5);
     const float* xf = reinterpret_cast<const float*>(x.bytes.data());
@@ -114,7 +114,7 @@ TEST(FusedFramework, OneRankRunsTheMoeOperatorsWithoutCollectives) {
       // The MLP is the dispatch then the combine.
       EXPECT_TRUE(SameBits(mlp, out));
     }
-    EXPECT_EQ(g.impl()->last_seq(), seq);
+    EXPECT_EQ(internal::Access::Impl(g)->last_seq(), seq);
   });
 }
 

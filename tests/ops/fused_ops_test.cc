@@ -330,7 +330,7 @@ TEST(FusedOps, EmulatedLinkPacesFusedTransfers) {
     const int me = g.rank();
     const size_t rows[3] = {40, 0, 57};
     const size_t k = 512, n = 64, M = 97;
-    transport::LinkModel* port = g.impl()->tx().link();
+    transport::LinkModel* port = internal::Access::Impl(g)->tx().link();
     ASSERT_NE(port, nullptr);
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       const size_t es = DTypeSize(dtype);

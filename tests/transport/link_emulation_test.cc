@@ -23,6 +23,7 @@
 
 #include "core/env.h"
 #include "core/link_config.h"
+#include "engine/access.h"
 #include "engine/group_impl.h"
 #include "mc2/mc2.h"
 
@@ -376,8 +377,8 @@ TEST(LinkCollectives, CorrectUnderMC2_LINK) {
   setenv("MC2_LINK", "bw=2GB/s,lat=5us", 1);
   for (int n : {2, 3}) {
     Group::RunInProcess(n, [&](Group& g) {
-      EXPECT_STREQ(g.impl()->tx().name(), "threads+link");
-      ASSERT_NE(g.impl()->tx().link(), nullptr);
+      EXPECT_STREQ(internal::Access::Impl(g)->tx().name(), "threads+link");
+      ASSERT_NE(internal::Access::Impl(g)->tx().link(), nullptr);
       CheckCollectives(g);
       // Sub-groups too; their areas are freed with pending flags drained.
       Group sub = g.Split(g.rank() % 2, 0);
@@ -388,7 +389,7 @@ TEST(LinkCollectives, CorrectUnderMC2_LINK) {
   WorldOptions o;
   o.link = "none";
   Group::RunInProcess(
-      2, [&](Group& g) { EXPECT_EQ(g.impl()->tx().link(), nullptr); }, o);
+      2, [&](Group& g) { EXPECT_EQ(internal::Access::Impl(g)->tx().link(), nullptr); }, o);
   unsetenv("MC2_LINK");
 }
 
@@ -398,7 +399,7 @@ TEST(LinkCollectives, CorrectWithTheWorldOption) {
   Group::RunInProcess(
       4,
       [&](Group& g) {
-        ASSERT_NE(g.impl()->tx().link(), nullptr);
+        ASSERT_NE(internal::Access::Impl(g)->tx().link(), nullptr);
         CheckCollectives(g);
       },
       o);
@@ -418,13 +419,13 @@ TEST(LinkCollectives, AllReduceTakesTheModeledTime) {
         2,
         [&](Group& g) {
           std::vector<float> in(count, 1.0f + g.rank()), out(count);
-          auto* port = g.impl()->tx().link();
+          auto* port = internal::Access::Impl(g)->tx().link();
           // Warm up (page faults, scratch), then measure.
           AllReduce(g, in.data(), out.data(), count, DType::kF32, ReduceOp::kSum,
                     {.algorithm = Algorithm::kRabenseifner})
               .Wait();
           Barrier(g).Wait();
-          if (port) g.impl()->tx().Drain();
+          if (port) internal::Access::Impl(g)->tx().Drain();
           Barrier(g).Wait();
           const uint64_t bytes0 = port ? port->bytes_posted() : 0;
           const auto t0 = Clock::now();
