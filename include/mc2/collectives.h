@@ -32,9 +32,12 @@
 
 namespace mc2 {
 
-// Collective algorithms. kAuto lets the selector choose from the tuning
-// table (MC2_TUNING_FILE, written by `mc2 bench --tune`); MC2_ALGO overrides
-// kAuto for every call.
+// Collective algorithms. kAuto picks one per collective, group size and
+// message size: from the tuning table (MC2_TUNING_FILE, else
+// ~/.cache/mc2/tuning.json, written by `mc2 bench --tune`), else from
+// built-in defaults; MC2_ALGO overrides kAuto for every call. Asking a
+// collective for an algorithm that does not implement it throws
+// kInvalidArgument naming the ones that do.
 enum class Algorithm : uint8_t {
   kAuto = 0,
   kRing,               // bandwidth-optimal on rings; N-1 steps per phase
