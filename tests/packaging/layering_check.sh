@@ -4,13 +4,14 @@
 #
 #   tests/packaging/layering_check.sh --binary-dir BUILD [--source-dir SRC]
 #       [--cxx COMPILER] [--core-includes "DIR;DIR"] [--engine-includes "DIR;DIR"]
-#       [--models-includes "DIR;DIR"] [--implicit-includes "DIR;DIR"]
+#       [--ops-includes "DIR;DIR"] [--models-includes "DIR;DIR"]
+#       [--implicit-includes "DIR;DIR"]
 #
 # Each layer src/L is compiled with the public include/ and its own include
 # root BUILD/layer_include/L, which holds symlinks to src/L and to the lower
 # layers L may use, and nothing else (mc2_layer() in CMakeLists.txt). ctest
-# passes the include directories of the real mc2_core, mc2_engine and
-# mc2_models targets;
+# passes the include directories of the real mc2_core, mc2_engine, mc2_ops
+# and mc2_models targets;
 # without them the script assumes SRC/include plus that layer's root. Those
 # lists may name the compiler's implicit directories (e.g. /usr/include, from
 # fmt's target); like CMake, the script leaves out the ones given with
@@ -23,7 +24,11 @@
 #   2. in src/engine, #include "core/env.h" must compile (engine may see core);
 #   3. in src/engine, #include "engine/group_impl.h" must compile (the header
 #      itself is fine: check 1 failed only because of the layer root);
-#   4. src/models (a library on the public API) sees no internal layer: its
+#   4. src/ops talks to the engine, never to a transport: its root holds no
+#      transport/, #include "transport/transport.h" must FAIL for want of the
+#      header, and "engine/channel.h" (the engine's primitive for the fused
+#      pipelines) must compile;
+#   5. src/models (a library on the public API) sees no internal layer: its
 #      root holds only models/, #include "ops/gemm.h" must FAIL for want of
 #      the header, and "models/kernels.h" with <mc2/ops.h> must compile.
 set -euo pipefail
@@ -34,6 +39,7 @@ binary_dir=""
 cxx="${CXX:-c++}"
 core_includes=""
 engine_includes=""
+ops_includes=""
 models_includes=""
 implicit_includes=""
 
@@ -44,9 +50,10 @@ while [ $# -gt 0 ]; do
     --cxx) cxx="$2"; shift 2 ;;
     --core-includes) core_includes="$2"; shift 2 ;;
     --engine-includes) engine_includes="$2"; shift 2 ;;
+    --ops-includes) ops_includes="$2"; shift 2 ;;
     --models-includes) models_includes="$2"; shift 2 ;;
     --implicit-includes) implicit_includes="$2"; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "layering_check: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -55,20 +62,27 @@ binary_dir=$(cd "$binary_dir" && pwd)
 
 fail() { echo "layering_check: FAILED: $*" >&2; exit 1; }
 
-for layer in core engine models; do
+for layer in core engine ops models; do
   [ -d "$binary_dir/layer_include/$layer" ] ||
     fail "$binary_dir/layer_include/$layer does not exist (is $binary_dir configured?)"
 done
 [ -e "$binary_dir/layer_include/core/engine" ] &&
   fail "the core layer's include root contains engine/"
+[ -e "$binary_dir/layer_include/ops/transport" ] &&
+  fail "the ops layer's include root contains transport/"
 [ -z "$core_includes" ] && core_includes="$source_dir/include;$binary_dir/layer_include/core"
 [ -z "$engine_includes" ] && engine_includes="$source_dir/include;$binary_dir/layer_include/engine"
+[ -z "$ops_includes" ] && ops_includes="$source_dir/include;$binary_dir/layer_include/ops"
 [ -z "$models_includes" ] && models_includes="$source_dir/include;$binary_dir/layer_include/models"
 extra=$(ls -A "$binary_dir/layer_include/models" | grep -vx models || true)
 [ -z "$extra" ] || fail "the models layer's include root holds more than models/: $extra"
 case ";$core_includes;" in
   *";$binary_dir/layer_include/core;"*) ;;
   *) fail "the core target does not use its layer root (includes: $core_includes)" ;;
+esac
+case ";$ops_includes;" in
+  *";$binary_dir/layer_include/ops;"*) ;;
+  *) fail "the ops target does not use its layer root (includes: $ops_includes)" ;;
 esac
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mc2-layering.XXXXXX")
@@ -110,6 +124,20 @@ compile engine "$engine_includes" core/env.h ||
 echo "== layering_check: engine includes engine/group_impl.h (must compile)"
 compile engine "$engine_includes" engine/group_impl.h ||
   { cat "$tmp/engine.log"; fail "a file of src/engine cannot include engine/group_impl.h"; }
+
+echo "== layering_check: ops includes transport/transport.h (must fail)"
+if compile ops "$ops_includes" transport/transport.h; then
+  fail "a file of src/ops compiled with #include \"transport/transport.h\": the operators see a transport"
+fi
+if ! grep -q 'transport/transport.h' "$tmp/ops.log" || ! grep -qiE 'no such file|file not found' "$tmp/ops.log"; then
+  cat "$tmp/ops.log"
+  fail "the probe failed, but not because transport/transport.h was not found"
+fi
+head -3 "$tmp/ops.log"
+
+echo "== layering_check: ops includes engine/channel.h (must compile)"
+compile ops "$ops_includes" engine/channel.h ||
+  { cat "$tmp/ops.log"; fail "a file of src/ops cannot include engine/channel.h"; }
 
 echo "== layering_check: models includes ops/gemm.h (must fail)"
 if compile models "$models_includes" ops/gemm.h; then
