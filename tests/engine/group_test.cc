@@ -2,8 +2,10 @@
 
 #include <chrono>
 #include <future>
+#include <memory>
 #include <numeric>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "engine/access.h"
@@ -12,6 +14,39 @@
 
 namespace mc2 {
 namespace {
+
+// The public handles expose no internal type: their internal constructors
+// and the group's state are reachable only through internal::Access.
+template <typename G>
+concept HasPublicImpl = requires(const G& g) {
+  g.impl();
+};
+static_assert(!HasPublicImpl<Group>);
+static_assert(!std::is_constructible_v<Group, std::shared_ptr<internal::GroupImpl>>);
+static_assert(!std::is_constructible_v<Work, std::shared_ptr<internal::WorkState>>);
+
+TEST(Group, AccessReachesTheStateBehindTheHandles) {
+  EXPECT_EQ(internal::Access::Impl(Group()), nullptr);
+  Group::RunInProcess(2, [&](Group& g) {
+    internal::GroupImpl* impl = internal::Access::Impl(g);
+    ASSERT_NE(impl, nullptr);
+    EXPECT_EQ(impl->rank(), g.rank());
+    // A handle made from the state is the same group: it shares the state
+    // and runs collectives with the other rank's original handle.
+    Group same = internal::Access::MakeGroup(impl->shared_from_this());
+    EXPECT_EQ(internal::Access::Impl(same), impl);
+    int32_t in = g.rank() + 1, out = 0;
+    AllReduce(same, &in, &out, 1, DType::kI32, ReduceOp::kSum).Wait();
+    EXPECT_EQ(out, 3);
+  });
+  auto state = std::make_shared<internal::WorkState>(7, "probe");
+  Work work = internal::Access::MakeWork(state);
+  EXPECT_EQ(work.seq(), 7u);
+  EXPECT_FALSE(work.Test());
+  state->Complete();
+  EXPECT_TRUE(work.Test());
+  work.Wait();
+}
 
 TEST(Group, RankAndSize) {
   std::atomic<int> sum{0};
