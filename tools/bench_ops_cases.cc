@@ -60,8 +60,15 @@ class AllGatherMatmulCase : public OpCase {
   }
   FusedReport Run(const FusedOptions& o) override {
     FusedReport rep;
-    AllGatherMatmulSync(g_, a_.data(), rows_, c_.k, b_.data(), c_.n, c_.dtype, out_.data(), nullptr,
-                        o, &rep);
+    rep = AllGatherMatmul(g_,
+                          {.a = a_.data(),
+                           .b = b_.data(),
+                           .c = out_.data(),
+                           .m = rows_,
+                           .k = c_.k,
+                           .n = c_.n,
+                           .dtype = c_.dtype},
+                          o);
     return rep;
   }
   void ComputeOnly() override {
@@ -96,11 +103,26 @@ class MatmulReduceCase : public OpCase {
   FusedReport Run(const FusedOptions& o) override {
     FusedReport rep;
     if (all_reduce_) {
-      MatmulAllReduceSync(g_, a_.data(), c_.m, c_.k, b_.data(), c_.n, c_.dtype, out_.data(), o,
-                          &rep);
+      rep = MatmulAllReduce(g_,
+                            {.a = a_.data(),
+                             .b = b_.data(),
+                             .c = out_.data(),
+                             .m = c_.m,
+                             .k = c_.k,
+                             .n = c_.n,
+                             .dtype = c_.dtype},
+                            o);
     } else {
-      MatmulReduceScatterSync(g_, a_.data(), c_.m, c_.k, b_.data(), c_.n, c_.dtype, out_.data(),
-                              rows_, o, &rep);
+      rep = MatmulReduceScatter(g_,
+                                {.a = a_.data(),
+                                 .b = b_.data(),
+                                 .c = out_.data(),
+                                 .m = c_.m,
+                                 .k = c_.k,
+                                 .n = c_.n,
+                                 .dtype = c_.dtype,
+                                 .m_local = rows_},
+                                o);
     }
     return rep;
   }
@@ -150,8 +172,17 @@ class AllGatherBatchMatmulCase : public OpCase {
   }
   FusedReport Run(const FusedOptions& o) override {
     FusedReport rep;
-    AllGatherBatchMatmulSync(g_, a_.data(), kBatchEntries, rows_, c_.k, b_.data(),
-                             BatchB::kPerBatch, c_.n, c_.dtype, out_.data(), nullptr, o, &rep);
+    rep = AllGatherBatchMatmul(g_,
+                               {.a = a_.data(),
+                                .b = b_.data(),
+                                .c = out_.data(),
+                                .m = rows_,
+                                .k = c_.k,
+                                .n = c_.n,
+                                .dtype = c_.dtype,
+                                .batch = kBatchEntries,
+                                .b_layout = BatchB::kPerBatch},
+                               o);
     return rep;
   }
   void ComputeOnly() override {
