@@ -92,7 +92,6 @@ class MoeCase : public OpCase {
     MakeAlone();
   }
   FusedReport Run(const FusedOptions& o) override {
-    FusedReport rep;
     const size_t R = routing_.num_received();
     AllToAllMatmul(g_, routing_,
                    {.a = x_.data(),
@@ -102,16 +101,15 @@ class MoeCase : public OpCase {
                     .n = c_.n,
                     .dtype = c_.dtype},
                    o);
-    rep = MatmulAllToAll(g_, routing_,
-                         {.a = hidden_.data(),
-                          .b = w2_.data(),
-                          .c = all_.data() + R * c_.n,
-                          .k = c_.n,
-                          .n = c_.k,
-                          .dtype = c_.dtype,
-                          .probs = probs_.data()},
-                         o);
-    return rep;
+    return MatmulAllToAll(g_, routing_,
+                          {.a = hidden_.data(),
+                           .b = w2_.data(),
+                           .c = all_.data() + R * c_.n,
+                           .k = c_.n,
+                           .n = c_.k,
+                           .dtype = c_.dtype,
+                           .probs = probs_.data()},
+                          o);
   }
   void ComputeOnly() override {
     AllToAllMatmul(alone_, alone_routing_,
@@ -203,24 +201,22 @@ class MoeMlpCase : public MoeCase {
     y_alone_.resize(R * 2 * c.n);
   }
   FusedReport Run(const FusedOptions& o) override {
-    FusedReport rep;
     const size_t R = routing_.num_received();
     MoeMlpSaved saved;
     saved.y1 = all_.data();
-    rep = MoeMlp(g_, routing_,
-                 {.a = x_.data(),
-                  .w1 = w13_.data(),
-                  .w2 = w2_.data(),
-                  .c = all_.data() + R * 2 * c_.n,
-                  .d = c_.k,
-                  .h1 = 2 * c_.n,
-                  .h2 = c_.n,
-                  .dtype = c_.dtype,
-                  .act = SwiGlu(c_.n),
-                  .probs = probs_.data(),
-                  .saved = saved},
-                 o);
-    return rep;
+    return MoeMlp(g_, routing_,
+                  {.a = x_.data(),
+                   .w1 = w13_.data(),
+                   .w2 = w2_.data(),
+                   .c = all_.data() + R * 2 * c_.n,
+                   .d = c_.k,
+                   .h1 = 2 * c_.n,
+                   .h2 = c_.n,
+                   .dtype = c_.dtype,
+                   .act = SwiGlu(c_.n),
+                   .probs = probs_.data(),
+                   .saved = saved},
+                  o);
   }
   // As MoeCase's: the operator's serial pipeline on this rank alone (both
   // GEMMs, SwiGLU and its rounding, the combine), keeping y1 as Run does.
