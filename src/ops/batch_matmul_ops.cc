@@ -89,10 +89,10 @@ BatchPlan MakeBatchPlan(const Group& g, const BatchMsg& mine, const std::string&
   auto same = [&](const char* what, auto get) {
     fused::RequireSame(all, kOpName, p.rank, what, get);
   };
-  same("dtype", [](const BatchMsg& m) { return m.dtype; });
-  same("batch", [](const BatchMsg& m) { return m.batch; });
-  same("k", [](const BatchMsg& m) { return m.k; });
-  same("B layout (0 per batch, 1 shared)", [](const BatchMsg& m) { return m.b_layout; });
+  same("args.dtype", [](const BatchMsg& m) { return m.dtype; });
+  same("args.batch", [](const BatchMsg& m) { return m.batch; });
+  same("args.k", [](const BatchMsg& m) { return m.k; });
+  same("args.b_layout (0 per batch, 1 shared)", [](const BatchMsg& m) { return m.b_layout; });
   fused::RequireSameSettings(all, kOpName, p.rank);
   p.dtype = static_cast<DType>(all[0].dtype);
   p.esize = DTypeSize(p.dtype);
@@ -113,7 +113,7 @@ BatchPlan MakeBatchPlan(const Group& g, const BatchMsg& mine, const std::string&
   // The gathered A and C are only known once M is (every rank fails alike).
   std::string size_err =
       too_large
-          ? "M (the sum of the ranks' m_local) overflows size_t"
+          ? "M (the sum of the ranks' args.m) overflows size_t"
           : fused::SizeChecks({{"the gathered A (batch x M x k)", {p.batch, p.M, p.k, p.esize}},
                                {"C (batch x M x n)", {p.batch, p.M, max_n, sizeof(float)}}});
   if (!size_err.empty()) fused::Fail(ErrorCode::kInvalidArgument, kOpName, p.rank, size_err);
@@ -122,8 +122,8 @@ BatchPlan MakeBatchPlan(const Group& g, const BatchMsg& mine, const std::string&
   for (int q = 0; q < p.size && p.batch * p.M > 0; ++q) {
     if (all[q].c_null) {
       fused::Fail(ErrorCode::kInvalidArgument, kOpName, p.rank,
-                  q == p.rank ? "C is null but batch x M x n = " + Str(p.batch * p.M * p.n)
-                              : "rank " + std::to_string(q) + " passed a null C");
+                  q == p.rank ? "args.c is null but batch x M x n = " + Str(p.batch * p.M * p.n)
+                              : "rank " + std::to_string(q) + " passed a null args.c");
     }
   }
   p.pipeline = static_cast<Pipeline>(all[0].pipeline_splits >> 32);

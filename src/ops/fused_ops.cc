@@ -202,13 +202,13 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, const std::st
     }
   }
   auto same = [&](const char* what, auto get) { fused::RequireSame(all, name, p.rank, what, get); };
-  same("dtype", [](const ShapeMsg& m) { return m.dtype; });
+  same("args.dtype", [](const ShapeMsg& m) { return m.dtype; });
   fused::RequireSameSettings(all, name, p.rank);
   if (op == FusedOp::kAllGatherMatmul) {
-    same("k", [](const ShapeMsg& m) { return m.k; });
+    same("args.k", [](const ShapeMsg& m) { return m.k; });
   } else {
-    same("M (rows of A)", [](const ShapeMsg& m) { return m.m; });
-    same("n (columns of B)", [](const ShapeMsg& m) { return m.n; });
+    same("args.m (rows of A)", [](const ShapeMsg& m) { return m.m; });
+    same("args.n (columns of B)", [](const ShapeMsg& m) { return m.n; });
   }
   p.dtype = static_cast<DType>(z.dtype);
   p.esize = DTypeSize(p.dtype);
@@ -241,7 +241,8 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, const std::st
       list.append(Str(p.rows[r]));
     }
     Fail(ErrorCode::kMismatch, name, p.rank,
-         "the ranks' m_local (" + list + ") add up to " + Str(total) + ", not M = " + Str(z.m));
+         "the ranks' args.m_local (" + list + ") add up to " + Str(total) +
+             ", not args.m = " + Str(z.m));
   }
   p.M = op == FusedOp::kAllGatherMatmul ? total : z.m;
   if (op == FusedOp::kAllGatherMatmul) {
@@ -251,15 +252,15 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, const std::st
         fused::MulOverflows(p.M, p.k, p.esize, &unused)) {
       Fail(ErrorCode::kInvalidArgument, name, p.rank,
            "M x n or M x k (M = " + Str(p.M) +
-               ", the sum of the ranks' m_local) overflows "
+               ", the sum of the ranks' args.m) overflows "
                "size_t in bytes");
     }
   }
   for (int r = 0; r < p.size; ++r) {
     if (all[r].c_null && p.M > 0) {
       Fail(ErrorCode::kInvalidArgument, name, p.rank,
-           r == p.rank ? "C is null but M x n = " + Str(p.M * p.n)
-                       : "rank " + std::to_string(r) + " passed a null C");
+           r == p.rank ? "args.c is null but M x n = " + Str(p.M * p.n)
+                       : "rank " + std::to_string(r) + " passed a null args.c");
     }
   }
   p.pipeline = static_cast<Pipeline>(z.pipeline_splits >> 32);
