@@ -59,10 +59,15 @@ class AllGatherMatmulCase : public OpCase {
     }
   }
   FusedReport Run(const FusedOptions& o) override {
-    FusedReport rep;
-    AllGatherMatmulSync(g_, a_.data(), rows_, c_.k, b_.data(), c_.n, c_.dtype, out_.data(), nullptr,
-                        o, &rep);
-    return rep;
+    return AllGatherMatmul(g_,
+                           {.a = a_.data(),
+                            .b = b_.data(),
+                            .c = out_.data(),
+                            .m = rows_,
+                            .k = c_.k,
+                            .n = c_.n,
+                            .dtype = c_.dtype},
+                           o);
   }
   void ComputeOnly() override {
     auto gemms = OpGemms(g_, c_.dtype);
@@ -94,15 +99,27 @@ class MatmulReduceCase : public OpCase {
     for (int r = 0; r < g.size(); ++r) counts_.push_back(RowsOf(c.m, r, g.size()) * c.n);
   }
   FusedReport Run(const FusedOptions& o) override {
-    FusedReport rep;
     if (all_reduce_) {
-      MatmulAllReduceSync(g_, a_.data(), c_.m, c_.k, b_.data(), c_.n, c_.dtype, out_.data(), o,
-                          &rep);
-    } else {
-      MatmulReduceScatterSync(g_, a_.data(), c_.m, c_.k, b_.data(), c_.n, c_.dtype, out_.data(),
-                              rows_, o, &rep);
+      return MatmulAllReduce(g_,
+                             {.a = a_.data(),
+                              .b = b_.data(),
+                              .c = out_.data(),
+                              .m = c_.m,
+                              .k = c_.k,
+                              .n = c_.n,
+                              .dtype = c_.dtype},
+                             o);
     }
-    return rep;
+    return MatmulReduceScatter(g_,
+                               {.a = a_.data(),
+                                .b = b_.data(),
+                                .c = out_.data(),
+                                .m = c_.m,
+                                .k = c_.k,
+                                .n = c_.n,
+                                .dtype = c_.dtype,
+                                .m_local = rows_},
+                               o);
   }
   void ComputeOnly() override {
     auto gemms = OpGemms(g_, c_.dtype);
@@ -149,10 +166,17 @@ class AllGatherBatchMatmulCase : public OpCase {
     }
   }
   FusedReport Run(const FusedOptions& o) override {
-    FusedReport rep;
-    AllGatherBatchMatmulSync(g_, a_.data(), kBatchEntries, rows_, c_.k, b_.data(),
-                             BatchB::kPerBatch, c_.n, c_.dtype, out_.data(), nullptr, o, &rep);
-    return rep;
+    return AllGatherBatchMatmul(g_,
+                                {.a = a_.data(),
+                                 .b = b_.data(),
+                                 .c = out_.data(),
+                                 .m = rows_,
+                                 .k = c_.k,
+                                 .n = c_.n,
+                                 .dtype = c_.dtype,
+                                 .batch = kBatchEntries,
+                                 .b_layout = BatchB::kPerBatch},
+                                o);
   }
   void ComputeOnly() override {
     auto gemms = OpGemms(g_, c_.dtype);

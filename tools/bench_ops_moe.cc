@@ -92,19 +92,42 @@ class MoeCase : public OpCase {
     MakeAlone();
   }
   FusedReport Run(const FusedOptions& o) override {
-    FusedReport rep;
     const size_t R = routing_.num_received();
-    AllToAllMatmulSync(g_, routing_, x_.data(), c_.k, w1_.data(), c_.n, c_.dtype, all_.data(),
-                       nullptr, o);
-    MatmulAllToAllSync(g_, routing_, hidden_.data(), c_.n, w2_.data(), c_.k, c_.dtype,
-                       all_.data() + R * c_.n, probs_.data(), o, &rep);
-    return rep;
+    AllToAllMatmul(g_, routing_,
+                   {.a = x_.data(),
+                    .b = w1_.data(),
+                    .c = all_.data(),
+                    .k = c_.k,
+                    .n = c_.n,
+                    .dtype = c_.dtype},
+                   o);
+    return MatmulAllToAll(g_, routing_,
+                          {.a = hidden_.data(),
+                           .b = w2_.data(),
+                           .c = all_.data() + R * c_.n,
+                           .k = c_.n,
+                           .n = c_.k,
+                           .dtype = c_.dtype,
+                           .probs = probs_.data()},
+                          o);
   }
   void ComputeOnly() override {
-    AllToAllMatmulSync(alone_, alone_routing_, xe_.data(), c_.k, w1_.data(), c_.n, c_.dtype,
-                       y_alone_.data(), nullptr, SerialOptions());
-    MatmulAllToAllSync(alone_, alone_routing_, hidden_.data(), c_.n, w2_.data(), c_.k, c_.dtype,
-                       ye_.data(), nullptr, SerialOptions());
+    AllToAllMatmul(alone_, alone_routing_,
+                   {.a = xe_.data(),
+                    .b = w1_.data(),
+                    .c = y_alone_.data(),
+                    .k = c_.k,
+                    .n = c_.n,
+                    .dtype = c_.dtype},
+                   SerialOptions());
+    MatmulAllToAll(alone_, alone_routing_,
+                   {.a = hidden_.data(),
+                    .b = w2_.data(),
+                    .c = ye_.data(),
+                    .k = c_.n,
+                    .n = c_.k,
+                    .dtype = c_.dtype},
+                   SerialOptions());
   }
   // The operators move rows point-to-point (ops.h), so the comm-only time
   // is that of the same messages: the dispatch, then the combine.
@@ -178,21 +201,40 @@ class MoeMlpCase : public MoeCase {
     y_alone_.resize(R * 2 * c.n);
   }
   FusedReport Run(const FusedOptions& o) override {
-    FusedReport rep;
     const size_t R = routing_.num_received();
     MoeMlpSaved saved;
     saved.y1 = all_.data();
-    MoeMlpSync(g_, routing_, x_.data(), c_.k, w13_.data(), 2 * c_.n, SwiGlu(c_.n), c_.n, w2_.data(),
-               c_.dtype, all_.data() + R * 2 * c_.n, probs_.data(), saved, o, &rep);
-    return rep;
+    return MoeMlp(g_, routing_,
+                  {.a = x_.data(),
+                   .w1 = w13_.data(),
+                   .w2 = w2_.data(),
+                   .c = all_.data() + R * 2 * c_.n,
+                   .d = c_.k,
+                   .h1 = 2 * c_.n,
+                   .h2 = c_.n,
+                   .dtype = c_.dtype,
+                   .act = SwiGlu(c_.n),
+                   .probs = probs_.data(),
+                   .saved = saved},
+                  o);
   }
   // As MoeCase's: the operator's serial pipeline on this rank alone (both
   // GEMMs, SwiGLU and its rounding, the combine), keeping y1 as Run does.
   void ComputeOnly() override {
     MoeMlpSaved saved;
     saved.y1 = y_alone_.data();
-    MoeMlpSync(alone_, alone_routing_, xe_.data(), c_.k, w13_.data(), 2 * c_.n, SwiGlu(c_.n), c_.n,
-               w2_.data(), c_.dtype, ye_.data(), nullptr, saved, SerialOptions());
+    MoeMlp(alone_, alone_routing_,
+           {.a = xe_.data(),
+            .w1 = w13_.data(),
+            .w2 = w2_.data(),
+            .c = ye_.data(),
+            .d = c_.k,
+            .h1 = 2 * c_.n,
+            .h2 = c_.n,
+            .dtype = c_.dtype,
+            .act = SwiGlu(c_.n),
+            .saved = saved},
+           SerialOptions());
   }
 
  private:

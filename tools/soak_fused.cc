@@ -101,7 +101,6 @@ size_t RunFused(const FusedPlan& p, const Group& g, size_t* checked, std::string
   std::vector<int64_t> expected;
   std::vector<unsigned char> gathered, gathered_expected;
   FusedReport report;
-  Work w;
   switch (p.kind) {
     case FusedKind::kAllGatherMatmul: {
       const size_t k = p.k[0], nn = p.n[me];
@@ -123,8 +122,16 @@ size_t RunFused(const FusedPlan& p, const Group& g, size_t* checked, std::string
         gathered_expected = Encode(all_a, p.t);
         gathered_expected.resize(M * k * e);
       }
-      w = AllGatherMatmul(g, a.data(), p.m[me], k, b.data(), nn, p.t, c.data(),
-                          p.gathered ? gathered.data() : nullptr, p.opts, &report);
+      report = AllGatherMatmul(g,
+                               {.a = a.data(),
+                                .b = b.data(),
+                                .c = c.data(),
+                                .m = p.m[me],
+                                .k = k,
+                                .n = nn,
+                                .dtype = p.t,
+                                .gathered_a = p.gathered ? gathered.data() : nullptr},
+                               p.opts);
       break;
     }
     case FusedKind::kMatmulReduceScatter: {
@@ -144,8 +151,16 @@ size_t RunFused(const FusedPlan& p, const Group& g, size_t* checked, std::string
       }
       expected.assign(full.begin() + off * nn, full.begin() + (off + p.m[me]) * nn);
       c.assign(std::max<size_t>(p.m[me] * nn, 1) + 16, -7.0f);
-      w = MatmulReduceScatter(g, a.data(), M, p.k[me], b.data(), nn, p.t, c.data(), p.m[me], p.opts,
-                              &report);
+      report = MatmulReduceScatter(g,
+                                   {.a = a.data(),
+                                    .b = b.data(),
+                                    .c = c.data(),
+                                    .m = M,
+                                    .k = p.k[me],
+                                    .n = nn,
+                                    .dtype = p.t,
+                                    .m_local = p.m[me]},
+                                   p.opts);
       break;
     }
     case FusedKind::kMatmulAllReduce: {
@@ -159,11 +174,18 @@ size_t RunFused(const FusedPlan& p, const Group& g, size_t* checked, std::string
         MatAcc(expected, aq.data(), bq.data(), M, p.k[q], nn);
       }
       c.assign(std::max<size_t>(M * nn, 1) + 16, -7.0f);
-      w = MatmulAllReduce(g, a.data(), M, p.k[me], b.data(), nn, p.t, c.data(), p.opts, &report);
+      report = MatmulAllReduce(g,
+                               {.a = a.data(),
+                                .b = b.data(),
+                                .c = c.data(),
+                                .m = M,
+                                .k = p.k[me],
+                                .n = nn,
+                                .dtype = p.t},
+                               p.opts);
       break;
     }
   }
-  w.Wait();
   size_t wrong = 0;
   for (size_t i = 0; i < expected.size(); ++i) wrong += c[i] != static_cast<float>(expected[i]);
   // Nothing past the output (16 floats) and gathered_a exactly the shards.

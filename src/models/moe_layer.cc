@@ -85,8 +85,15 @@ void Transformer::Impl::MoeForward(size_t l, float* out) {
   for (size_t i = 0; i < s * K; ++i) std::memcpy(xs + i * h, &M.xn[(i / K) * h], h * sizeof(float));
   {
     trace::Scope span(params[P.egu].span_fwd, trace::Category::kHost);
-    AllToAllMatmulSync(grid.ep, M.routing, linear.op_a.Set(xs, s * K * h, dt), h, params.W(P.egu),
-                       2 * Fm, dt, M.gu.data(), M.xd.data(), cfg.fused);
+    AllToAllMatmul(grid.ep, M.routing,
+                   {.a = linear.op_a.Set(xs, s * K * h, dt),
+                    .b = params.W(P.egu),
+                    .c = M.gu.data(),
+                    .k = h,
+                    .n = 2 * Fm,
+                    .dtype = dt,
+                    .dispatched_a = M.xd.data()},
+                   cfg.fused);
   }
   {
     trace::Scope span("swiglu", trace::Category::kCompute);
@@ -94,8 +101,14 @@ void Transformer::Impl::MoeForward(size_t l, float* out) {
   }
   {
     trace::Scope span(params[P.edown].span_fwd, trace::Category::kHost);
-    MatmulAllToAllSync(grid.ep, M.routing, linear.op_a.Set(M.act.data(), R * Fm, dt), Fm,
-                       params.W(P.edown), h, dt, M.yslot.data(), /*probs=*/nullptr, cfg.fused);
+    MatmulAllToAll(grid.ep, M.routing,
+                   {.a = linear.op_a.Set(M.act.data(), R * Fm, dt),
+                    .b = params.W(P.edown),
+                    .c = M.yslot.data(),
+                    .k = Fm,
+                    .n = h,
+                    .dtype = dt},
+                   cfg.fused);
   }
   {
     trace::Scope span("moe.combine", trace::Category::kCompute);
@@ -146,8 +159,15 @@ void Transformer::Impl::MoeBackward(size_t l, const float* dout) {
     trace::Scope span(params[P.edown].span_dgrad, trace::Category::kHost);
     FusedOptions o = cfg.fused;
     o.overlap_work = TakeDeferred();  // the attention above's qkv wgrad
-    AllToAllMatmulSync(grid.ep, r, linear.op_a.Set(W.m_dys.data(), s * K * h, dt), h,
-                       params.WT(P.edown), Fm, dt, W.m_dact.data(), W.m_dyd.data(), o);
+    AllToAllMatmul(grid.ep, r,
+                   {.a = linear.op_a.Set(W.m_dys.data(), s * K * h, dt),
+                    .b = params.WT(P.edown),
+                    .c = W.m_dact.data(),
+                    .k = h,
+                    .n = Fm,
+                    .dtype = dt,
+                    .dispatched_a = W.m_dyd.data()},
+                   o);
   }
   {
     trace::Scope span("swiglu", trace::Category::kCompute);
@@ -165,8 +185,14 @@ void Transformer::Impl::MoeBackward(size_t l, const float* dout) {
       ExpertWgrad(dims, r, M.xd.data(), h, linear.op_b.Set(W.m_dgu.data(), R * 2 * Fm, dt), 2 * Fm,
                   params[P.egu]);
     };
-    MatmulAllToAllSync(grid.ep, r, linear.op_a.Set(W.m_dgu.data(), R * 2 * Fm, dt), 2 * Fm,
-                       params.WT(P.egu), h, dt, W.m_dxs.data(), /*probs=*/nullptr, o);
+    MatmulAllToAll(grid.ep, r,
+                   {.a = linear.op_a.Set(W.m_dgu.data(), R * 2 * Fm, dt),
+                    .b = params.WT(P.egu),
+                    .c = W.m_dxs.data(),
+                    .k = 2 * Fm,
+                    .n = h,
+                    .dtype = dt},
+                   o);
   }
   {
     trace::Scope span("router.backward", trace::Category::kCompute, 2 * GemmFlops(s, E, h));

@@ -18,8 +18,16 @@ void ParallelLinear::ColumnParallel(const float* x, int p, float* out,
   trace::Scope span(params_[p].span_fwd, trace::Category::kHost);
   FusedOptions o = fused_;
   o.overlap_work = independent;
-  AllGatherMatmulSync(tp_, a, dims_.s, dims_.h, params_.W(p), n, dims_.dt, out, gathered.data(),
-                      o);
+  AllGatherMatmul(tp_,
+                  {.a = a,
+                   .b = params_.W(p),
+                   .c = out,
+                   .m = dims_.s,
+                   .k = dims_.h,
+                   .n = n,
+                   .dtype = dims_.dt,
+                   .gathered_a = gathered.data()},
+                  o);
 }
 
 void ParallelLinear::RowParallel(const float* a_full, int p, float* y,
@@ -29,7 +37,16 @@ void ParallelLinear::RowParallel(const float* a_full, int p, float* y,
   trace::Scope span(params_[p].span_fwd, trace::Category::kHost);
   FusedOptions o = fused_;
   o.overlap_work = independent;
-  MatmulReduceScatterSync(tp_, a, dims_.S, k, params_.W(p), dims_.h, dims_.dt, y, dims_.s, o);
+  MatmulReduceScatter(tp_,
+                      {.a = a,
+                       .b = params_.W(p),
+                       .c = y,
+                       .m = dims_.S,
+                       .k = k,
+                       .n = dims_.h,
+                       .dtype = dims_.dt,
+                       .m_local = dims_.s},
+                      o);
 }
 
 void ParallelLinear::RowParallelDgrad(const float* dy, int p, float* da,
@@ -39,7 +56,16 @@ void ParallelLinear::RowParallelDgrad(const float* dy, int p, float* da,
   trace::Scope span(params_[p].span_dgrad, trace::Category::kHost);
   FusedOptions o = fused_;
   o.overlap_work = independent;
-  AllGatherMatmulSync(tp_, a, dims_.s, dims_.h, params_.WT(p), k, dims_.dt, da, dy_g_.data(), o);
+  AllGatherMatmul(tp_,
+                  {.a = a,
+                   .b = params_.WT(p),
+                   .c = da,
+                   .m = dims_.s,
+                   .k = dims_.h,
+                   .n = k,
+                   .dtype = dims_.dt,
+                   .gathered_a = dy_g_.data()},
+                  o);
 }
 
 void ParallelLinear::ColumnParallelDgrad(const float* dy, int p, float* dx_shard,
@@ -49,8 +75,16 @@ void ParallelLinear::ColumnParallelDgrad(const float* dy, int p, float* dx_shard
   trace::Scope span(params_[p].span_dgrad, trace::Category::kHost);
   FusedOptions o = fused_;
   o.overlap_work = independent;
-  MatmulReduceScatterSync(tp_, a, dims_.S, n, params_.WT(p), dims_.h, dims_.dt, dx_shard,
-                          dims_.s, o);
+  MatmulReduceScatter(tp_,
+                      {.a = a,
+                       .b = params_.WT(p),
+                       .c = dx_shard,
+                       .m = dims_.S,
+                       .k = n,
+                       .n = dims_.h,
+                       .dtype = dims_.dt,
+                       .m_local = dims_.s},
+                      o);
 }
 
 void ParallelLinear::Wgrad(const void* a, const void* b, int p) {

@@ -1,4 +1,4 @@
-// AllGatherBatchMatmul (include/mc2/ops.h): the all-gather + matmul of
+// AllGatherBatchMatmul (include/mc2/batch_matmul.h): the all-gather + matmul of
 // AllGatherMatmul over a batch of independent products.
 //
 // Works as follows (P ranks, rank r, batch b, s chunks). Rank r's shard is
@@ -89,10 +89,10 @@ BatchPlan MakeBatchPlan(const Group& g, const BatchMsg& mine, const std::string&
   auto same = [&](const char* what, auto get) {
     fused::RequireSame(all, kOpName, p.rank, what, get);
   };
-  same("dtype", [](const BatchMsg& m) { return m.dtype; });
-  same("batch", [](const BatchMsg& m) { return m.batch; });
-  same("k", [](const BatchMsg& m) { return m.k; });
-  same("B layout (0 per batch, 1 shared)", [](const BatchMsg& m) { return m.b_layout; });
+  same("args.dtype", [](const BatchMsg& m) { return m.dtype; });
+  same("args.batch", [](const BatchMsg& m) { return m.batch; });
+  same("args.k", [](const BatchMsg& m) { return m.k; });
+  same("args.b_layout (0 per batch, 1 shared)", [](const BatchMsg& m) { return m.b_layout; });
   fused::RequireSameSettings(all, kOpName, p.rank);
   p.dtype = static_cast<DType>(all[0].dtype);
   p.esize = DTypeSize(p.dtype);
@@ -113,7 +113,7 @@ BatchPlan MakeBatchPlan(const Group& g, const BatchMsg& mine, const std::string&
   // The gathered A and C are only known once M is (every rank fails alike).
   std::string size_err =
       too_large
-          ? "M (the sum of the ranks' m_local) overflows size_t"
+          ? "M (the sum of the ranks' args.m) overflows size_t"
           : fused::SizeChecks({{"the gathered A (batch x M x k)", {p.batch, p.M, p.k, p.esize}},
                                {"C (batch x M x n)", {p.batch, p.M, max_n, sizeof(float)}}});
   if (!size_err.empty()) fused::Fail(ErrorCode::kInvalidArgument, kOpName, p.rank, size_err);
@@ -122,8 +122,8 @@ BatchPlan MakeBatchPlan(const Group& g, const BatchMsg& mine, const std::string&
   for (int q = 0; q < p.size && p.batch * p.M > 0; ++q) {
     if (all[q].c_null) {
       fused::Fail(ErrorCode::kInvalidArgument, kOpName, p.rank,
-                  q == p.rank ? "C is null but batch x M x n = " + Str(p.batch * p.M * p.n)
-                              : "rank " + std::to_string(q) + " passed a null C");
+                  q == p.rank ? "args.c is null but batch x M x n = " + Str(p.batch * p.M * p.n)
+                              : "rank " + std::to_string(q) + " passed a null args.c");
     }
   }
   p.pipeline = static_cast<Pipeline>(all[0].pipeline_splits >> 32);
@@ -323,20 +323,20 @@ void RunFused(const Group& g, const BatchPlan& p, const BatchArgs& x, Pending& p
 
 }  // namespace
 
-Work AllGatherBatchMatmul(const Group& g, const void* a_shard, size_t batch, size_t m_local,
-                          size_t k, const void* b, BatchB b_layout, size_t n, DType dtype, float* c,
-                          void* gathered_a, const FusedOptions& options, FusedReport* report) {
+FusedReport AllGatherBatchMatmul(const Group& g, const AllGatherBatchMatmulArgs& args,
+                                 const FusedOptions& options) {
+  const auto& [a_shard, b, c, m_local, k, n, dtype, batch, b_layout, gathered_a] = args;
   const bool shared = b_layout == BatchB::kShared;
   const size_t es = DTypeSize(dtype);
   std::string err =
       fused::ArgChecks(dtype, options,
-                       {{"A (batch x m_local x k)", {batch, m_local, k, es}},
-                        {"B (batch x k x n)", {shared ? 1 : batch, k, n, es}},
-                        {"C (batch x m_local x n)", {batch, m_local, n, sizeof(float)}}},
-                       {a_shard == nullptr && batch > 0 && m_local > 0 && k > 0,
-                        b == nullptr && (shared || batch > 0) && k > 0 && n > 0});
+                       {{"A (args.batch x args.m x args.k)", {batch, m_local, k, es}},
+                        {"B (args.batch x args.k x args.n)", {shared ? 1 : batch, k, n, es}},
+                        {"C (args.batch x args.m x args.n)", {batch, m_local, n, sizeof(float)}}},
+                       {{a_shard == nullptr && batch > 0 && m_local > 0 && k > 0, "args.a"},
+                        {b == nullptr && (shared || batch > 0) && k > 0 && n > 0, "args.b"}});
   if (err.empty() && b_layout != BatchB::kPerBatch && !shared) {
-    err = "b_layout must be BatchB::kPerBatch or BatchB::kShared";
+    err = "args.b_layout must be BatchB::kPerBatch or BatchB::kShared";
   }
   BatchMsg mine{};
   mine.dtype = static_cast<uint64_t>(dtype);
@@ -356,7 +356,7 @@ Work AllGatherBatchMatmul(const Group& g, const void* a_shard, size_t batch, siz
   fused::OverlapWork overlap(options.overlap_work);
   const auto flops = static_cast<uint64_t>(GemmFlops(p.batch * p.M, p.n, p.k));
   return fused::CompleteOp(
-      g, kOpName, p.pipeline, p.splits, flops, report, overlap, [&](Pending& pend) {
+      g, kOpName, p.pipeline, p.splits, flops, overlap, [&](Pending& pend) {
         const size_t total_bytes = p.batch * p.M * p.k * p.esize;
         fused::Scratch<char> own_ag, own_g;
         BatchArgs x{static_cast<const char*>(a_shard), static_cast<const char*>(b), c,

@@ -1,7 +1,7 @@
 // Pieces shared by the fused operators' source files (fused_ops.cc,
 // batch_matmul_ops.cc, moe_ops.cc): argument checks, the agreement exchange
 // every call starts with, the bookkeeping of outstanding communication and
-// the completed Work an operator returns.
+// the completion every operator call ends with.
 //
 // Thread safety: stateless helpers; a Pending belongs to one operator call
 // (one thread).
@@ -19,12 +19,10 @@
 #include <vector>
 
 #include "core/scratch.h"
-#include "engine/access.h"
 #include "engine/channel.h"
-#include "engine/work_state.h"
 #include "mc2/collectives.h"
 #include "mc2/error.h"
-#include "mc2/ops.h"
+#include "mc2/fused_ops.h"
 #include "ops/cost_model.h"
 #include "ops/gemm.h"
 #include "trace/recorder.h"
@@ -79,12 +77,19 @@ inline std::string SizeChecks(std::initializer_list<Extent> extents) {
   return {};
 }
 
+// A matrix pointer that must not be null: `bad` when it is null and the
+// matrix is not empty; `what` names it ("args.a").
+struct NullCheck {
+  bool bad;
+  const char* what;
+};
+
 // The checks every operator makes on its own arguments before the exchange:
 // "" if fine, else the reason (reported as kInvalidArgument on every rank).
 inline std::string LocalChecks(DType dtype, const FusedOptions& o,
-                               std::initializer_list<bool> nulls) {
+                               std::initializer_list<NullCheck> nulls) {
   if (dtype != DType::kF32 && dtype != DType::kBF16) {
-    return std::string("dtype must be f32 or bf16, not ") + DTypeName(dtype);
+    return std::string("args.dtype must be f32 or bf16, not ") + DTypeName(dtype);
   }
   if (o.splits < 1 || o.splits > 16) {
     return "splits must be in 1..16, not " + std::to_string(o.splits);
@@ -93,8 +98,8 @@ inline std::string LocalChecks(DType dtype, const FusedOptions& o,
     return "invalid pipeline";
   }
   if (o.gemm_threads < 0) return "gemm_threads must be >= 0";
-  for (bool bad : nulls) {
-    if (bad) return "a null pointer was passed for a non-empty matrix";
+  for (const NullCheck& n : nulls) {
+    if (n.bad) return std::string(n.what) + " is null but its matrix is not empty";
   }
   return {};
 }
@@ -104,7 +109,7 @@ inline std::string LocalChecks(DType dtype, const FusedOptions& o,
 // product in those can wrap around.
 inline std::string ArgChecks(DType dtype, const FusedOptions& o,
                              std::initializer_list<Extent> extents,
-                             std::initializer_list<bool> nulls) {
+                             std::initializer_list<NullCheck> nulls) {
   std::string err = LocalChecks(dtype, o, {});
   if (err.empty()) err = SizeChecks(extents);
   if (err.empty()) err = LocalChecks(dtype, o, nulls);
@@ -326,19 +331,12 @@ inline void AbortUnlessAgreed(const Group& g, std::exception_ptr failure) {
 
 // Runs `body(pending)`, then the caller's FusedOptions::overlap_work if the
 // body did not run it (`overlap.Run()` where it first blocked), and returns
-// a completed Work carrying the pipeline name, or the failure (the world
-// aborted as AbortUnlessAgreed says, after every outstanding communication
-// finished).
+// what ran; a failure is rethrown once every outstanding communication
+// finished (the world aborted as AbortUnlessAgreed says).
 // The call is traced as one kHost span named `op` with its `flops`.
 template <typename Body>
-Work CompleteOp(const Group& g, const char* op, Pipeline pipeline, int splits, uint64_t flops,
-                FusedReport* report, OverlapWork& overlap, Body&& body) {
-  if (report) {
-    report->pipeline = pipeline;
-    report->splits = splits;
-  }
-  auto state = std::make_shared<internal::WorkState>(0, op);
-  state->SetAlgorithm(PipelineName(pipeline));
+FusedReport CompleteOp(const Group& g, const char* op, Pipeline pipeline, int splits,
+                       uint64_t flops, OverlapWork& overlap, Body&& body) {
   trace::ScopedSpan span(trace::Category::kHost);
   if (span.on()) {
     span.span().name = op;
@@ -349,13 +347,13 @@ Work CompleteOp(const Group& g, const char* op, Pipeline pipeline, int splits, u
   try {
     body(pend);
     overlap.Run();
-    state->Complete();
   } catch (...) {
-    AbortUnlessAgreed(g, std::current_exception());
+    std::exception_ptr failure = std::current_exception();
+    AbortUnlessAgreed(g, failure);
     pend.Drain();
-    state->Fail(std::current_exception());
+    std::rethrow_exception(failure);
   }
-  return internal::Access::MakeWork(state);
+  return FusedReport{pipeline, splits};
 }
 
 // A span of an operator's own work on the calling thread (GEMMs: kCompute

@@ -1,4 +1,4 @@
-// The fused compute+communication operators of include/mc2/ops.h:
+// The fused compute+communication operators of include/mc2/fused_ops.h:
 // AllGatherMatmul, MatmulReduceScatter and MatmulAllReduce, each with the
 // serial, chunked (CoC), fused (ring decomposition over one-sided
 // symmetric-memory transfers) and auto (cost model) pipelines.
@@ -202,13 +202,13 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, const std::st
     }
   }
   auto same = [&](const char* what, auto get) { fused::RequireSame(all, name, p.rank, what, get); };
-  same("dtype", [](const ShapeMsg& m) { return m.dtype; });
+  same("args.dtype", [](const ShapeMsg& m) { return m.dtype; });
   fused::RequireSameSettings(all, name, p.rank);
   if (op == FusedOp::kAllGatherMatmul) {
-    same("k", [](const ShapeMsg& m) { return m.k; });
+    same("args.k", [](const ShapeMsg& m) { return m.k; });
   } else {
-    same("M (rows of A)", [](const ShapeMsg& m) { return m.m; });
-    same("n (columns of B)", [](const ShapeMsg& m) { return m.n; });
+    same("args.m (rows of A)", [](const ShapeMsg& m) { return m.m; });
+    same("args.n (columns of B)", [](const ShapeMsg& m) { return m.n; });
   }
   p.dtype = static_cast<DType>(z.dtype);
   p.esize = DTypeSize(p.dtype);
@@ -241,7 +241,8 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, const std::st
       list.append(Str(p.rows[r]));
     }
     Fail(ErrorCode::kMismatch, name, p.rank,
-         "the ranks' m_local (" + list + ") add up to " + Str(total) + ", not M = " + Str(z.m));
+         "the ranks' args.m_local (" + list + ") add up to " + Str(total) +
+             ", not args.m = " + Str(z.m));
   }
   p.M = op == FusedOp::kAllGatherMatmul ? total : z.m;
   if (op == FusedOp::kAllGatherMatmul) {
@@ -251,15 +252,15 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, const std::st
         fused::MulOverflows(p.M, p.k, p.esize, &unused)) {
       Fail(ErrorCode::kInvalidArgument, name, p.rank,
            "M x n or M x k (M = " + Str(p.M) +
-               ", the sum of the ranks' m_local) overflows "
+               ", the sum of the ranks' args.m) overflows "
                "size_t in bytes");
     }
   }
   for (int r = 0; r < p.size; ++r) {
     if (all[r].c_null && p.M > 0) {
       Fail(ErrorCode::kInvalidArgument, name, p.rank,
-           r == p.rank ? "C is null but M x n = " + Str(p.M * p.n)
-                       : "rank " + std::to_string(r) + " passed a null C");
+           r == p.rank ? "args.c is null but M x n = " + Str(p.M * p.n)
+                       : "rank " + std::to_string(r) + " passed a null args.c");
     }
   }
   p.pipeline = static_cast<Pipeline>(z.pipeline_splits >> 32);
@@ -664,31 +665,31 @@ void RunMatmulAllReduce(const Group& g, const Plan& p, const char* a, const char
 
 // Runs a dense operator's body under the common completion (fused_common.h).
 template <typename Body>
-Work Complete(const Group& g, const Plan& p, FusedReport* report, Body&& body) {
+FusedReport Complete(const Group& g, const Plan& p, Body&& body) {
   return fused::CompleteOp(g, p.name, p.pipeline, p.splits,
-                           static_cast<uint64_t>(GemmFlops(p.M, p.n, p.k)), report, *p.overlap,
+                           static_cast<uint64_t>(GemmFlops(p.M, p.n, p.k)), *p.overlap,
                            std::forward<Body>(body));
 }
 
 }  // namespace
 
-Work AllGatherMatmul(const Group& g, const void* a_shard, size_t m_local, size_t k,
-                     const void* b, size_t n, DType dtype, float* c, void* gathered_a,
-                     const FusedOptions& options, FusedReport* report) {
+FusedReport AllGatherMatmul(const Group& g, const AllGatherMatmulArgs& args,
+                            const FusedOptions& options) {
   const FusedOp op = FusedOp::kAllGatherMatmul;
+  const auto& [a, b, c, m, k, n, dtype, gathered_a] = args;
   const size_t es = DTypeSize(dtype);
   std::string err = fused::ArgChecks(
       dtype, options,
-      {{"A (m_local x k)", {m_local, k, es}},
-       {"B (k x n)", {k, n, es}},
-       {"C (m_local x n)", {m_local, n, sizeof(float)}}},
-      {a_shard == nullptr && m_local > 0 && k > 0, b == nullptr && k > 0 && n > 0});
-  ShapeMsg msg = Msg(op, dtype, m_local, k, n, 0, options);
+      {{"A (args.m x args.k)", {m, k, es}},
+       {"B (args.k x args.n)", {k, n, es}},
+       {"C (args.m x args.n)", {m, n, sizeof(float)}}},
+      {{a == nullptr && m > 0 && k > 0, "args.a"}, {b == nullptr && k > 0 && n > 0, "args.b"}});
+  ShapeMsg msg = Msg(op, dtype, m, k, n, 0, options);
   msg.want_gathered = gathered_a != nullptr;
   msg.c_null = c == nullptr && n > 0;
   fused::OverlapWork overlap(options.overlap_work);
   Plan p = MakePlan(g, op, msg, err, options, overlap);
-  return Complete(g, p, report, [&](Pending& pend) {
+  return Complete(g, p, [&](Pending& pend) {
     Scratch<char> own;
     char* ag = static_cast<char*>(gathered_a);
     // Serial and chunked gather into Ag whatever the caller wants; fused
@@ -697,44 +698,48 @@ Work AllGatherMatmul(const Group& g, const void* a_shard, size_t m_local, size_t
       own.Resize(p.M * p.k * p.esize);
       ag = own.data();
     }
-    RunAllGatherMatmul(g, p, static_cast<const char*>(a_shard), static_cast<const char*>(b), c,
-                       ag, gathered_a != nullptr, pend);
+    RunAllGatherMatmul(g, p, static_cast<const char*>(a), static_cast<const char*>(b), c, ag,
+                       gathered_a != nullptr, pend);
   });
 }
 
-Work MatmulReduceScatter(const Group& g, const void* a, size_t m, size_t k, const void* b,
-                         size_t n, DType dtype, float* c_shard, size_t m_local,
-                         const FusedOptions& options, FusedReport* report) {
+FusedReport MatmulReduceScatter(const Group& g, const MatmulReduceScatterArgs& args,
+                                const FusedOptions& options) {
   const FusedOp op = FusedOp::kMatmulReduceScatter;
+  const auto& [a, b, c, m, k, n, dtype, m_local] = args;
   const size_t es = DTypeSize(dtype);
-  std::string err =
-      fused::ArgChecks(dtype, options,
-                       {{"A (M x k)", {m, k, es}},
-                        {"B (k x n)", {k, n, es}},
-                        {"the product (M x n)", {m, n, sizeof(float)}}},
-                       {a == nullptr && m > 0 && k > 0, b == nullptr && k > 0 && n > 0,
-                        c_shard == nullptr && m_local > 0 && n > 0});
-  if (err.empty() && m_local > m) err = "m_local " + Str(m_local) + " exceeds M " + Str(m);
+  std::string err = fused::ArgChecks(dtype, options,
+                                     {{"A (args.m x args.k)", {m, k, es}},
+                                      {"B (args.k x args.n)", {k, n, es}},
+                                      {"the product (args.m x args.n)", {m, n, sizeof(float)}}},
+                                     {{a == nullptr && m > 0 && k > 0, "args.a"},
+                                      {b == nullptr && k > 0 && n > 0, "args.b"},
+                                      {c == nullptr && m_local > 0 && n > 0, "args.c"}});
+  if (err.empty() && m_local > m) {
+    err = "args.m_local " + Str(m_local) + " exceeds args.m " + Str(m);
+  }
   fused::OverlapWork overlap(options.overlap_work);
   Plan p = MakePlan(g, op, Msg(op, dtype, m, k, n, m_local, options), err, options, overlap);
-  return Complete(g, p, report, [&](Pending& pend) {
-    RunMatmulReduceScatter(g, p, static_cast<const char*>(a), static_cast<const char*>(b),
-                           c_shard, pend);
+  return Complete(g, p, [&](Pending& pend) {
+    RunMatmulReduceScatter(g, p, static_cast<const char*>(a), static_cast<const char*>(b), c, pend);
   });
 }
 
-Work MatmulAllReduce(const Group& g, const void* a, size_t m, size_t k, const void* b, size_t n,
-                     DType dtype, float* c, const FusedOptions& options, FusedReport* report) {
+FusedReport MatmulAllReduce(const Group& g, const MatmulAllReduceArgs& args,
+                            const FusedOptions& options) {
   const FusedOp op = FusedOp::kMatmulAllReduce;
+  const auto& [a, b, c, m, k, n, dtype] = args;
   const size_t es = DTypeSize(dtype);
-  std::string err = fused::ArgChecks(
-      dtype, options,
-      {{"A (M x k)", {m, k, es}}, {"B (k x n)", {k, n, es}}, {"C (M x n)", {m, n, sizeof(float)}}},
-      {a == nullptr && m > 0 && k > 0, b == nullptr && k > 0 && n > 0,
-       c == nullptr && m > 0 && n > 0});
+  std::string err = fused::ArgChecks(dtype, options,
+                                     {{"A (args.m x args.k)", {m, k, es}},
+                                      {"B (args.k x args.n)", {k, n, es}},
+                                      {"C (args.m x args.n)", {m, n, sizeof(float)}}},
+                                     {{a == nullptr && m > 0 && k > 0, "args.a"},
+                                      {b == nullptr && k > 0 && n > 0, "args.b"},
+                                      {c == nullptr && m > 0 && n > 0, "args.c"}});
   fused::OverlapWork overlap(options.overlap_work);
   Plan p = MakePlan(g, op, Msg(op, dtype, m, k, n, 0, options), err, options, overlap);
-  return Complete(g, p, report, [&](Pending& pend) {
+  return Complete(g, p, [&](Pending& pend) {
     RunMatmulAllReduce(g, p, static_cast<const char*>(a), static_cast<const char*>(b), c, pend);
   });
 }

@@ -1,4 +1,4 @@
-// The GEMM wrapper behind mc2::Gemm (include/mc2/ops.h): OpenBLAS for f32,
+// The GEMM wrapper behind mc2::Gemm (include/mc2/gemm.h): OpenBLAS for f32,
 // oneDNN matmul for bf16 inputs. This header adds what the operators and
 // tests need beyond the public call.
 //

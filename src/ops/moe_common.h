@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "engine/channel.h"
-#include "mc2/ops.h"
+#include "mc2/moe.h"
 #include "ops/fused_common.h"
 
 namespace mc2::moe {
@@ -177,16 +177,16 @@ std::string CheckMoeArgs(const Group& g, const MoeRouting& r, DType dtype, Check
 // One MoE operator call after its own checks: the agreement and plan, then
 // `body(plan, overlap, pending)` under the common completion.
 template <typename Body>
-Work RunMoeOp(const Group& g, const char* op, const MoeRouting& routing, DType dtype, size_t d,
-              size_t h, size_t h2, const std::string& err, const FusedOptions& options,
-              FusedReport* report, Body&& body) {
+FusedReport RunMoeOp(const Group& g, const char* op, const MoeRouting& routing, DType dtype,
+                     size_t d, size_t h, size_t h2, const std::string& err,
+                     const FusedOptions& options, Body&& body) {
   MoePlan p = MakeMoePlan(g, op, routing, dtype, d, h, err, options, h2);
   fused::OverlapWork overlap(options.overlap_work);
   const double flops = op == kDispatchName  ? GemmFlops(p.R, p.h, p.d)
                        : op == kCombineName ? GemmFlops(p.R, p.d, p.h)
                                             : GemmFlops(p.R, p.h, p.d) + GemmFlops(p.R, p.d, p.h2);
-  return fused::CompleteOp(g, op, p.pipeline, p.splits, static_cast<uint64_t>(flops), report,
-                           overlap, [&](Pending& pend) { body(p, overlap, pend); });
+  return fused::CompleteOp(g, op, p.pipeline, p.splits, static_cast<uint64_t>(flops), overlap,
+                           [&](Pending& pend) { body(p, overlap, pend); });
 }
 
 // The send buffer: x's rows in send order (one copy of the routed tokens).

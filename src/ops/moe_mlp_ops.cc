@@ -1,4 +1,4 @@
-// MoeMlp (include/mc2/ops.h): the MoE layer's dispatch, two expert GEMMs
+// MoeMlp (include/mc2/moe.h): the MoE layer's dispatch, two expert GEMMs
 // with the activation between them, and the combine, in one pipeline (see
 // the top of moe_ops.cc for the layout and the pipelines).
 #include <algorithm>
@@ -179,27 +179,29 @@ using moe::Pending;
 using moe::RunMoeOp;
 using moe::Str;
 
-Work MoeMlp(const Group& g, const MoeRouting& routing, const void* x, size_t d, const void* w1,
-            size_t h1, const MoeActivation& act, size_t h2, const void* w2, DType dtype, float* out,
-            const float* probs, const MoeMlpSaved& saved, const FusedOptions& options,
-            FusedReport* report) {
+FusedReport MoeMlp(const Group& g, const MoeRouting& routing, const MoeMlpArgs& args,
+                   const FusedOptions& options) {
+  const auto& [x, w1, w2, out, d, h1, h2, dtype, act, probs, saved] = args;
   std::string err = CheckMoeArgs(g, routing, dtype, [&](const MoeSizes& z) {
     return fused::ArgChecks(
         dtype, options,
-        {{"x (num_tokens x d)", {z.T, d, z.es}},
-         {"w1 (experts_per_rank x d x h1)", {z.El, d, h1, z.es}},
-         {"w2 (experts_per_rank x h2 x d)", {z.El, h2, d, z.es}},
-         {"the hidden rows (received rows x h1)", {z.R, h1, sizeof(float)}},
-         {"the hidden rows (received rows x h2)", {z.R, h2, sizeof(float)}},
-         {"the dispatched x (received rows x d)", {z.R, d, sizeof(float)}},
-         {"out (num_tokens x d)", {z.T, d, sizeof(float)}}},
-        {x == nullptr && z.T > 0 && d > 0, w1 == nullptr && z.El > 0 && d > 0 && h1 > 0,
-         w2 == nullptr && z.El > 0 && h2 > 0 && d > 0, out == nullptr && z.T > 0 && d > 0});
+        {{"x (num_tokens x args.d)", {z.T, d, z.es}},
+         {"w1 (experts_per_rank x args.d x args.h1)", {z.El, d, h1, z.es}},
+         {"w2 (experts_per_rank x args.h2 x args.d)", {z.El, h2, d, z.es}},
+         {"the hidden rows (received rows x args.h1)", {z.R, h1, sizeof(float)}},
+         {"the hidden rows (received rows x args.h2)", {z.R, h2, sizeof(float)}},
+         {"the dispatched x (received rows x args.d)", {z.R, d, sizeof(float)}},
+         {"out (num_tokens x args.d)", {z.T, d, sizeof(float)}}},
+        {{x == nullptr && z.T > 0 && d > 0, "args.a"},
+         {w1 == nullptr && z.El > 0 && d > 0 && h1 > 0, "args.w1"},
+         {w2 == nullptr && z.El > 0 && h2 > 0 && d > 0, "args.w2"},
+         {out == nullptr && z.T > 0 && d > 0, "args.c"}});
   });
   if (err.empty() && !act && h1 != h2) {
-    err = "act is null (the identity), so h2 (" + Str(h2) + ") must equal h1 (" + Str(h1) + ")";
+    err = "args.act is null (the identity), so args.h2 (" + Str(h2) + ") must equal args.h1 (" +
+          Str(h1) + ")";
   }
-  return RunMoeOp(g, kMlpName, routing, dtype, d, h1, h2, err, options, report,
+  return RunMoeOp(g, kMlpName, routing, dtype, d, h1, h2, err, options,
                   [&](const MoePlan& p, fused::OverlapWork& overlap, Pending& pend) {
                     const size_t rb = p.d * p.esize;
                     fused::Scratch<char> xs(p.S * rb), xr(p.R * rb), ys(p.R * rb), yr(p.S * rb),

@@ -1,4 +1,4 @@
-// Mixture-of-experts operators (include/mc2/ops.h): MoeRoute, AllToAllMatmul
+// Mixture-of-experts operators (include/mc2/moe.h): MoeRoute, AllToAllMatmul
 // (dispatch + expert GEMM) and MatmulAllToAll (expert GEMM + combine).
 //
 // Works as follows (P ranks, rank r, E/P local experts, s chunks).
@@ -277,21 +277,21 @@ using moe::PackSendRows;
 using moe::Pending;
 using moe::RunMoeOp;
 
-Work AllToAllMatmul(const Group& g, const MoeRouting& routing, const void* x, size_t d,
-                    const void* w, size_t h, DType dtype, float* y, void* dispatched_x,
-                    const FusedOptions& options, FusedReport* report) {
+FusedReport AllToAllMatmul(const Group& g, const MoeRouting& routing,
+                           const AllToAllMatmulArgs& args, const FusedOptions& options) {
+  const auto& [x, w, y, d, h, dtype, dispatched_x] = args;
   std::string err = CheckMoeArgs(g, routing, dtype, [&](const MoeSizes& z) {
-    return fused::ArgChecks(
-        dtype, options,
-        {{"x (num_tokens x d)", {z.T, d, z.es}},
-         {"w (experts_per_rank x d x h)", {z.El, d, h, z.es}},
-         {"y (received rows x h)", {z.R, h, sizeof(float)}},
-         {"the dispatched x (received rows x d)", {z.R, d, z.es}}},
-        {x == nullptr && z.T > 0 && d > 0, w == nullptr && z.El > 0 && d > 0 && h > 0,
-         y == nullptr && z.R > 0 && h > 0});
+    return fused::ArgChecks(dtype, options,
+                            {{"x (num_tokens x args.k)", {z.T, d, z.es}},
+                             {"w (experts_per_rank x args.k x args.n)", {z.El, d, h, z.es}},
+                             {"y (received rows x args.n)", {z.R, h, sizeof(float)}},
+                             {"the dispatched x (received rows x args.k)", {z.R, d, z.es}}},
+                            {{x == nullptr && z.T > 0 && d > 0, "args.a"},
+                             {w == nullptr && z.El > 0 && d > 0 && h > 0, "args.b"},
+                             {y == nullptr && z.R > 0 && h > 0, "args.c"}});
   });
   return RunMoeOp(
-      g, kDispatchName, routing, dtype, d, h, 0, err, options, report,
+      g, kDispatchName, routing, dtype, d, h, 0, err, options,
       [&](const MoePlan& p, fused::OverlapWork& overlap, Pending& pend) {
         const size_t rb = p.d * p.esize;
         fused::Scratch<char> xs(p.S * rb), xr(p.R * rb), own_dx;
@@ -318,21 +318,22 @@ Work AllToAllMatmul(const Group& g, const MoeRouting& routing, const void* x, si
       });
 }
 
-Work MatmulAllToAll(const Group& g, const MoeRouting& routing, const void* hidden, size_t h,
-                    const void* w, size_t d, DType dtype, float* out, const float* probs,
-                    const FusedOptions& options, FusedReport* report) {
+FusedReport MatmulAllToAll(const Group& g, const MoeRouting& routing,
+                           const MatmulAllToAllArgs& args, const FusedOptions& options) {
+  const auto& [hidden, w, out, h, d, dtype, probs] = args;
   std::string err = CheckMoeArgs(g, routing, dtype, [&](const MoeSizes& z) {
     return fused::ArgChecks(
         dtype, options,
-        {{"hidden (received rows x h)", {z.R, h, z.es}},
-         {"w (experts_per_rank x h x d)", {z.El, h, d, z.es}},
-         {"the expert outputs (received rows x d)", {z.R, d, sizeof(float)}},
-         {"out (num_tokens x d)", {z.T, d, sizeof(float)}}},
-        {hidden == nullptr && z.R > 0 && h > 0, w == nullptr && z.El > 0 && d > 0 && h > 0,
-         out == nullptr && z.T > 0 && d > 0});
+        {{"hidden (received rows x args.k)", {z.R, h, z.es}},
+         {"w (experts_per_rank x args.k x args.n)", {z.El, h, d, z.es}},
+         {"the expert outputs (received rows x args.n)", {z.R, d, sizeof(float)}},
+         {"out (num_tokens x args.n)", {z.T, d, sizeof(float)}}},
+        {{hidden == nullptr && z.R > 0 && h > 0, "args.a"},
+         {w == nullptr && z.El > 0 && d > 0 && h > 0, "args.b"},
+         {out == nullptr && z.T > 0 && d > 0, "args.c"}});
   });
   return RunMoeOp(
-      g, kCombineName, routing, dtype, d, h, 0, err, options, report,
+      g, kCombineName, routing, dtype, d, h, 0, err, options,
       [&](const MoePlan& p, fused::OverlapWork& overlap, Pending& pend) {
         fused::Scratch<char> ys(p.R * p.d * p.esize), yr(p.S * p.d * p.esize);
         CombineArgs a{static_cast<const char*>(hidden), static_cast<const char*>(w), ys.data(),

@@ -1,4 +1,4 @@
-// MoeRoute and the routing's checks (include/mc2/ops.h, moe_common.h).
+// MoeRoute and the routing's checks (include/mc2/moe.h, moe_common.h).
 #include <algorithm>
 #include <cstring>
 #include <functional>

@@ -96,8 +96,14 @@ TEST(Channel, FusedCallsAfterAnEmptyFirstCall) {
     o.pipeline = Pipeline::kFused;
     o.splits = 2;
     std::vector<float> a(8 * 4, 1.0f), b(4 * 3, 1.0f), c(8 * 3, -1.0f);
-    MatmulAllReduce(g, a.data(), 8, 4, b.data(), 0, DType::kF32, c.data(), o).Wait();
-    MatmulAllReduce(g, a.data(), 8, 4, b.data(), 3, DType::kF32, c.data(), o).Wait();
+    MatmulAllReduce(
+        g,
+        {.a = a.data(), .b = b.data(), .c = c.data(), .m = 8, .k = 4, .n = 0, .dtype = DType::kF32},
+        o);
+    MatmulAllReduce(
+        g,
+        {.a = a.data(), .b = b.data(), .c = c.data(), .m = 8, .k = 4, .n = 3, .dtype = DType::kF32},
+        o);
     // Every entry sums 4 products of ones on each of the 2 ranks.
     for (float v : c) EXPECT_EQ(v, 8.0f);
   });

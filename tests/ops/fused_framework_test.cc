@@ -53,14 +53,41 @@ TEST(FusedFramework, OneRankRunsEveryOperatorWithoutCollectives) {
       const uint64_t seq = internal::Access::Impl(g)->last_seq();
       std::vector<float> c(m * n, -1.0f), rs(m * n, -1.0f), ar(m * n, -1.0f);
       std::vector<float> gathered(m * k, -1.0f);
-      AllGatherMatmul(g, af, m, k, bf, n, DType::kF32, c.data(), gathered.data(), o).Wait();
-      MatmulReduceScatter(g, af, m, k, bf, n, DType::kF32, rs.data(), m, o).Wait();
-      MatmulAllReduce(g, af, m, k, bf, n, DType::kF32, ar.data(), o).Wait();
+      AllGatherMatmul(g,
+                      {.a = af,
+                       .b = bf,
+                       .c = c.data(),
+                       .m = m,
+                       .k = k,
+                       .n = n,
+                       .dtype = DType::kF32,
+                       .gathered_a = gathered.data()},
+                      o);
+      MatmulReduceScatter(g,
+                          {.a = af,
+                           .b = bf,
+                           .c = rs.data(),
+                           .m = m,
+                           .k = k,
+                           .n = n,
+                           .dtype = DType::kF32,
+                           .m_local = m},
+                          o);
+      MatmulAllReduce(
+          g, {.a = af, .b = bf, .c = ar.data(), .m = m, .k = k, .n = n, .dtype = DType::kF32}, o);
       std::vector<float> batched(2 * m * n, -1.0f);
       Mat a2 = Random(2 * m * k, DType::kF32, 3);
-      AllGatherBatchMatmul(g, a2.bytes.data(), 2, m, k, bf, BatchB::kShared, n, DType::kF32,
-                           batched.data(), nullptr, o)
-          .Wait();
+      AllGatherBatchMatmul(g,
+                           {.a = a2.bytes.data(),
+                            .b = bf,
+                            .c = batched.data(),
+                            .m = m,
+                            .k = k,
+                            .n = n,
+                            .dtype = DType::kF32,
+                            .batch = 2,
+                            .b_layout = BatchB::kShared},
+                           o);
       // No operation took a sequence number: no agreement exchange, no
       // collective.
       EXPECT_EQ(internal::Access::Impl(g)->last_seq(), seq);
@@ -102,15 +129,30 @@ TEST(FusedFramework, OneRankRunsTheMoeOperatorsWithoutCollectives) {
       o.pipeline = pl;
       o.gemm_threads = 1;
       std::vector<float> y(R * h, -1.0f);
-      AllToAllMatmul(g, r, xf, d, wf, h, DType::kF32, y.data(), nullptr, o).Wait();
+      AllToAllMatmul(g, r, {.a = xf, .b = wf, .c = y.data(), .k = d, .n = h, .dtype = DType::kF32},
+                     o);
       EXPECT_TRUE(SameBits(y, want));
       std::vector<float> out(T * d, -1.0f);
       Mat w2 = Random(E * h * d, DType::kF32, 6);
-      MatmulAllToAll(g, r, y.data(), h, w2.bytes.data(), d, DType::kF32, out.data(), nullptr, o)
-          .Wait();
+      MatmulAllToAll(g, r,
+                     {.a = y.data(),
+                      .b = w2.bytes.data(),
+                      .c = out.data(),
+                      .k = h,
+                      .n = d,
+                      .dtype = DType::kF32},
+                     o);
       std::vector<float> mlp(T * d, -1.0f);
-      MoeMlp(g, r, xf, d, wf, h, {}, h, w2.bytes.data(), DType::kF32, mlp.data(), nullptr, {}, o)
-          .Wait();
+      MoeMlp(g, r,
+             {.a = xf,
+              .w1 = wf,
+              .w2 = w2.bytes.data(),
+              .c = mlp.data(),
+              .d = d,
+              .h1 = h,
+              .h2 = h,
+              .dtype = DType::kF32},
+             o);
       // The MLP is the dispatch then the combine.
       EXPECT_TRUE(SameBits(mlp, out));
     }
@@ -143,32 +185,73 @@ TEST(FusedFramework, OverflowingSizesAreInvalidArguments) {
       [&](Group&) { Gemm(kHuge, 4, 4, DType::kF32, buf, buf, DType::kF32, buf, GemmOptions{}); },
       "m=");
   ExpectSizeError(
-      [&](Group& g) { AllGatherMatmul(g, buf, kHuge, 4, buf, 4, DType::kF32, buf).Wait(); },
-      "A (m_local x k)");
-  ExpectSizeError(
-      [&](Group& g) { AllGatherMatmul(g, buf, 4, 4, buf, kHuge, DType::kF32, buf).Wait(); },
-      "B (k x n)");
-  ExpectSizeError(
-      [&](Group& g) { MatmulReduceScatter(g, buf, kHuge, 4, buf, 4, DType::kF32, buf, 0).Wait(); },
-      "A (M x k)");
-  ExpectSizeError(
-      [&](Group& g) { MatmulReduceScatter(g, buf, 4, 0, buf, kHuge, DType::kF32, buf, 0).Wait(); },
-      "the product (M x n)");
-  ExpectSizeError(
-      [&](Group& g) { MatmulAllReduce(g, buf, kHuge, 0, buf, 4, DType::kBF16, buf).Wait(); },
-      "C (M x n)");
+      [&](Group& g) {
+        AllGatherMatmul(
+            g, {.a = buf, .b = buf, .c = buf, .m = kHuge, .k = 4, .n = 4, .dtype = DType::kF32});
+      },
+      "A (args.m x args.k)");
   ExpectSizeError(
       [&](Group& g) {
-        AllGatherBatchMatmul(g, buf, kHuge, 4, 4, buf, BatchB::kPerBatch, 4, DType::kF32, buf)
-            .Wait();
+        AllGatherMatmul(
+            g, {.a = buf, .b = buf, .c = buf, .m = 4, .k = 4, .n = kHuge, .dtype = DType::kF32});
       },
-      "A (batch x m_local x k)");
+      "B (args.k x args.n)");
   ExpectSizeError(
       [&](Group& g) {
-        AllGatherBatchMatmul(g, buf, 2, 0, 4, buf, BatchB::kPerBatch, kHuge, DType::kF32, buf)
-            .Wait();
+        MatmulReduceScatter(g, {.a = buf,
+                                .b = buf,
+                                .c = buf,
+                                .m = kHuge,
+                                .k = 4,
+                                .n = 4,
+                                .dtype = DType::kF32,
+                                .m_local = 0});
       },
-      "B (batch x k x n)");
+      "A (args.m x args.k)");
+  ExpectSizeError(
+      [&](Group& g) {
+        MatmulReduceScatter(g, {.a = buf,
+                                .b = buf,
+                                .c = buf,
+                                .m = 4,
+                                .k = 0,
+                                .n = kHuge,
+                                .dtype = DType::kF32,
+                                .m_local = 0});
+      },
+      "the product (args.m x args.n)");
+  ExpectSizeError(
+      [&](Group& g) {
+        MatmulAllReduce(
+            g, {.a = buf, .b = buf, .c = buf, .m = kHuge, .k = 0, .n = 4, .dtype = DType::kBF16});
+      },
+      "C (args.m x args.n)");
+  ExpectSizeError(
+      [&](Group& g) {
+        AllGatherBatchMatmul(g, {.a = buf,
+                                 .b = buf,
+                                 .c = buf,
+                                 .m = 4,
+                                 .k = 4,
+                                 .n = 4,
+                                 .dtype = DType::kF32,
+                                 .batch = kHuge,
+                                 .b_layout = BatchB::kPerBatch});
+      },
+      "A (args.batch x args.m x args.k)");
+  ExpectSizeError(
+      [&](Group& g) {
+        AllGatherBatchMatmul(g, {.a = buf,
+                                 .b = buf,
+                                 .c = buf,
+                                 .m = 0,
+                                 .k = 4,
+                                 .n = kHuge,
+                                 .dtype = DType::kF32,
+                                 .batch = 2,
+                                 .b_layout = BatchB::kPerBatch});
+      },
+      "B (args.batch x args.k x args.n)");
   int32_t ids[4] = {};
   ExpectSizeError([&](Group& g) { MoeRoute(g, ids, kHuge, 4, 2); },
                   "expert_ids (num_tokens x topk)");
@@ -181,32 +264,51 @@ TEST(FusedFramework, OverflowingMoeSizesAreInvalidArguments) {
   ExpectSizeError(
       [&](Group& g) {
         MoeRouting r = route(g);
-        AllToAllMatmul(g, r, buf, kHuge, buf, 4, DType::kF32, buf).Wait();
+        AllToAllMatmul(g, r,
+                       {.a = buf, .b = buf, .c = buf, .k = kHuge, .n = 4, .dtype = DType::kF32});
       },
-      "x (num_tokens x d)");
+      "x (num_tokens x args.k)");
   ExpectSizeError(
       [&](Group& g) {
         MoeRouting r = route(g);
-        MatmulAllToAll(g, r, buf, kHuge, buf, 4, DType::kF32, buf).Wait();
+        MatmulAllToAll(g, r,
+                       {.a = buf, .b = buf, .c = buf, .k = kHuge, .n = 4, .dtype = DType::kF32});
       },
-      "hidden (received rows x h)");
+      "hidden (received rows x args.k)");
   ExpectSizeError(
       [&](Group& g) {
         MoeRouting r = route(g);
-        MoeMlp(g, r, buf, 4, buf, kHuge, {}, kHuge, buf, DType::kF32, buf).Wait();
+        MoeMlp(g, r,
+               {.a = buf,
+                .w1 = buf,
+                .w2 = buf,
+                .c = buf,
+                .d = 4,
+                .h1 = kHuge,
+                .h2 = kHuge,
+                .dtype = DType::kF32});
       },
-      "w1 (experts_per_rank x d x h1)");
+      "w1 (experts_per_rank x args.d x args.h1)");
 }
 
 // Shards whose sum overflows: each rank's own sizes are fine, M is not.
 TEST(FusedFramework, RowCountsThatOverflowTogetherAreInvalidArguments) {
   float buf[4] = {};
   auto call = [&](Group& g) {
-    AllGatherMatmul(g, buf, kHuge + 1, 0, buf, 0, DType::kF32, buf).Wait();
+    AllGatherMatmul(
+        g, {.a = buf, .b = buf, .c = buf, .m = kHuge + 1, .k = 0, .n = 0, .dtype = DType::kF32});
   };
   EXPECT_EQ(test::ErrorCodes(call, 2), std::vector<int>(2, kInvalid));
   auto batch = [&](Group& g) {
-    AllGatherBatchMatmul(g, buf, 1, kHuge + 1, 0, buf, BatchB::kShared, 0, DType::kF32, buf).Wait();
+    AllGatherBatchMatmul(g, {.a = buf,
+                             .b = buf,
+                             .c = buf,
+                             .m = kHuge + 1,
+                             .k = 0,
+                             .n = 0,
+                             .dtype = DType::kF32,
+                             .batch = 1,
+                             .b_layout = BatchB::kShared});
   };
   EXPECT_EQ(test::ErrorCodes(batch, 2), std::vector<int>(2, kInvalid));
 }
@@ -236,29 +338,66 @@ TEST(FusedFramework, OperatorMessagesNeverTakeAUsersMessage) {
     serial.pipeline = Pipeline::kSerial;
     fused.pipeline = Pipeline::kFused;
     fused.splits = 2;
-    AllToAllMatmul(g, r, x.bytes.data(), d, w.bytes.data(), h, DType::kF32, want.data(), nullptr,
-                   serial)
-        .Wait();
-    AllToAllMatmul(g, r, x.bytes.data(), d, w.bytes.data(), h, DType::kF32, got.data(), nullptr,
-                   fused)
-        .Wait();
+    AllToAllMatmul(g, r,
+                   {.a = x.bytes.data(),
+                    .b = w.bytes.data(),
+                    .c = want.data(),
+                    .k = d,
+                    .n = h,
+                    .dtype = DType::kF32},
+                   serial);
+    AllToAllMatmul(g, r,
+                   {.a = x.bytes.data(),
+                    .b = w.bytes.data(),
+                    .c = got.data(),
+                    .k = d,
+                    .n = h,
+                    .dtype = DType::kF32},
+                   fused);
     EXPECT_TRUE(SameBits(got, want));
     std::vector<float> back(T * d), back_serial(T * d);
-    MatmulAllToAll(g, r, got.data(), h, w.bytes.data(), d, DType::kF32, back.data(), nullptr, fused)
-        .Wait();
-    MatmulAllToAll(g, r, got.data(), h, w.bytes.data(), d, DType::kF32, back_serial.data(), nullptr,
-                   serial)
-        .Wait();
+    MatmulAllToAll(g, r,
+                   {.a = got.data(),
+                    .b = w.bytes.data(),
+                    .c = back.data(),
+                    .k = h,
+                    .n = d,
+                    .dtype = DType::kF32},
+                   fused);
+    MatmulAllToAll(g, r,
+                   {.a = got.data(),
+                    .b = w.bytes.data(),
+                    .c = back_serial.data(),
+                    .k = h,
+                    .n = d,
+                    .dtype = DType::kF32},
+                   serial);
     EXPECT_TRUE(SameBits(back, back_serial));
     // Batch: the fused ring's point-to-point messages.
     Mat a = Random(2 * 4 * d, DType::kF32, 30 + me), b = Random(d * h, DType::kF32, 40);
     std::vector<float> cb(2 * 8 * h), cb_serial(2 * 8 * h);
-    AllGatherBatchMatmul(g, a.bytes.data(), 2, 4, d, b.bytes.data(), BatchB::kShared, h,
-                         DType::kF32, cb.data(), nullptr, fused)
-        .Wait();
-    AllGatherBatchMatmul(g, a.bytes.data(), 2, 4, d, b.bytes.data(), BatchB::kShared, h,
-                         DType::kF32, cb_serial.data(), nullptr, serial)
-        .Wait();
+    AllGatherBatchMatmul(g,
+                         {.a = a.bytes.data(),
+                          .b = b.bytes.data(),
+                          .c = cb.data(),
+                          .m = 4,
+                          .k = d,
+                          .n = h,
+                          .dtype = DType::kF32,
+                          .batch = 2,
+                          .b_layout = BatchB::kShared},
+                         fused);
+    AllGatherBatchMatmul(g,
+                         {.a = a.bytes.data(),
+                          .b = b.bytes.data(),
+                          .c = cb_serial.data(),
+                          .m = 4,
+                          .k = d,
+                          .n = h,
+                          .dtype = DType::kF32,
+                          .batch = 2,
+                          .b_layout = BatchB::kShared},
+                         serial);
     EXPECT_TRUE(SameBits(cb, cb_serial));
     // The user's messages arrive intact, each at its own Recv.
     for (size_t i = 0; i < payload.size(); ++i) {

@@ -1,7 +1,7 @@
-// Fused operators (include/mc2/ops.h): every pipeline and split count gives
+// Fused operators (include/mc2/fused_ops.h): every pipeline and split count gives
 // the serial result bit for bit in deterministic mode, for f32 and bf16,
 // random (non-divisible) shapes and 1-5 ranks; serial is close to a double
-// reference; inconsistent arguments fail on every rank.
+// reference (fused_ops_errors_test.cc: bad arguments).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "common/operands.h"
-#include "common/rank_errors.h"
 #include "engine/group_impl.h"
 #include "mc2/mc2.h"
 #include "transport/link_emulation.h"
@@ -23,7 +22,6 @@ namespace mc2 {
 namespace {
 
 using test::Close;
-using test::ErrorCodes;
 using test::Mat;
 using test::Random;
 using test::SameBits;
@@ -79,8 +77,16 @@ TEST_P(FusedOpsSweep, AllGatherMatmul) {
       std::vector<char> gathered(M * k * DTypeSize(dtype));
       FusedOptions so;
       so.pipeline = Pipeline::kSerial;
-      AllGatherMatmulSync(g, shards[me].bytes.data(), rows[me], k, b.bytes.data(), n, dtype,
-                          serial.data(), gathered.data(), so);
+      AllGatherMatmul(g,
+                      {.a = shards[me].bytes.data(),
+                       .b = b.bytes.data(),
+                       .c = serial.data(),
+                       .m = rows[me],
+                       .k = k,
+                       .n = n,
+                       .dtype = dtype,
+                       .gathered_a = gathered.data()},
+                      so);
       // Gathered A and the reference.
       for (int r = 0; r < size; ++r) {
         if (!shards[r].bytes.empty() &&
@@ -104,12 +110,18 @@ TEST_P(FusedOpsSweep, AllGatherMatmul) {
         std::vector<float> c(M * n, -7.0f);
         std::vector<char> ga(M * k * DTypeSize(dtype));
         FusedReport rep;
-        Work w = AllGatherMatmul(g, shards[me].bytes.data(), rows[me], k, b.bytes.data(), n,
-                                 dtype, c.data(), ga.data(), o, &rep);
-        w.Wait();
+        rep = AllGatherMatmul(g,
+                              {.a = shards[me].bytes.data(),
+                               .b = b.bytes.data(),
+                               .c = c.data(),
+                               .m = rows[me],
+                               .k = k,
+                               .n = n,
+                               .dtype = dtype,
+                               .gathered_a = ga.data()},
+                              o);
         cnt.runs++;
         if (o.pipeline != Pipeline::kAuto && rep.pipeline != o.pipeline) cnt.wrong_report++;
-        if (w.algorithm() != PipelineName(rep.pipeline)) cnt.wrong_report++;
         if (!SameBits(c, serial)) cnt.not_bitwise++;
         if (ga != gathered) cnt.not_bitwise++;
       }
@@ -117,8 +129,15 @@ TEST_P(FusedOpsSweep, AllGatherMatmul) {
       std::vector<float> c(M * n);
       FusedOptions fo;
       fo.pipeline = Pipeline::kFused;
-      AllGatherMatmulSync(g, shards[me].bytes.data(), rows[me], k, b.bytes.data(), n, dtype,
-                          c.data(), nullptr, fo);
+      AllGatherMatmul(g,
+                      {.a = shards[me].bytes.data(),
+                       .b = b.bytes.data(),
+                       .c = c.data(),
+                       .m = rows[me],
+                       .k = k,
+                       .n = n,
+                       .dtype = dtype},
+                      fo);
       if (!SameBits(c, serial)) cnt.not_bitwise++;
     });
   }
@@ -183,28 +202,58 @@ TEST_P(FusedOpsSweep, MatmulReduceScatterAndAllReduce) {
       std::vector<float> rs_serial(rows[me] * n);
       FusedOptions so;
       so.pipeline = Pipeline::kSerial;
-      MatmulReduceScatterSync(g, a[me].bytes.data(), M, ks[me], b[me].bytes.data(), n, dtype,
-                              rs_serial.data(), rows[me], so);
+      MatmulReduceScatter(g,
+                          {.a = a[me].bytes.data(),
+                           .b = b[me].bytes.data(),
+                           .c = rs_serial.data(),
+                           .m = M,
+                           .k = ks[me],
+                           .n = n,
+                           .dtype = dtype,
+                           .m_local = rows[me]},
+                          so);
       for (size_t i = 0; i < rows[me] * n; ++i) {
         if (!Close(rs_serial[i], ref.sum[off * n + i], ref.abs_sum[off * n + i])) cnt.not_close++;
       }
       // All-reduce.
       std::vector<float> ar_serial(M * n);
-      MatmulAllReduceSync(g, a[me].bytes.data(), M, ks[me], b[me].bytes.data(), n, dtype,
-                          ar_serial.data(), so);
+      MatmulAllReduce(g,
+                      {.a = a[me].bytes.data(),
+                       .b = b[me].bytes.data(),
+                       .c = ar_serial.data(),
+                       .m = M,
+                       .k = ks[me],
+                       .n = n,
+                       .dtype = dtype},
+                      so);
       for (size_t i = 0; i < M * n; ++i) {
         if (!Close(ar_serial[i], ref.sum[i], ref.abs_sum[i])) cnt.not_close++;
       }
       for (const FusedOptions& o : AllPipelines()) {
         std::vector<float> c(rows[me] * n, -7.0f);
         FusedReport rep;
-        MatmulReduceScatterSync(g, a[me].bytes.data(), M, ks[me], b[me].bytes.data(), n, dtype,
-                                c.data(), rows[me], o, &rep);
+        rep = MatmulReduceScatter(g,
+                                  {.a = a[me].bytes.data(),
+                                   .b = b[me].bytes.data(),
+                                   .c = c.data(),
+                                   .m = M,
+                                   .k = ks[me],
+                                   .n = n,
+                                   .dtype = dtype,
+                                   .m_local = rows[me]},
+                                  o);
         if (o.pipeline != Pipeline::kAuto && rep.pipeline != o.pipeline) cnt.wrong_report++;
         if (!SameBits(c, rs_serial)) cnt.not_bitwise++;
         std::vector<float> d(M * n, -7.0f);
-        MatmulAllReduceSync(g, a[me].bytes.data(), M, ks[me], b[me].bytes.data(), n, dtype,
-                            d.data(), o);
+        MatmulAllReduce(g,
+                        {.a = a[me].bytes.data(),
+                         .b = b[me].bytes.data(),
+                         .c = d.data(),
+                         .m = M,
+                         .k = ks[me],
+                         .n = n,
+                         .dtype = dtype},
+                        o);
         if (!SameBits(d, ar_serial)) cnt.not_bitwise++;
         cnt.runs++;
       }
@@ -235,85 +284,53 @@ TEST(FusedOps, LargerShapesBitwise) {
       std::vector<float> serial(M * n), c(M * n);
       FusedOptions o;
       o.pipeline = Pipeline::kSerial;
-      MatmulAllReduceSync(g, a.bytes.data(), M, k, b.bytes.data(), n, dtype, serial.data(), o);
+      MatmulAllReduce(g,
+                      {.a = a.bytes.data(),
+                       .b = b.bytes.data(),
+                       .c = serial.data(),
+                       .m = M,
+                       .k = k,
+                       .n = n,
+                       .dtype = dtype},
+                      o);
       for (const FusedOptions& p : AllPipelines()) {
-        MatmulAllReduceSync(g, a.bytes.data(), M, k, b.bytes.data(), n, dtype, c.data(), p);
+        MatmulAllReduce(g,
+                        {.a = a.bytes.data(),
+                         .b = b.bytes.data(),
+                         .c = c.data(),
+                         .m = M,
+                         .k = k,
+                         .n = n,
+                         .dtype = dtype},
+                        p);
         if (c != serial) cnt.not_bitwise++;
       }
       // AllGatherMatmul with 100 rows per rank.
       std::vector<float> ag_serial(300 * n), ag(300 * n);
-      AllGatherMatmulSync(g, a.bytes.data(), 100, k, b.bytes.data(), n, dtype, ag_serial.data(),
-                          nullptr, o);
+      AllGatherMatmul(g,
+                      {.a = a.bytes.data(),
+                       .b = b.bytes.data(),
+                       .c = ag_serial.data(),
+                       .m = 100,
+                       .k = k,
+                       .n = n,
+                       .dtype = dtype},
+                      o);
       for (const FusedOptions& p : AllPipelines()) {
-        AllGatherMatmulSync(g, a.bytes.data(), 100, k, b.bytes.data(), n, dtype, ag.data(),
-                            nullptr, p);
+        AllGatherMatmul(g,
+                        {.a = a.bytes.data(),
+                         .b = b.bytes.data(),
+                         .c = ag.data(),
+                         .m = 100,
+                         .k = k,
+                         .n = n,
+                         .dtype = dtype},
+                        p);
         if (ag != ag_serial) cnt.not_bitwise++;
       }
     });
     EXPECT_EQ(cnt.not_bitwise.load(), 0) << DTypeName(dtype);
   }
-}
-
-TEST(FusedOps, InconsistentShapesFailEverywhere) {
-  const int mis = static_cast<int>(ErrorCode::kMismatch);
-  const int inv = static_cast<int>(ErrorCode::kInvalidArgument);
-  std::vector<float> a(64 * 64, 1.0f), b(64 * 64, 1.0f), c(64 * 64);
-  // k differs in AllGatherMatmul.
-  EXPECT_EQ(ErrorCodes([&](Group& g) {
-              AllGatherMatmulSync(g, a.data(), 2, g.rank() == 1 ? 5 : 4, b.data(), 3,
-                                  DType::kF32, c.data());
-            }),
-            std::vector<int>(3, mis));
-  // M differs in MatmulAllReduce.
-  EXPECT_EQ(ErrorCodes([&](Group& g) {
-              MatmulAllReduceSync(g, a.data(), g.rank() == 2 ? 7 : 6, 4, b.data(), 3,
-                                  DType::kF32, c.data());
-            }),
-            std::vector<int>(3, mis));
-  // m_local do not add up to M.
-  EXPECT_EQ(ErrorCodes([&](Group& g) {
-              MatmulReduceScatterSync(g, a.data(), 6, 4, b.data(), 3, DType::kF32, c.data(), 3);
-            }),
-            std::vector<int>(3, mis));
-  // Different operators.
-  EXPECT_EQ(ErrorCodes([&](Group& g) {
-              if (g.rank() == 0) {
-                MatmulAllReduceSync(g, a.data(), 6, 4, b.data(), 3, DType::kF32, c.data());
-              } else {
-                MatmulReduceScatterSync(g, a.data(), 6, 4, b.data(), 3, DType::kF32, c.data(),
-                                        2);
-              }
-            }),
-            std::vector<int>(3, mis));
-  // Different splits / pipelines.
-  EXPECT_EQ(ErrorCodes([&](Group& g) {
-              FusedOptions o;
-              o.pipeline = Pipeline::kChunked;
-              o.splits = 2 + g.rank();
-              MatmulAllReduceSync(g, a.data(), 6, 4, b.data(), 3, DType::kF32, c.data(), o);
-            }),
-            std::vector<int>(3, mis));
-  // Bad splits on every rank, and on one rank only.
-  for (int bad : {0, 17}) {
-    EXPECT_EQ(ErrorCodes([&](Group& g) {
-                FusedOptions o;
-                o.splits = bad;
-                MatmulAllReduceSync(g, a.data(), 6, 4, b.data(), 3, DType::kF32, c.data(), o);
-              }),
-              std::vector<int>(3, inv));
-  }
-  EXPECT_EQ(ErrorCodes([&](Group& g) {
-              FusedOptions o;
-              o.splits = g.rank() == 1 ? 99 : 4;
-              AllGatherMatmulSync(g, a.data(), 2, 4, b.data(), 3, DType::kF32, c.data(), nullptr,
-                                  o);
-            }),
-            std::vector<int>(3, inv));
-  // Unsupported dtype.
-  EXPECT_EQ(ErrorCodes([&](Group& g) {
-              MatmulAllReduceSync(g, a.data(), 6, 4, b.data(), 3, DType::kF64, c.data());
-            }),
-            std::vector<int>(3, inv));
 }
 
 // Under link emulation the fused pipeline's transfers go through the
@@ -341,13 +358,28 @@ TEST(FusedOps, EmulatedLinkPacesFusedTransfers) {
       fo.splits = 3;
       std::vector<float> serial(M * n), c(M * n);
       std::vector<char> ga(M * k * es);
-      AllGatherMatmulSync(g, a.bytes.data(), rows[me], k, b.bytes.data(), n, dtype,
-                          serial.data(), nullptr, so);
+      AllGatherMatmul(g,
+                      {.a = a.bytes.data(),
+                       .b = b.bytes.data(),
+                       .c = serial.data(),
+                       .m = rows[me],
+                       .k = k,
+                       .n = n,
+                       .dtype = dtype},
+                      so);
       // AllGatherMatmul: our shard to each of the 2 peers.
       uint64_t before = port->bytes_posted();
       auto t0 = std::chrono::steady_clock::now();
-      AllGatherMatmulSync(g, a.bytes.data(), rows[me], k, b.bytes.data(), n, dtype, c.data(),
-                          ga.data(), fo);
+      AllGatherMatmul(g,
+                      {.a = a.bytes.data(),
+                       .b = b.bytes.data(),
+                       .c = c.data(),
+                       .m = rows[me],
+                       .k = k,
+                       .n = n,
+                       .dtype = dtype,
+                       .gathered_a = ga.data()},
+                      fo);
       double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (port->bytes_posted() - before != 2 * rows[me] * k * es) wrong_bytes++;
       // Every rank waits for the largest shard (57 rows) crossing one port.
@@ -356,21 +388,52 @@ TEST(FusedOps, EmulatedLinkPacesFusedTransfers) {
       // MatmulReduceScatter: our partial of every other block, f32.
       Mat ar = Random(M * k, dtype, 90 + me);
       std::vector<float> rs_serial(rows[me] * n), rs(rows[me] * n);
-      MatmulReduceScatterSync(g, ar.bytes.data(), M, k, b.bytes.data(), n, dtype,
-                              rs_serial.data(), rows[me], so);
+      MatmulReduceScatter(g,
+                          {.a = ar.bytes.data(),
+                           .b = b.bytes.data(),
+                           .c = rs_serial.data(),
+                           .m = M,
+                           .k = k,
+                           .n = n,
+                           .dtype = dtype,
+                           .m_local = rows[me]},
+                          so);
       before = port->bytes_posted();
-      MatmulReduceScatterSync(g, ar.bytes.data(), M, k, b.bytes.data(), n, dtype, rs.data(),
-                              rows[me], fo);
+      MatmulReduceScatter(g,
+                          {.a = ar.bytes.data(),
+                           .b = b.bytes.data(),
+                           .c = rs.data(),
+                           .m = M,
+                           .k = k,
+                           .n = n,
+                           .dtype = dtype,
+                           .m_local = rows[me]},
+                          fo);
       if (port->bytes_posted() - before != (M - rows[me]) * n * 4) wrong_bytes++;
       if (!SameBits(rs, rs_serial)) cnt.not_bitwise++;
       // MatmulAllReduce: the partials, then our reduced block to 2 peers
       // (blocks of M/3 rows: 32, 32, 33).
       const size_t mine = M * (me + 1) / 3 - M * me / 3;
       std::vector<float> d_serial(M * n), d(M * n);
-      MatmulAllReduceSync(g, ar.bytes.data(), M, k, b.bytes.data(), n, dtype, d_serial.data(),
-                          so);
+      MatmulAllReduce(g,
+                      {.a = ar.bytes.data(),
+                       .b = b.bytes.data(),
+                       .c = d_serial.data(),
+                       .m = M,
+                       .k = k,
+                       .n = n,
+                       .dtype = dtype},
+                      so);
       before = port->bytes_posted();
-      MatmulAllReduceSync(g, ar.bytes.data(), M, k, b.bytes.data(), n, dtype, d.data(), fo);
+      MatmulAllReduce(g,
+                      {.a = ar.bytes.data(),
+                       .b = b.bytes.data(),
+                       .c = d.data(),
+                       .m = M,
+                       .k = k,
+                       .n = n,
+                       .dtype = dtype},
+                      fo);
       if (port->bytes_posted() - before != ((M - mine) + 2 * mine) * n * 4) wrong_bytes++;
       if (!SameBits(d, d_serial)) cnt.not_bitwise++;
       cnt.runs++;
@@ -408,10 +471,25 @@ TEST(FusedOps, OverlapWorkRunsOnceWhileTheOperatorWaits) {
     std::vector<float> rs_ref(rows * n), ag_ref(M * n);
     FusedOptions so;
     so.pipeline = Pipeline::kSerial;
-    MatmulReduceScatterSync(g, a.bytes.data(), M, k, b.bytes.data(), n, DType::kF32,
-                            rs_ref.data(), rows, so);
-    AllGatherMatmulSync(g, shard.bytes.data(), rows, k, b.bytes.data(), n, DType::kF32,
-                        ag_ref.data(), nullptr, so);
+    MatmulReduceScatter(g,
+                        {.a = a.bytes.data(),
+                         .b = b.bytes.data(),
+                         .c = rs_ref.data(),
+                         .m = M,
+                         .k = k,
+                         .n = n,
+                         .dtype = DType::kF32,
+                         .m_local = rows},
+                        so);
+    AllGatherMatmul(g,
+                    {.a = shard.bytes.data(),
+                     .b = b.bytes.data(),
+                     .c = ag_ref.data(),
+                     .m = rows,
+                     .k = k,
+                     .n = n,
+                     .dtype = DType::kF32},
+                    so);
     // Every GEMM shape the pipelines use, once before the checked calls:
     // a shape's first use builds its kernel, which under ThreadSanitizer
     // can take longer than the whole transfer, so the rank that builds it
@@ -421,10 +499,25 @@ TEST(FusedOps, OverlapWorkRunsOnceWhileTheOperatorWaits) {
       wo4.pipeline = pl;
       wo4.splits = 4;
       std::vector<float> rs(rows * n), ag(M * n);
-      MatmulReduceScatterSync(g, a.bytes.data(), M, k, b.bytes.data(), n, DType::kF32, rs.data(),
-                              rows, wo4);
-      AllGatherMatmulSync(g, shard.bytes.data(), rows, k, b.bytes.data(), n, DType::kF32, ag.data(),
-                          nullptr, wo4);
+      MatmulReduceScatter(g,
+                          {.a = a.bytes.data(),
+                           .b = b.bytes.data(),
+                           .c = rs.data(),
+                           .m = M,
+                           .k = k,
+                           .n = n,
+                           .dtype = DType::kF32,
+                           .m_local = rows},
+                          wo4);
+      AllGatherMatmul(g,
+                      {.a = shard.bytes.data(),
+                       .b = b.bytes.data(),
+                       .c = ag.data(),
+                       .m = rows,
+                       .k = k,
+                       .n = n,
+                       .dtype = DType::kF32},
+                      wo4);
     }
     int call = 0;
     for (Pipeline pl : {Pipeline::kSerial, Pipeline::kChunked, Pipeline::kFused}) {
@@ -445,11 +538,26 @@ TEST(FusedOps, OverlapWorkRunsOnceWhileTheOperatorWaits) {
         };
         Barrier(g).Wait();
         if (op == 0) {
-          MatmulReduceScatterSync(g, a.bytes.data(), M, k, b.bytes.data(), n, DType::kF32,
-                                  c.data(), rows, o);
+          MatmulReduceScatter(g,
+                              {.a = a.bytes.data(),
+                               .b = b.bytes.data(),
+                               .c = c.data(),
+                               .m = M,
+                               .k = k,
+                               .n = n,
+                               .dtype = DType::kF32,
+                               .m_local = rows},
+                              o);
         } else {
-          AllGatherMatmulSync(g, shard.bytes.data(), rows, k, b.bytes.data(), n, DType::kF32,
-                              c.data(), nullptr, o);
+          AllGatherMatmul(g,
+                          {.a = shard.bytes.data(),
+                           .b = b.bytes.data(),
+                           .c = c.data(),
+                           .m = rows,
+                           .k = k,
+                           .n = n,
+                           .dtype = DType::kF32},
+                          o);
         }
         finished[me]++;
         if (!SameBits(c, ref)) not_bitwise++;
@@ -482,66 +590,74 @@ TEST(FusedOps, WorkspaceGrowsAndIsReusedAcrossCalls) {
       co.pipeline = Pipeline::kChunked;
       co.splits = 2;
       std::vector<float> want(M * n), got(M * n);
-      MatmulAllReduceSync(g, a.bytes.data(), M, k, b.bytes.data(), n, DType::kF32, want.data(),
-                          so);
+      MatmulAllReduce(g,
+                      {.a = a.bytes.data(),
+                       .b = b.bytes.data(),
+                       .c = want.data(),
+                       .m = M,
+                       .k = k,
+                       .n = n,
+                       .dtype = DType::kF32},
+                      so);
       for (const FusedOptions& o : {fo, co, fo}) {
-        MatmulAllReduceSync(g, a.bytes.data(), M, k, b.bytes.data(), n, DType::kF32, got.data(),
-                            o);
+        MatmulAllReduce(g,
+                        {.a = a.bytes.data(),
+                         .b = b.bytes.data(),
+                         .c = got.data(),
+                         .m = M,
+                         .k = k,
+                         .n = n,
+                         .dtype = DType::kF32},
+                        o);
         if (!SameBits(got, want)) cnt.not_bitwise++;
       }
       std::vector<float> rs_want(rows * n), rs(rows * n);
-      MatmulReduceScatterSync(g, a.bytes.data(), M, k, b.bytes.data(), n, DType::kF32,
-                              rs_want.data(), rows, so);
-      MatmulReduceScatterSync(g, a.bytes.data(), M, k, b.bytes.data(), n, DType::kF32, rs.data(),
-                              rows, fo);
+      MatmulReduceScatter(g,
+                          {.a = a.bytes.data(),
+                           .b = b.bytes.data(),
+                           .c = rs_want.data(),
+                           .m = M,
+                           .k = k,
+                           .n = n,
+                           .dtype = DType::kF32,
+                           .m_local = rows},
+                          so);
+      MatmulReduceScatter(g,
+                          {.a = a.bytes.data(),
+                           .b = b.bytes.data(),
+                           .c = rs.data(),
+                           .m = M,
+                           .k = k,
+                           .n = n,
+                           .dtype = DType::kF32,
+                           .m_local = rows},
+                          fo);
       if (!SameBits(rs, rs_want)) cnt.not_bitwise++;
       std::vector<float> ag_want(M * n), ag(M * n);
-      AllGatherMatmulSync(g, a.bytes.data(), rows, k, b.bytes.data(), n, DType::kF32,
-                          ag_want.data(), nullptr, so);
-      AllGatherMatmulSync(g, a.bytes.data(), rows, k, b.bytes.data(), n, DType::kF32, ag.data(),
-                          nullptr, fo);
+      AllGatherMatmul(g,
+                      {.a = a.bytes.data(),
+                       .b = b.bytes.data(),
+                       .c = ag_want.data(),
+                       .m = rows,
+                       .k = k,
+                       .n = n,
+                       .dtype = DType::kF32},
+                      so);
+      AllGatherMatmul(g,
+                      {.a = a.bytes.data(),
+                       .b = b.bytes.data(),
+                       .c = ag.data(),
+                       .m = rows,
+                       .k = k,
+                       .n = n,
+                       .dtype = DType::kF32},
+                      fo);
       if (!SameBits(ag, ag_want)) cnt.not_bitwise++;
       cnt.runs++;
     }
   }, wo);
   EXPECT_EQ(cnt.runs.load(), 4 * 7);
   EXPECT_EQ(cnt.not_bitwise.load(), 0);
-}
-
-// A fused workspace larger than the heap fails on every rank with a clear
-// kShmExhausted, and the group goes on working.
-TEST(FusedOps, WorkspaceTooLargeForTheHeapFailsEverywhere) {
-  WorldOptions wo;
-  wo.heap_bytes = size_t{16} << 20;
-  std::vector<int> codes(2, -1);
-  std::vector<std::string> what(2);
-  Group::RunInProcess(2, [&](Group& g) {
-    const size_t M = 2048, k = 4, n = 2048;  // workspace: M n 4 = 16 MiB
-    std::vector<float> a(M * k, 1.0f), b(k * n, 1.0f), c(M * n);
-    FusedOptions fo;
-    fo.pipeline = Pipeline::kFused;
-    try {
-      MatmulAllReduceSync(g, a.data(), M, k, b.data(), n, DType::kF32, c.data(), fo);
-    } catch (const Error& e) {
-      codes[g.rank()] = static_cast<int>(e.code());
-      what[g.rank()] = e.what();
-    }
-    float x = 1, y = 0;
-    AllReduce(g, &x, &y, 1, DType::kF32, ReduceOp::kSum).Wait();
-    EXPECT_EQ(y, 2.0f);
-  }, wo);
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(codes[r], static_cast<int>(ErrorCode::kShmExhausted)) << what[r];
-    EXPECT_NE(what[r].find("MC2_HEAP_BYTES"), std::string::npos) << what[r];
-  }
-}
-
-TEST(FusedOps, PipelineNames) {
-  for (int i = 0; i < kNumPipelines; ++i) {
-    auto p = static_cast<Pipeline>(i);
-    EXPECT_EQ(ParsePipeline(PipelineName(p)), p);
-  }
-  EXPECT_FALSE(ParsePipeline("bogus").has_value());
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// MoeMlp (include/mc2/ops.h): the serial result and the saved buffers
+// MoeMlp (include/mc2/moe.h): the serial result and the saved buffers
 // (dispatched_x, y1, hidden, in expert-grouped order) match a
 // double-precision reference computed in plain loops from every rank's
 // inputs, rounded to dtype where the operator rounds (SwiGLU, GELU and the
@@ -209,10 +209,9 @@ SlotRef Reference(const Problem& pr, int p, size_t s) {
   return r;
 }
 
-// Whether `rep` (and the Work's algorithm) say what `o` asked for: the
-// pipeline and its splits (serial: 1); auto resolves to a concrete one.
-bool ReportOk(const FusedOptions& o, const FusedReport& rep, const Work& w) {
-  if (w.algorithm() != PipelineName(rep.pipeline)) return false;
+// Whether `rep` says what `o` asked for: the pipeline and its splits
+// (serial: 1); auto resolves to a concrete one.
+bool ReportOk(const FusedOptions& o, const FusedReport& rep) {
   if (rep.pipeline == Pipeline::kSerial && rep.splits != 1) return false;
   if (o.pipeline == Pipeline::kAuto) {
     return rep.pipeline != Pipeline::kAuto && rep.splits >= 1 && rep.splits <= 16;
@@ -296,8 +295,19 @@ void RunProblem(const Problem& pr, Counters& cnt, const WorldOptions& wo = {}) {
           const float* probs = weighted ? pr.probs[me].data() : nullptr;
           std::vector<float>& out = out_serial[weighted];
           out.assign(T * d, -3.0f);
-          MoeMlpSync(g, r, x, d, w1.data(), h1, act, h2, w2.data(), dt, out.data(), probs,
-                     serial.Get(7), so);
+          MoeMlp(g, r,
+                 {.a = x,
+                  .w1 = w1.data(),
+                  .w2 = w2.data(),
+                  .c = out.data(),
+                  .d = d,
+                  .h1 = h1,
+                  .h2 = h2,
+                  .dtype = dt,
+                  .act = act,
+                  .probs = probs,
+                  .saved = serial.Get(7)},
+                 so);
           cnt.runs++;
           for (size_t t = 0; t < T; ++t) {
             for (size_t c = 0; c < d; ++c) {
@@ -351,7 +361,15 @@ void RunProblem(const Problem& pr, Counters& cnt, const WorldOptions& wo = {}) {
         {
           std::vector<float> y1(R * h1, -5.0f);
           std::vector<char> dx(R * d * es, 0x11);
-          AllToAllMatmulSync(g, r, x, d, w1.data(), h1, dt, y1.data(), dx.data(), so);
+          AllToAllMatmul(g, r,
+                         {.a = x,
+                          .b = w1.data(),
+                          .c = y1.data(),
+                          .k = d,
+                          .n = h1,
+                          .dtype = dt,
+                          .dispatched_a = dx.data()},
+                         so);
           if (!SameBits(y1, serial.y1) || dx != serial.dx) cnt.not_sequence++;
           std::vector<float> a(R * h2);
           if (act) {
@@ -369,8 +387,15 @@ void RunProblem(const Problem& pr, Counters& cnt, const WorldOptions& wo = {}) {
           if (hidden != serial.hidden) cnt.not_sequence++;
           for (bool weighted : {false, true}) {
             std::vector<float> out(T * d, -9.0f);
-            MatmulAllToAllSync(g, r, hidden.data(), h2, w2.data(), d, dt, out.data(),
-                               weighted ? pr.probs[me].data() : nullptr, so);
+            MatmulAllToAll(g, r,
+                           {.a = hidden.data(),
+                            .b = w2.data(),
+                            .c = out.data(),
+                            .k = h2,
+                            .n = d,
+                            .dtype = dt,
+                            .probs = weighted ? pr.probs[me].data() : nullptr},
+                           so);
             if (!SameBits(out, out_serial[weighted])) cnt.not_sequence++;
           }
         }
@@ -383,11 +408,21 @@ void RunProblem(const Problem& pr, Counters& cnt, const WorldOptions& wo = {}) {
             SavedBufs sv(R, pr);
             std::vector<float> out(T * d, -7.0f);
             FusedReport rep;
-            Work w = MoeMlp(g, r, x, d, w1.data(), h1, act, h2, w2.data(), dt, out.data(),
-                            pr.probs[me].data(), sv.Get(keep), o, &rep);
-            w.Wait();
+            rep = MoeMlp(g, r,
+                         {.a = x,
+                          .w1 = w1.data(),
+                          .w2 = w2.data(),
+                          .c = out.data(),
+                          .d = d,
+                          .h1 = h1,
+                          .h2 = h2,
+                          .dtype = dt,
+                          .act = act,
+                          .probs = pr.probs[me].data(),
+                          .saved = sv.Get(keep)},
+                         o);
             cnt.runs++;
-            if (!ReportOk(o, rep, w)) cnt.wrong_report++;
+            if (!ReportOk(o, rep)) cnt.wrong_report++;
             if (!SameBits(out, out_serial[1])) cnt.not_bitwise++;
             if ((keep & 1) && sv.dx != serial.dx) cnt.not_bitwise++;
             if ((keep & 2) && !SameBits(sv.y1, serial.y1)) cnt.not_bitwise++;
@@ -460,7 +495,7 @@ TEST(MoeMlp, UnderEmulatedLinkBitwise) {
   }
 }
 
-// With an explicit pipeline, FusedReport and Work::algorithm() say that
+// With an explicit pipeline, FusedReport says that
 // pipeline and its splits (serial: 1); auto names what it chose.
 TEST(MoeMlp, ReportsThePipelineThatRan) {
   Problem pr = MakeProblem(3, 2, 1, 16, 8, Act::kGelu, DType::kF32, 55, 0, false);
@@ -480,15 +515,22 @@ TEST(MoeMlp, ReportsThePipelineThatRan) {
       FusedReport rep;
       rep.pipeline = Pipeline::kAuto;
       rep.splits = -1;
-      Work w = MoeMlp(g, r, pr.x[me].bytes.data(), pr.d, w1.data(), pr.h1(), MakeAct(pr.act, 8),
-                      pr.h2, w2.data(), pr.dtype, out.data(), nullptr, {}, o, &rep);
-      w.Wait();
+      rep = MoeMlp(g, r,
+                   {.a = pr.x[me].bytes.data(),
+                    .w1 = w1.data(),
+                    .w2 = w2.data(),
+                    .c = out.data(),
+                    .d = pr.d,
+                    .h1 = pr.h1(),
+                    .h2 = pr.h2,
+                    .dtype = pr.dtype,
+                    .act = MakeAct(pr.act, 8)},
+                   o);
       runs++;
-      if (!ReportOk(o, rep, w)) {
+      if (!ReportOk(o, rep)) {
         wrong++;
         ADD_FAILURE() << "asked " << PipelineName(o.pipeline) << " s=" << o.splits << ", got "
-                      << PipelineName(rep.pipeline) << " s=" << rep.splits << " algorithm "
-                      << w.algorithm();
+                      << PipelineName(rep.pipeline) << " s=" << rep.splits;
       }
     }
   });
@@ -510,8 +552,18 @@ TEST(MoeMlp, OverlapWorkRunsOnce) {
     LocalWeights(pr, me, w1, w2);
     const MoeActivation act = MakeAct(pr.act, pr.h2);
     auto call = [&](std::vector<float>& out, const FusedOptions& o) {
-      MoeMlpSync(g, r, pr.x[me].bytes.data(), pr.d, w1.data(), pr.h1(), act, pr.h2, w2.data(),
-                 pr.dtype, out.data(), pr.probs[me].data(), {}, o);
+      MoeMlp(g, r,
+             {.a = pr.x[me].bytes.data(),
+              .w1 = w1.data(),
+              .w2 = w2.data(),
+              .c = out.data(),
+              .d = pr.d,
+              .h1 = pr.h1(),
+              .h2 = pr.h2,
+              .dtype = pr.dtype,
+              .act = act,
+              .probs = pr.probs[me].data()},
+             o);
     };
     std::vector<float> ref(T * pr.d);
     FusedOptions so;
@@ -556,8 +608,17 @@ TEST(MoeMlp, InconsistentArgumentsFailEverywhere) {
   auto call = [&](Group& g, size_t d, size_t h1, size_t h2, const MoeActivation& act,
                   const FusedOptions& o = {}) {
     MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
-    MoeMlpSync(g, r, x.data(), d, w1.data(), h1, act, h2, w2.data(), DType::kF32,
-               out[g.rank()].data(), nullptr, {}, o);
+    MoeMlp(g, r,
+           {.a = x.data(),
+            .w1 = w1.data(),
+            .w2 = w2.data(),
+            .c = out[g.rank()].data(),
+            .d = d,
+            .h1 = h1,
+            .h2 = h2,
+            .dtype = DType::kF32,
+            .act = act},
+           o);
   };
   // The valid call runs.
   EXPECT_EQ(ErrorCodes([&](Group& g) { call(g, 4, 8, 3, first_cols(8, 3)); }),
@@ -585,8 +646,16 @@ TEST(MoeMlp, InconsistentArgumentsFailEverywhere) {
   EXPECT_EQ(ErrorCodes([&](Group& g) {
               MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
               if (g.rank() == 1) r.counts[0] += 1;
-              MoeMlpSync(g, r, x.data(), 4, w1.data(), 8, first_cols(8, 3), 3, w2.data(),
-                         DType::kF32, out[g.rank()].data());
+              MoeMlp(g, r,
+                     {.a = x.data(),
+                      .w1 = w1.data(),
+                      .w2 = w2.data(),
+                      .c = out[g.rank()].data(),
+                      .d = 4,
+                      .h1 = 8,
+                      .h2 = 3,
+                      .dtype = DType::kF32,
+                      .act = first_cols(8, 3)});
             }),
             mis);
   EXPECT_EQ(ErrorCodes([&](Group& g) {
@@ -628,8 +697,17 @@ TEST(MoeMlp, ThrowingActivationFailsTheCall) {
                        o.splits = 2;
                        try {
                          MoeRouting r = MoeRoute(g, ids.data(), 12, 1, 6);
-                         MoeMlpSync(g, r, x.data(), 8, w1.data(), 8, act, 8, w2.data(), DType::kF32,
-                                    out.data(), nullptr, {}, o);
+                         MoeMlp(g, r,
+                                {.a = x.data(),
+                                 .w1 = w1.data(),
+                                 .w2 = w2.data(),
+                                 .c = out.data(),
+                                 .d = 8,
+                                 .h1 = 8,
+                                 .h2 = 8,
+                                 .dtype = DType::kF32,
+                                 .act = act},
+                                o);
                        } catch (const std::exception& e) {
                          failed[me] = 1;
                          what[me] = e.what();

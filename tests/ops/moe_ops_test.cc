@@ -1,4 +1,4 @@
-// MoE operators (include/mc2/ops.h): MoeRoute's counts and dispatch order
+// MoE operators (include/mc2/moe.h): MoeRoute's counts and dispatch order
 // match an independent computation; AllToAllMatmul's and MatmulAllToAll's
 // serial results are close to double-precision references computed in
 // plain loops from every rank's inputs (routing recomputed independently);
@@ -122,8 +122,14 @@ void RunProblem(const Problem& pr, Counters& cnt, const WorldOptions& wo = {}) {
         std::vector<float> y_serial(R * h, -3.0f);
         FusedOptions so;
         so.pipeline = Pipeline::kSerial;
-        AllToAllMatmulSync(g, r, pr.x[me].bytes.data(), d, w1.data(), h, pr.dtype, y_serial.data(),
-                           nullptr, so);
+        AllToAllMatmul(g, r,
+                       {.a = pr.x[me].bytes.data(),
+                        .b = w1.data(),
+                        .c = y_serial.data(),
+                        .k = d,
+                        .n = h,
+                        .dtype = pr.dtype},
+                       so);
         std::vector<char> dx_ref(R * d * es);
         for (size_t i = 0; i < R; ++i) {
           auto [p, s] = rows[i];
@@ -144,12 +150,17 @@ void RunProblem(const Problem& pr, Counters& cnt, const WorldOptions& wo = {}) {
           std::vector<float> y(R * h, -7.0f);
           std::vector<char> dx(R * d * es, 0x5a);
           FusedReport rep;
-          Work w = AllToAllMatmul(g, r, pr.x[me].bytes.data(), d, w1.data(), h, pr.dtype, y.data(),
-                                  dx.data(), o, &rep);
-          w.Wait();
+          rep = AllToAllMatmul(g, r,
+                               {.a = pr.x[me].bytes.data(),
+                                .b = w1.data(),
+                                .c = y.data(),
+                                .k = d,
+                                .n = h,
+                                .dtype = pr.dtype,
+                                .dispatched_a = dx.data()},
+                               o);
           cnt.runs++;
           if (o.pipeline != Pipeline::kAuto && rep.pipeline != o.pipeline) cnt.wrong_report++;
-          if (w.algorithm() != PipelineName(rep.pipeline)) cnt.wrong_report++;
           if (!SameBits(y, y_serial)) cnt.not_bitwise++;
           if (dx != dx_ref) cnt.bad_dx++;
         }
@@ -163,8 +174,15 @@ void RunProblem(const Problem& pr, Counters& cnt, const WorldOptions& wo = {}) {
         for (bool weighted : {true, false}) {
           const float* probs = weighted ? pr.probs[me].data() : nullptr;
           std::vector<float> out_serial(T * d, -3.0f);
-          MatmulAllToAllSync(g, r, hidden.data(), h, w2.data(), d, pr.dtype, out_serial.data(),
-                             probs, so);
+          MatmulAllToAll(g, r,
+                         {.a = hidden.data(),
+                          .b = w2.data(),
+                          .c = out_serial.data(),
+                          .k = h,
+                          .n = d,
+                          .dtype = pr.dtype,
+                          .probs = probs},
+                         so);
           for (size_t t = 0; t < T; ++t) {
             for (size_t c = 0; c < d; ++c) {
               double ref = 0, as = 0, rounding = 0;
@@ -198,12 +216,17 @@ void RunProblem(const Problem& pr, Counters& cnt, const WorldOptions& wo = {}) {
           for (const FusedOptions& o : AllPipelines()) {
             std::vector<float> out(T * d, -7.0f);
             FusedReport rep;
-            Work w = MatmulAllToAll(g, r, hidden.data(), h, w2.data(), d, pr.dtype, out.data(),
-                                    probs, o, &rep);
-            w.Wait();
+            rep = MatmulAllToAll(g, r,
+                                 {.a = hidden.data(),
+                                  .b = w2.data(),
+                                  .c = out.data(),
+                                  .k = h,
+                                  .n = d,
+                                  .dtype = pr.dtype,
+                                  .probs = probs},
+                                 o);
             cnt.runs++;
             if (o.pipeline != Pipeline::kAuto && rep.pipeline != o.pipeline) cnt.wrong_report++;
-            if (w.algorithm() != PipelineName(rep.pipeline)) cnt.wrong_report++;
             if (!SameBits(out, out_serial)) cnt.not_bitwise++;
           }
         }
@@ -314,10 +337,22 @@ TEST(MoeOps, OverlapWorkRunsOnceUnderTheTransfers) {
     FusedOptions so;
     so.pipeline = Pipeline::kSerial;
     std::vector<float> y_ref(R * h), out_ref(T * d);
-    AllToAllMatmulSync(g, r, x.bytes.data(), d, w13.bytes.data(), h, DType::kF32, y_ref.data(),
-                       nullptr, so);
-    MatmulAllToAllSync(g, r, hid.bytes.data(), h, w2.bytes.data(), d, DType::kF32,
-                       out_ref.data(), nullptr, so);
+    AllToAllMatmul(g, r,
+                   {.a = x.bytes.data(),
+                    .b = w13.bytes.data(),
+                    .c = y_ref.data(),
+                    .k = d,
+                    .n = h,
+                    .dtype = DType::kF32},
+                   so);
+    MatmulAllToAll(g, r,
+                   {.a = hid.bytes.data(),
+                    .b = w2.bytes.data(),
+                    .c = out_ref.data(),
+                    .k = h,
+                    .n = d,
+                    .dtype = DType::kF32},
+                   so);
     int call = 0;
     for (Pipeline pl : {Pipeline::kSerial, Pipeline::kChunked, Pipeline::kFused}) {
       for (int op = 0; op < 2; ++op, ++call) {
@@ -336,11 +371,23 @@ TEST(MoeOps, OverlapWorkRunsOnceUnderTheTransfers) {
           }
         };
         if (op == 0) {
-          AllToAllMatmulSync(g, r, x.bytes.data(), d, w13.bytes.data(), h, DType::kF32, c.data(),
-                             nullptr, o);
+          AllToAllMatmul(g, r,
+                         {.a = x.bytes.data(),
+                          .b = w13.bytes.data(),
+                          .c = c.data(),
+                          .k = d,
+                          .n = h,
+                          .dtype = DType::kF32},
+                         o);
         } else {
-          MatmulAllToAllSync(g, r, hid.bytes.data(), h, w2.bytes.data(), d, DType::kF32,
-                             c.data(), nullptr, o);
+          MatmulAllToAll(g, r,
+                         {.a = hid.bytes.data(),
+                          .b = w2.bytes.data(),
+                          .c = c.data(),
+                          .k = h,
+                          .n = d,
+                          .dtype = DType::kF32},
+                         o);
         }
         finished[me]++;
         if (!SameBits(c, ref)) not_bitwise++;
@@ -368,8 +415,14 @@ TEST(MoeOps, RecordsSpans) {
     FusedOptions o;
     o.pipeline = Pipeline::kChunked;
     o.splits = 2;
-    AllToAllMatmulSync(g, r, pr.x[g.rank()].bytes.data(), 8, w.data(), 8, DType::kF32, y.data(),
-                       nullptr, o);
+    AllToAllMatmul(g, r,
+                   {.a = pr.x[g.rank()].bytes.data(),
+                    .b = w.data(),
+                    .c = y.data(),
+                    .k = 8,
+                    .n = 8,
+                    .dtype = DType::kF32},
+                   o);
   });
   trace::Disable();
   int gemms = 0;
@@ -407,32 +460,60 @@ TEST(MoeOps, InconsistentArgumentsFailEverywhere) {
   // d differs in the dispatch.
   EXPECT_EQ(ErrorCodes([&](Group& g) {
               MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
-              AllToAllMatmulSync(g, r, x.data(), g.rank() == 1 ? 5 : 4, w.data(), 3, DType::kF32,
-                                 y.data());
+              AllToAllMatmul(g, r,
+                             {.a = x.data(),
+                              .b = w.data(),
+                              .c = y.data(),
+                              .k = g.rank() == 1 ? 5u : 4u,
+                              .n = 3,
+                              .dtype = DType::kF32});
             }),
             mis);
   // Routings of different batches.
   EXPECT_EQ(ErrorCodes([&](Group& g) {
               MoeRouting a = MoeRoute(g, ids.data(), 8, 1, 6);
               MoeRouting b = MoeRoute(g, ids.data(), 7, 1, 6);
-              AllToAllMatmulSync(g, g.rank() == 0 ? a : b, x.data(), 4, w.data(), 3, DType::kF32,
-                                 y.data());
+              AllToAllMatmul(g, g.rank() == 0 ? a : b,
+                             {.a = x.data(),
+                              .b = w.data(),
+                              .c = y.data(),
+                              .k = 4,
+                              .n = 3,
+                              .dtype = DType::kF32});
             }),
             mis);
   // A routing whose count matrix was changed on one rank.
   EXPECT_EQ(ErrorCodes([&](Group& g) {
               MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
               if (g.rank() == 1) r.counts[0] += 1;
-              MatmulAllToAllSync(g, r, x.data(), 4, w.data(), 3, DType::kF32, y.data());
+              MatmulAllToAll(g, r,
+                             {.a = x.data(),
+                              .b = w.data(),
+                              .c = y.data(),
+                              .k = 4,
+                              .n = 3,
+                              .dtype = DType::kF32});
             }),
             mis);
   // Dispatch on some ranks, combine on others.
   EXPECT_EQ(ErrorCodes([&](Group& g) {
               MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
               if (g.rank() == 0) {
-                MatmulAllToAllSync(g, r, x.data(), 4, w.data(), 3, DType::kF32, y.data());
+                MatmulAllToAll(g, r,
+                               {.a = x.data(),
+                                .b = w.data(),
+                                .c = y.data(),
+                                .k = 4,
+                                .n = 3,
+                                .dtype = DType::kF32});
               } else {
-                AllToAllMatmulSync(g, r, x.data(), 3, w.data(), 4, DType::kF32, y.data());
+                AllToAllMatmul(g, r,
+                               {.a = x.data(),
+                                .b = w.data(),
+                                .c = y.data(),
+                                .k = 3,
+                                .n = 4,
+                                .dtype = DType::kF32});
               }
             }),
             mis);
@@ -440,20 +521,38 @@ TEST(MoeOps, InconsistentArgumentsFailEverywhere) {
   EXPECT_EQ(ErrorCodes([&](Group& g) {
               MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
               if (g.rank() == 1) r.ranks = 2;
-              AllToAllMatmulSync(g, r, x.data(), 4, w.data(), 3, DType::kF32, y.data());
+              AllToAllMatmul(g, r,
+                             {.a = x.data(),
+                              .b = w.data(),
+                              .c = y.data(),
+                              .k = 4,
+                              .n = 3,
+                              .dtype = DType::kF32});
             }),
             inv);
   EXPECT_EQ(ErrorCodes([&](Group& g) {
               MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
-              MatmulAllToAllSync(g, r, x.data(), 4, w.data(), 3,
-                                 g.rank() == 2 ? DType::kI32 : DType::kF32, y.data());
+              MatmulAllToAll(g, r,
+                             {.a = x.data(),
+                              .b = w.data(),
+                              .c = y.data(),
+                              .k = 4,
+                              .n = 3,
+                              .dtype = g.rank() == 2 ? DType::kI32 : DType::kF32});
             }),
             inv);
   EXPECT_EQ(ErrorCodes([&](Group& g) {
               MoeRouting r = MoeRoute(g, ids.data(), 8, 1, 6);
               FusedOptions o;
               o.splits = g.rank() == 0 ? 17 : 2;
-              AllToAllMatmulSync(g, r, x.data(), 4, w.data(), 3, DType::kF32, y.data(), nullptr, o);
+              AllToAllMatmul(g, r,
+                             {.a = x.data(),
+                              .b = w.data(),
+                              .c = y.data(),
+                              .k = 4,
+                              .n = 3,
+                              .dtype = DType::kF32},
+                             o);
             }),
             inv);
 }

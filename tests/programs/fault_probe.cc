@@ -57,7 +57,15 @@ void FusedLoop(const mc2::Group& g) {
   opts.pipeline = mc2::Pipeline::kFused;
   const auto start = Clock::now();
   while (MsSince(start) < 20000)
-    mc2::MatmulAllReduceSync(g, a.data(), m, k, b.data(), n, mc2::DType::kF32, c.data(), opts);
+    mc2::MatmulAllReduce(g,
+                         {.a = a.data(),
+                          .b = b.data(),
+                          .c = c.data(),
+                          .m = m,
+                          .k = k,
+                          .n = n,
+                          .dtype = mc2::DType::kF32},
+                         opts);
 }
 
 }  // namespace

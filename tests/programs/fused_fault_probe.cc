@@ -39,7 +39,15 @@ int main(int argc, char** argv) {
     // ~20 ms per call: a kill at 300 ms lands in a call (while its GEMMs run
     // or the ranks wait for chunks).
     for (int i = 0; i < (kill_one ? 100000 : 5); ++i) {
-      mc2::MatmulAllReduceSync(g, a.data(), M, K, b.data(), N, mc2::DType::kF32, c.data(), o);
+      mc2::MatmulAllReduce(g,
+                           {.a = a.data(),
+                            .b = b.data(),
+                            .c = c.data(),
+                            .m = M,
+                            .k = K,
+                            .n = N,
+                            .dtype = mc2::DType::kF32},
+                           o);
       if (c[0] != 0.5f * 0.25f * K * g.size()) {
         std::printf("rank %d: wrong result %g\n", g.rank(), c[0]);
         return 4;
