@@ -52,6 +52,7 @@
 
 #include "bench.h"
 #include "commands.h"
+#include "core/env.h"
 #include "core/link_config.h"
 #include "launcher.h"
 #include "output_paths.h"
@@ -93,7 +94,10 @@ struct OpsArgs {
 }
 
 // Fails before any work when `path` cannot be written (output_paths.h).
+// Rank 0 writes the outputs; inside a job the other ranks leave the check
+// to it, so that no two ranks probe the same path at once.
 void CheckOutput(const std::string& path, const char* flag) {
+  if (Group::LaunchedByMc2() && core::GetEnv("MC2_RANK") != "0") return;
   try {
     CheckWritableFile(path, flag);
   } catch (const Error& e) {
