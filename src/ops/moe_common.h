@@ -26,11 +26,14 @@ using fused::OpSpan;
 using fused::Pending;
 using fused::Str;
 
-// The operators' names (errors, trace spans, the agreement message).
-constexpr const char* kRouteName = "moe_route";
-constexpr const char* kDispatchName = "all_to_all_matmul";
-constexpr const char* kCombineName = "matmul_all_to_all";
-constexpr const char* kMlpName = "moe_mlp";
+// The operators' names (errors, trace spans, the agreement message). The
+// code compares these pointers, so each is one inline array: one object
+// with one address in every translation unit (a literal behind a pointer
+// per unit need not be, and is not under ASan).
+inline constexpr char kRouteName[] = "moe_route";
+inline constexpr char kDispatchName[] = "all_to_all_matmul";
+inline constexpr char kCombineName[] = "matmul_all_to_all";
+inline constexpr char kMlpName[] = "moe_mlp";
 // Tags of the dispatch and combine messages (every pipeline), in the
 // engine's internal tag space: never a user's message.
 constexpr internal::InternalTag kDispatchTag = internal::InternalTag::kMoeDispatch;
