@@ -13,74 +13,59 @@ ParallelLinear::ParallelLinear(const Dims& dims, const Group& tp, ParamStore& pa
 void ParallelLinear::ColumnParallel(const float* x, int p, float* out,
                                     std::vector<char>& gathered,
                                     const std::function<void()>& independent) {
-  const size_t n = params_[p].cols;
+  GatherMatmul(x, params_.W(p), params_[p].cols, out, gathered.data(), params_[p].span_fwd,
+               independent);
+}
+
+void ParallelLinear::RowParallel(const float* a_full, int p, float* y,
+                                 const std::function<void()>& independent) {
+  MatmulScatter(a_full, params_.W(p), params_[p].rows, y, params_[p].span_fwd, independent);
+}
+
+void ParallelLinear::RowParallelDgrad(const float* dy, int p, float* da,
+                                      const std::function<void()>& independent) {
+  GatherMatmul(dy, params_.WT(p), params_[p].rows, da, dy_g_.data(), params_[p].span_dgrad,
+               independent);
+}
+
+void ParallelLinear::ColumnParallelDgrad(const float* dy, int p, float* dx_shard,
+                                         const std::function<void()>& independent) {
+  MatmulScatter(dy, params_.WT(p), params_[p].cols, dx_shard, params_[p].span_dgrad,
+                independent);
+}
+
+void ParallelLinear::GatherMatmul(const float* x, const void* b, size_t n, float* out,
+                                  char* gathered, const std::string& span_name,
+                                  const std::function<void()>& independent) {
   const void* a = op_a.Set(x, dims_.s * dims_.h, dims_.dt);
-  trace::Scope span(params_[p].span_fwd, trace::Category::kHost);
+  trace::Scope span(span_name, trace::Category::kHost);
   FusedOptions o = fused_;
   o.overlap_work = independent;
   AllGatherMatmul(tp_,
                   {.a = a,
-                   .b = params_.W(p),
+                   .b = b,
                    .c = out,
                    .m = dims_.s,
                    .k = dims_.h,
                    .n = n,
                    .dtype = dims_.dt,
-                   .gathered_a = gathered.data()},
+                   .gathered_a = gathered},
                   o);
 }
 
-void ParallelLinear::RowParallel(const float* a_full, int p, float* y,
-                                 const std::function<void()>& independent) {
-  const size_t k = params_[p].rows;
-  const void* a = op_a.Set(a_full, dims_.S * k, dims_.dt);
-  trace::Scope span(params_[p].span_fwd, trace::Category::kHost);
+void ParallelLinear::MatmulScatter(const float* x, const void* b, size_t k, float* out,
+                                   const std::string& span_name,
+                                   const std::function<void()>& independent) {
+  const void* a = op_a.Set(x, dims_.S * k, dims_.dt);
+  trace::Scope span(span_name, trace::Category::kHost);
   FusedOptions o = fused_;
   o.overlap_work = independent;
   MatmulReduceScatter(tp_,
                       {.a = a,
-                       .b = params_.W(p),
-                       .c = y,
+                       .b = b,
+                       .c = out,
                        .m = dims_.S,
                        .k = k,
-                       .n = dims_.h,
-                       .dtype = dims_.dt,
-                       .m_local = dims_.s},
-                      o);
-}
-
-void ParallelLinear::RowParallelDgrad(const float* dy, int p, float* da,
-                                      const std::function<void()>& independent) {
-  const size_t k = params_[p].rows;
-  const void* a = op_a.Set(dy, dims_.s * dims_.h, dims_.dt);
-  trace::Scope span(params_[p].span_dgrad, trace::Category::kHost);
-  FusedOptions o = fused_;
-  o.overlap_work = independent;
-  AllGatherMatmul(tp_,
-                  {.a = a,
-                   .b = params_.WT(p),
-                   .c = da,
-                   .m = dims_.s,
-                   .k = dims_.h,
-                   .n = k,
-                   .dtype = dims_.dt,
-                   .gathered_a = dy_g_.data()},
-                  o);
-}
-
-void ParallelLinear::ColumnParallelDgrad(const float* dy, int p, float* dx_shard,
-                                         const std::function<void()>& independent) {
-  const size_t n = params_[p].cols;
-  const void* a = op_a.Set(dy, dims_.S * n, dims_.dt);
-  trace::Scope span(params_[p].span_dgrad, trace::Category::kHost);
-  FusedOptions o = fused_;
-  o.overlap_work = independent;
-  MatmulReduceScatter(tp_,
-                      {.a = a,
-                       .b = params_.WT(p),
-                       .c = dx_shard,
-                       .m = dims_.S,
-                       .k = n,
                        .n = dims_.h,
                        .dtype = dims_.dt,
                        .m_local = dims_.s},

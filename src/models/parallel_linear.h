@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "mc2/group.h"
@@ -69,6 +70,13 @@ class ParallelLinear {
   Operand op_a, op_b, op_c;
 
  private:
+  // out [S x n] = gather(x [s x h]) b [h x n], the gathered x to `gathered`.
+  void GatherMatmul(const float* x, const void* b, size_t n, float* out, char* gathered,
+                    const std::string& span_name, const std::function<void()>& independent);
+  // out [s x h] = this rank's rows of the sum over TP of x [S x k] b [k x h].
+  void MatmulScatter(const float* x, const void* b, size_t k, float* out,
+                     const std::string& span_name, const std::function<void()>& independent);
+
   const Dims& dims_;
   const Group& tp_;
   ParamStore& params_;
