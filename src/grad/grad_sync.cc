@@ -316,16 +316,13 @@ class GradSync::Impl {
         }
       }
     }
+    std::string counts;
     for (int r = 0; r < N; ++r) {
-      if (every[3 * r] != mine[0]) {
-        throw Error(ErrorCode::kMismatch,
-                    "GradSync: rank " + std::to_string(g.rank()) + " registered " +
-                        std::to_string(mine[0]) + " parameters, rank " + std::to_string(r) + " " +
-                        std::to_string(every[3 * r]),
-                    g.rank(), "GradSync::Finalize");
-      }
+      counts += (r ? ", rank " : "rank ") + std::to_string(r) + ": " + std::to_string(every[3 * r]);
     }
-    throw Error(ErrorCode::kInternal, "GradSync: registrations differ but no difference found");
+    throw Error(ErrorCode::kMismatch,
+                "GradSync: ranks registered different numbers of parameters (" + counts + ")",
+                g.rank(), "GradSync::Finalize");
   }
 
   // Makes `plan` the layout: allocates each group's storage (collective on
