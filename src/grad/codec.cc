@@ -7,6 +7,7 @@
 #include <string>
 
 #include "mc2/error.h"
+#include "mc2/gemm.h"
 
 #include "core/reduce.h"
 
@@ -14,7 +15,7 @@ namespace mc2::grad {
 
 void ToHalf(DType t, const float* src, uint16_t* dst, size_t n) {
   if (t == DType::kBF16) {
-    for (size_t i = 0; i < n; ++i) dst[i] = core::F32ToBF16(src[i]);
+    ConvertF32ToBF16(src, reinterpret_cast<bf16*>(dst), n);
   } else {
     for (size_t i = 0; i < n; ++i) dst[i] = core::F32ToF16(src[i]);
   }
@@ -22,7 +23,7 @@ void ToHalf(DType t, const float* src, uint16_t* dst, size_t n) {
 
 void FromHalf(DType t, const uint16_t* src, float* dst, size_t n) {
   if (t == DType::kBF16) {
-    for (size_t i = 0; i < n; ++i) dst[i] = core::BF16ToF32(src[i]);
+    ConvertBF16ToF32(reinterpret_cast<const bf16*>(src), dst, n);
   } else {
     for (size_t i = 0; i < n; ++i) dst[i] = core::F16ToF32(src[i]);
   }
@@ -46,6 +47,7 @@ inline float Key(float v) {
 std::vector<Pair> SelectThreshold(const float* g, std::span<float> residual, size_t n,
                                   float threshold) {
   std::vector<Pair> out;
+  out.reserve(n / 4);
   for (size_t i = 0; i < n; ++i) {
     const float v = Accumulated(g, residual, i);
     // !(|v| < t) also selects NaN.
@@ -64,26 +66,35 @@ size_t TopKCount(size_t n, double ratio) {
 }
 
 std::vector<Pair> SelectTopK(const float* g, std::span<float> residual, size_t n, size_t k) {
-  std::vector<float> acc(n);
-  for (size_t i = 0; i < n; ++i) acc[i] = Accumulated(g, residual, i);
-  std::vector<uint32_t> idx(n);
-  for (size_t i = 0; i < n; ++i) idx[i] = static_cast<uint32_t>(i);
+  // The accumulated values go straight into the residual (or a copy).
+  std::vector<float> own;
+  float* acc = residual.data();
+  if (residual.empty()) {
+    own.assign(g, g + n);
+    acc = own.data();
+  } else {
+    for (size_t i = 0; i < n; ++i) acc[i] += g[i];
+  }
   k = std::min(k, n);
-  // A strict weak order (larger key first, then the lower index): the
-  // selection is a function of the values, the same on every run.
-  auto before = [&](uint32_t a, uint32_t b) {
-    const float ka = Key(acc[a]), kb = Key(acc[b]);
-    return ka > kb || (ka == kb && a < b);
+  // (key, index) records in a strict weak order (larger key first, then
+  // the lower index): the selection is a function of the values.
+  struct Rec {
+    float key;
+    uint32_t index;
   };
-  if (k < n) std::nth_element(idx.begin(), idx.begin() + static_cast<ptrdiff_t>(k), idx.end(), before);
-  idx.resize(k);
-  std::sort(idx.begin(), idx.end());
+  std::vector<Rec> recs(n);
+  for (size_t i = 0; i < n; ++i) recs[i] = {Key(acc[i]), static_cast<uint32_t>(i)};
+  auto before = [](const Rec& a, const Rec& b) {
+    return a.key > b.key || (a.key == b.key && a.index < b.index);
+  };
+  if (k < n) std::nth_element(recs.begin(), recs.begin() + static_cast<ptrdiff_t>(k), recs.end(), before);
+  recs.resize(k);
+  std::sort(recs.begin(), recs.end(), [](const Rec& a, const Rec& b) { return a.index < b.index; });
   std::vector<Pair> out;
   out.reserve(k);
-  for (uint32_t i : idx) out.push_back({i, acc[i]});
-  if (!residual.empty()) {
-    for (size_t i = 0; i < n; ++i) residual[i] = acc[i];
-    for (uint32_t i : idx) residual[i] = 0.0f;
+  for (const Rec& r : recs) {
+    out.push_back({r.index, acc[r.index]});
+    acc[r.index] = 0.0f;  // sent: nothing left behind
   }
   return out;
 }

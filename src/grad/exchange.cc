@@ -30,9 +30,18 @@ BucketExchange::BucketExchange(const Group& g, void* data, size_t count, DType d
   if (c == Compression::kF16 || c == Compression::kBF16) {
     chunk_ = (count_ + static_cast<size_t>(n_ranks_) - 1) / static_cast<size_t>(n_ranks_);
     const size_t padded = chunk_ * static_cast<size_t>(n_ranks_);
-    send16_.assign(padded, 0);
-    recv16_.assign(padded, 0);
-    gather16_.assign(padded, 0);
+    uint16_t* base;
+    if (n_ranks_ > 1) {
+      sym16_ = g.AllocSymmetric(3 * padded * sizeof(uint16_t));
+      base = sym16_.as<uint16_t>();
+    } else {
+      own16_.assign(3 * padded, 0);
+      base = own16_.data();
+    }
+    std::memset(base, 0, 3 * padded * sizeof(uint16_t));
+    send16_ = base;
+    recv16_ = base + padded;
+    gather16_ = base + 2 * padded;
     wide_.assign(padded + chunk_, 0.0f);
   }
   if (Sparse(c)) {
@@ -55,6 +64,7 @@ void BucketExchange::Start(GradSyncStats* stats) {
     stats->dense_bytes += 2 * (N - 1) * count_ * esz / N;
   }
   started_ = true;
+  stats_ = stats;
   if (c == Compression::kNone) {
     stats->sent_elements += count_;
     if (N == 1) return;  // the sum and the mean of one rank are the bucket
@@ -75,11 +85,11 @@ void BucketExchange::StartCast(GradSyncStats* stats) {
   const size_t N = static_cast<size_t>(n_ranks_);
   {
     trace::Scope span("grad.compress", trace::Category::kCompute);
-    ToHalf(half, static_cast<const float*>(data_), send16_.data(), count_);
+    ToHalf(half, static_cast<const float*>(data_), send16_, count_);
   }
   stats->sent_elements += count_;
   stats->wire_bytes += 2 * (N - 1) * chunk_ * sizeof(uint16_t);
-  work_ = AllToAll(g_, send16_.data(), recv16_.data(), chunk_, half, coll_);
+  work_ = AllToAll(g_, send16_, recv16_, chunk_, half, coll_);
 }
 
 void BucketExchange::StartSparse(GradSyncStats* stats) {
@@ -129,6 +139,7 @@ void BucketExchange::Advance() {
       total += rcounts_[r];
     }
     all_.resize(total);
+    stats_->wire_bytes += (total - rcounts_[static_cast<size_t>(rank_)]) * sizeof(Pair);
     work_ = AllGatherV(g_, mine_.data(), all_.data(), rcounts_, displs_, DType::kI64, coll_);
     return;
   }
@@ -136,16 +147,16 @@ void BucketExchange::Advance() {
   const DType half = c == Compression::kBF16 ? DType::kBF16 : DType::kF16;
   {
     trace::Scope span("grad.reduce", trace::Category::kCompute);
-    FromHalf(half, recv16_.data(), wide_.data(), N * chunk_);
+    FromHalf(half, recv16_, wide_.data(), N * chunk_);
     std::vector<const void*> srcs(N);
     for (size_t r = 0; r < N; ++r) srcs[r] = wide_.data() + r * chunk_;
     float* dst = wide_.data() + N * chunk_;
     core::ReduceTree(DType::kF32, opt_.average ? ReduceOp::kAvg : ReduceOp::kSum, dst,
                      srcs.data(), n_ranks_, chunk_, n_ranks_);
-    ToHalf(half, dst, gather16_.data() + static_cast<size_t>(rank_) * chunk_, chunk_);
+    ToHalf(half, dst, gather16_ + static_cast<size_t>(rank_) * chunk_, chunk_);
   }
-  uint16_t* mine = gather16_.data() + static_cast<size_t>(rank_) * chunk_;
-  work_ = AllGather(g_, mine, gather16_.data(), chunk_, half, coll_);
+  uint16_t* mine = gather16_ + static_cast<size_t>(rank_) * chunk_;
+  work_ = AllGather(g_, mine, gather16_, chunk_, half, coll_);
 }
 
 void BucketExchange::Complete() {
@@ -157,7 +168,7 @@ void BucketExchange::Complete() {
   trace::Scope span("grad.decompress", trace::Category::kCompute);
   float* out = static_cast<float*>(data_);
   if (c == Compression::kF16 || c == Compression::kBF16) {
-    FromHalf(c == Compression::kBF16 ? DType::kBF16 : DType::kF16, gather16_.data(), out, count_);
+    FromHalf(c == Compression::kBF16 ? DType::kBF16 : DType::kF16, gather16_, out, count_);
     return;
   }
   std::vector<std::span<const Pair>> lists;

@@ -31,6 +31,7 @@ namespace mc2::grad {
 class BucketExchange {
  public:
   // `data`: the bucket, `count` elements of `dtype`, in g's symmetric heap.
+  // Collective over g when the scheme needs buffers of its own (f16, bf16).
   BucketExchange(const Group& g, void* data, size_t count, DType dtype,
                  const GradSyncOptions& options);
 
@@ -58,11 +59,15 @@ class BucketExchange {
   CollectiveOptions coll_;
   int n_ranks_, rank_;
   Work work_;
+  GradSyncStats* stats_ = nullptr;  // of the step in progress
   bool started_ = false;
 
   // 16-bit casts: chunk of c elements per rank.
   size_t chunk_ = 0;
-  std::vector<uint16_t> send16_, recv16_, gather16_;
+  // In the symmetric heap (zero-copy exchanges) when the group has peers.
+  SymmetricBuffer sym16_;
+  std::vector<uint16_t> own16_;
+  uint16_t *send16_ = nullptr, *recv16_ = nullptr, *gather16_ = nullptr;
   std::vector<float> wide_;
   // Sparse schemes.
   std::vector<float> residual_;

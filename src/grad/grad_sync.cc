@@ -70,6 +70,15 @@ struct Hash {
 };
 
 constexpr size_t kAlign = 64;
+
+// A group's bucket memory: symmetric, so that the all-reduces read it in
+// place; private when the group has one rank (nothing to exchange).
+struct Storage {
+  SymmetricBuffer sym;
+  std::vector<char> own;
+  char* data = nullptr;
+  size_t bytes = 0;
+};
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
@@ -150,7 +159,9 @@ class GradSync::Impl {
 
   void ZeroGrad() {
     if (!finalized_) Invalid("ZeroGrad before Finalize");
-    for (auto& s : storage_) std::memset(s.data(), 0, s.size());
+    for (auto& st : storage_) {
+      if (st.bytes > 0) std::memset(st.data, 0, st.bytes);
+    }
   }
 
   void MarkReady(int p, const void* grad, bool sync) {
@@ -224,7 +235,7 @@ class GradSync::Impl {
 
   void* View(int p) const {
     auto [b, slot] = where_[p];
-    return static_cast<char*>(storage_[plan_[b].group].data()) + bucket_off_[b] +
+    return storage_[plan_[b].group].data + bucket_off_[b] +
            plan_[b].offsets[slot] * DTypeSize(params_[p].dtype);
   }
 
@@ -335,16 +346,24 @@ class GradSync::Impl {
       off[b] = group_bytes[plan[b].group];
       group_bytes[plan[b].group] += AlignUp(plan[b].count * DTypeSize(plan[b].dtype));
     }
-    std::vector<SymmetricBuffer> storage(groups_.size());
+    std::vector<Storage> storage(groups_.size());
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
-      if (group_bytes[gi] == 0) continue;
-      storage[gi] = groups_[gi].AllocSymmetric(group_bytes[gi]);
-      std::memset(storage[gi].data(), 0, storage[gi].size());
+      Storage& st = storage[gi];
+      st.bytes = group_bytes[gi];
+      if (st.bytes == 0) continue;
+      if (groups_[gi].size() == 1) {
+        st.own.assign(st.bytes, 0);
+        st.data = st.own.data();
+      } else {
+        st.sym = groups_[gi].AllocSymmetric(st.bytes);
+        st.data = static_cast<char*>(st.sym.data());
+      }
+      std::memset(st.data, 0, st.bytes);
     }
     std::vector<std::unique_ptr<grad::BucketExchange>> ex;
     std::vector<std::pair<int, int>> where(params_.size());
     for (size_t b = 0; b < plan.size(); ++b) {
-      void* data = static_cast<char*>(storage[plan[b].group].data()) + off[b];
+      void* data = storage[plan[b].group].data + off[b];
       ex.push_back(std::make_unique<grad::BucketExchange>(groups_[plan[b].group], data,
                                                           plan[b].count, plan[b].dtype, opt_));
       for (size_t s = 0; s < plan[b].params.size(); ++s) {
@@ -423,7 +442,7 @@ class GradSync::Impl {
 
   std::vector<grad::BucketPlan> plan_;
   std::vector<size_t> bucket_off_;
-  std::vector<SymmetricBuffer> storage_;  // by group
+  std::vector<Storage> storage_;  // by group
   std::vector<std::unique_ptr<grad::BucketExchange>> ex_;
   std::vector<std::pair<int, int>> where_;  // param -> (bucket, slot)
   bool rebuilt_ = false;

@@ -17,7 +17,8 @@ double Since(Clock::time_point t0) {
 
 }  // namespace
 
-DpSync::DpSync(const ProcessGrid& grid, ParamStore& params) : grid_(grid), params_(params) {
+DpSync::DpSync(const ProcessGrid& grid, ParamStore& params, const TransformerConfig& cfg)
+    : grid_(grid), params_(params) {
   members_.resize(params.buckets.size());
   std::vector<size_t> bucket_bytes(params.buckets.size(), 0);
   for (size_t pi = 0; pi < params.size(); ++pi) {
@@ -30,6 +31,7 @@ DpSync::DpSync(const ProcessGrid& grid, ParamStore& params) : grid_(grid), param
   // starts when its sublayer is marked.
   GradSyncOptions wo;
   wo.average = false;  // the loss is already scaled to the global mean
+  wo.compression = cfg.grad_compression;
   wo.bucket_cap_bytes = wo.first_bucket_cap_bytes = std::max<size_t>(bucket_bytes[0], 1);
   GradSyncOptions so = wo;
   size_t sublayer = 1;

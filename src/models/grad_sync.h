@@ -28,9 +28,9 @@ namespace mc2::models {
 // Thread safety: one thread per rank (the Transformer's contract).
 class DpSync {
  public:
-  // Registers every tensor of `params` and points Param::g at its view.
-  // Collective over the world.
-  DpSync(const ProcessGrid& grid, ParamStore& params);
+  // Registers every tensor of `params` and points Param::g at its view;
+  // the exchanges use cfg.grad_compression. Collective over the world.
+  DpSync(const ProcessGrid& grid, ParamStore& params, const TransformerConfig& cfg);
 
   // The start of a backward: zeroes the replicated gradients (they
   // accumulate) and forgets any pending sublayer.

@@ -77,7 +77,7 @@ Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c)
       cfg(c),
       dims(grid, cfg),
       params(dims, grid, cfg, [this] { sync.WaitWorld(); }),
-      sync(grid, params),
+      sync(grid, params, cfg),
       linear(dims, grid.tp, params, cfg.fused),
       acts(dims),
       rope(dims.T, dims.d, cfg.rope_base) {
