@@ -11,9 +11,12 @@
 //     median and min time of rank 0 and the bytes one rank receives
 //     (GradSyncStats::wire_bytes) against the dense all-reduce.
 //
-//   build/bench/grad_bench train [-n 2] [--steps 200] [--schemes LIST] [--json FILE]
+//   build/bench/grad_bench train [-n 2] [--steps 200] [--schemes LIST] [--warmup W]
+//                                [--json FILE]
 //     Trains the reference transformer (DP = n, TP = 1) for --steps steps
-//     from the same weights once per compression scheme and prints the
+//     from the same weights once per compression scheme (LIST: names of
+//     mc2::ParseCompression, top-k as topk@RATIO; every scheme exchanges its
+//     first W steps uncompressed: CompressionOptions::warmup_steps) and prints the
 //     loss every 10 steps, the mean loss of the last 10 steps and its
 //     difference from the uncompressed run.
 //
@@ -48,6 +51,7 @@ struct Args {
   int tensors = 64;
   int reps = 9;
   int steps = 200;
+  int warmup = 0;
   std::string link = "none";
   std::string schemes = "none,bf16,f16,threshold,topk";
   std::string json_path;
@@ -74,6 +78,7 @@ Args Parse(int argc, char** argv) {
     else if (k == "--tensors") a.tensors = std::stoi(val());
     else if (k == "--reps") a.reps = std::stoi(val());
     else if (k == "--steps") a.steps = std::stoi(val());
+    else if (k == "--warmup") a.warmup = std::stoi(val());
     else if (k == "--link") a.link = val();
     else if (k == "--schemes") a.schemes = val();
     else if (k == "--json") a.json_path = val();
@@ -225,10 +230,10 @@ int Train(const Args& a) {
   base.batch = 8 * a.n;
   base.task = mc2::models::Task::kCopy;
   base.task_param = 8;
-  json out = {{"ranks", a.n}, {"steps", a.steps}, {"runs", json::array()}};
+  json out = {{"ranks", a.n}, {"steps", a.steps}, {"warmup", a.warmup}, {"runs", json::array()}};
   std::printf("# grad_bench train: transformer hidden %d, %d layers, batch %d x %d tokens, DP %d, "
-              "%d steps per scheme\n",
-              base.hidden, base.layers, base.batch, base.seq_len, a.n, a.steps);
+              "%d steps per scheme, %d warm-up steps uncompressed\n",
+              base.hidden, base.layers, base.batch, base.seq_len, a.n, a.steps, a.warmup);
   double ref_tail = 0;
   for (const std::string& name : names) {
     mc2::models::TransformerConfig c = base;
@@ -242,6 +247,7 @@ int Train(const Args& a) {
     if (!parsed) Usage(("unknown scheme " + name).c_str());
     c.grad_compression.scheme = *parsed;
     c.grad_compression.topk_ratio = ratio;
+    c.grad_compression.warmup_steps = a.warmup;
     std::vector<double> losses;
     const auto t0 = Clock::now();
     mc2::Group::RunInProcess(a.n, [&](mc2::Group& world) {

@@ -46,7 +46,8 @@
 //   value) pairs: every rank's pairs are all-gathered and merged in the
 //   canonical order, never densified on the wire.
 // - kTopK: the ceil(topk_ratio x n) elements of largest magnitude of each
-//   bucket travel as pairs (ties broken by the lower index).
+//   parameter of n elements travel as pairs (ties broken by the lower
+//   index).
 // With error_feedback (kThreshold and kTopK), what a rank did not send is
 // kept as its residual and added to its gradient of the next synchronised
 // step; sent value + new residual == gradient + old residual, exactly.
@@ -91,11 +92,15 @@ struct CompressionOptions {
   // kThreshold: elements with |g| < threshold (after error feedback) stay
   // home. The default is the one of the system whose interface this follows.
   float threshold = 1e-6f;
-  // kTopK: the fraction of each bucket's elements sent, in (0, 1]; at
-  // least one element per bucket.
+  // kTopK: the fraction of each parameter's elements sent, in (0, 1]; at
+  // least one element per parameter.
   double topk_ratio = 0.01;
   // kThreshold and kTopK: keep what was not sent and add it next step.
   bool error_feedback = true;
+  // The first warmup_steps synchronised steps are exchanged uncompressed
+  // (as Deep Gradient Compression warms up): the early gradients, large and
+  // changing fast, are the ones compression hurts most.
+  int warmup_steps = 0;
 };
 
 struct GradSyncOptions {

@@ -65,7 +65,8 @@ size_t TopKCount(size_t n, double ratio) {
   return k >= static_cast<double>(n) ? n : static_cast<size_t>(k);
 }
 
-std::vector<Pair> SelectTopK(const float* g, std::span<float> residual, size_t n, size_t k) {
+std::vector<Pair> SelectTopK(const float* g, std::span<float> residual, size_t n,
+                             std::span<const size_t> starts, double ratio) {
   // The accumulated values go straight into the residual (or a copy).
   std::vector<float> own;
   float* acc = residual.data();
@@ -75,26 +76,31 @@ std::vector<Pair> SelectTopK(const float* g, std::span<float> residual, size_t n
   } else {
     for (size_t i = 0; i < n; ++i) acc[i] += g[i];
   }
-  k = std::min(k, n);
   // (key, index) records in a strict weak order (larger key first, then
   // the lower index): the selection is a function of the values.
   struct Rec {
     float key;
     uint32_t index;
   };
-  std::vector<Rec> recs(n);
-  for (size_t i = 0; i < n; ++i) recs[i] = {Key(acc[i]), static_cast<uint32_t>(i)};
   auto before = [](const Rec& a, const Rec& b) {
     return a.key > b.key || (a.key == b.key && a.index < b.index);
   };
-  if (k < n) std::nth_element(recs.begin(), recs.begin() + static_cast<ptrdiff_t>(k), recs.end(), before);
-  recs.resize(k);
-  std::sort(recs.begin(), recs.end(), [](const Rec& a, const Rec& b) { return a.index < b.index; });
   std::vector<Pair> out;
-  out.reserve(k);
-  for (const Rec& r : recs) {
-    out.push_back({r.index, acc[r.index]});
-    acc[r.index] = 0.0f;  // sent: nothing left behind
+  std::vector<Rec> recs;
+  for (size_t s = 0; s < starts.size(); ++s) {
+    const size_t lo = starts[s], hi = s + 1 < starts.size() ? starts[s + 1] : n;
+    const size_t len = hi - lo, k = TopKCount(len, ratio);
+    recs.resize(len);
+    for (size_t i = 0; i < len; ++i) recs[i] = {Key(acc[lo + i]), static_cast<uint32_t>(lo + i)};
+    if (k < len) {
+      std::nth_element(recs.begin(), recs.begin() + static_cast<ptrdiff_t>(k), recs.end(), before);
+    }
+    recs.resize(k);
+    std::sort(recs.begin(), recs.end(), [](const Rec& a, const Rec& b) { return a.index < b.index; });
+    for (const Rec& r : recs) {
+      out.push_back({r.index, acc[r.index]});
+      acc[r.index] = 0.0f;  // sent: nothing left behind
+    }
   }
   return out;
 }

@@ -32,12 +32,19 @@ void FromHalf(DType t, const uint16_t* src, float* dst, size_t n);
 // and then holds what was not selected. Returns the selected pairs in
 // increasing index order.
 // - threshold: the elements whose |value| >= threshold (a NaN is selected);
-// - top-k: the k elements of largest |value| (NaN largest, ties to the lower
-//   index), 1 <= k <= n.
+// - top-k: in each segment (a parameter: `starts` are the segments' first
+//   elements, in increasing order, starts[0] == 0, the last one ending at
+//   n) the TopKCount(segment length, ratio) elements of largest |value|
+//   (NaN largest, ties to the lower index). Per parameter, not per bucket:
+//   tensors of a bucket have gradients of different scales, and a bucket-
+//   wide selection would starve the small ones (norm gains next to a
+//   projection).
 std::vector<Pair> SelectThreshold(const float* g, std::span<float> residual, size_t n,
                                   float threshold);
-std::vector<Pair> SelectTopK(const float* g, std::span<float> residual, size_t n, size_t k);
-// The k that top-k sends for a bucket of n elements: ceil(ratio n), >= 1.
+std::vector<Pair> SelectTopK(const float* g, std::span<float> residual, size_t n,
+                             std::span<const size_t> starts, double ratio);
+// The k that top-k sends for a segment of n elements: ceil(ratio n), at
+// least 1 (0 for an empty one).
 size_t TopKCount(size_t n, double ratio);
 
 // out[0..n) = the elementwise sum of the N ranks' sparse vectors lists[r]

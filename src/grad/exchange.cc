@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "core/reduce.h"
 #include "mc2/error.h"
@@ -16,8 +17,8 @@ bool Sparse(Compression c) { return c == Compression::kThreshold || c == Compres
 }  // namespace
 
 BucketExchange::BucketExchange(const Group& g, void* data, size_t count, DType dtype,
-                               const GradSyncOptions& options)
-    : g_(g), data_(data), count_(count), dtype_(dtype), opt_(options) {
+                               std::vector<size_t> starts, const GradSyncOptions& options)
+    : g_(g), data_(data), count_(count), dtype_(dtype), starts_(std::move(starts)), opt_(options) {
   n_ranks_ = g.size();
   rank_ = g.rank();
   // In the background even when small: it is meant to run under the rest
@@ -55,8 +56,9 @@ BucketExchange::BucketExchange(const Group& g, void* data, size_t count, DType d
   }
 }
 
-void BucketExchange::Start(GradSyncStats* stats) {
-  const Compression c = opt_.compression.scheme;
+void BucketExchange::Start(GradSyncStats* stats, bool compress) {
+  scheme_ = compress ? opt_.compression.scheme : Compression::kNone;
+  const Compression c = scheme_;
   const size_t esz = DTypeSize(dtype_);
   const size_t N = static_cast<size_t>(n_ranks_);
   if (N > 1) {
@@ -81,7 +83,7 @@ void BucketExchange::Start(GradSyncStats* stats) {
 }
 
 void BucketExchange::StartCast(GradSyncStats* stats) {
-  const DType half = opt_.compression.scheme == Compression::kBF16 ? DType::kBF16 : DType::kF16;
+  const DType half = scheme_ == Compression::kBF16 ? DType::kBF16 : DType::kF16;
   const size_t N = static_cast<size_t>(n_ranks_);
   {
     trace::Scope span("grad.compress", trace::Category::kCompute);
@@ -97,15 +99,16 @@ void BucketExchange::StartSparse(GradSyncStats* stats) {
   const float* g = static_cast<const float*>(data_);
   {
     trace::Scope span("grad.compress", trace::Category::kCompute);
-    if (opt_.compression.scheme == Compression::kTopK) {
-      mine_ = SelectTopK(g, residual_, count_, TopKCount(count_, opt_.compression.topk_ratio));
+    if (scheme_ == Compression::kTopK) {
+      mine_ = SelectTopK(g, residual_, count_, starts_, opt_.compression.topk_ratio);
     } else {
       mine_ = SelectThreshold(g, residual_, count_, opt_.compression.threshold);
     }
   }
   stats->sent_elements += mine_.size();
-  if (opt_.compression.scheme == Compression::kTopK) {
-    // Every rank sends the same k: one all-gather, no sizes to agree on.
+  if (scheme_ == Compression::kTopK) {
+    // Every rank sends the same k (the same parameters, the same ratio):
+    // one all-gather, no sizes to agree on.
     const size_t k = mine_.size();
     all_.resize(N * k);
     stats->wire_bytes += (N - 1) * k * sizeof(Pair);
@@ -120,7 +123,7 @@ void BucketExchange::StartSparse(GradSyncStats* stats) {
 }
 
 void BucketExchange::Advance() {
-  const Compression c = opt_.compression.scheme;
+  const Compression c = scheme_;
   if (c == Compression::kNone || c == Compression::kTopK) return;
   work_.Wait();
   const size_t N = static_cast<size_t>(n_ranks_);
@@ -163,7 +166,7 @@ void BucketExchange::Complete() {
   work_.Wait();
   work_ = Work();
   started_ = false;
-  const Compression c = opt_.compression.scheme;
+  const Compression c = scheme_;
   if (c == Compression::kNone) return;
   trace::Scope span("grad.decompress", trace::Category::kCompute);
   float* out = static_cast<float*>(data_);

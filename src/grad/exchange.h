@@ -32,11 +32,13 @@ class BucketExchange {
  public:
   // `data`: the bucket, `count` elements of `dtype`, in g's symmetric heap.
   // Collective over g when the scheme needs buffers of its own (f16, bf16).
+  // `starts`: the first element of each parameter in the bucket.
   BucketExchange(const Group& g, void* data, size_t count, DType dtype,
-                 const GradSyncOptions& options);
+                 std::vector<size_t> starts, const GradSyncOptions& options);
 
   // Issues the first collective; adds what the step moves to `stats`.
-  void Start(GradSyncStats* stats);
+  // `compress` false: this step is exchanged uncompressed (warm-up).
+  void Start(GradSyncStats* stats, bool compress);
   // Issues the second (two-phase schemes), after waiting for the first.
   void Advance();
   // Waits and leaves the reduced (decoded) gradient in the bucket.
@@ -55,12 +57,14 @@ class BucketExchange {
   void* data_;
   size_t count_;
   DType dtype_;
+  std::vector<size_t> starts_;
   const GradSyncOptions& opt_;
   CollectiveOptions coll_;
   int n_ranks_, rank_;
   Work work_;
   GradSyncStats* stats_ = nullptr;  // of the step in progress
   bool started_ = false;
+  Compression scheme_ = Compression::kNone;  // of the step in progress
 
   // 16-bit casts: chunk of c elements per rank.
   size_t chunk_ = 0;

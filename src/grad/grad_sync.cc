@@ -102,6 +102,7 @@ class GradSync::Impl {
       Invalid("the compression threshold must be finite and >= 0, got " +
               std::to_string(c.threshold));
     }
+    if (c.warmup_steps < 0) Invalid("warmup_steps must be >= 0, got " + std::to_string(c.warmup_steps));
     if (c.scheme == Compression::kTopK && !(c.topk_ratio > 0 && c.topk_ratio <= 1)) {
       Invalid("topk_ratio must be in (0, 1], got " + std::to_string(c.topk_ratio));
     }
@@ -173,7 +174,7 @@ class GradSync::Impl {
     if (!sync) return;
     --pending_[where_[p].first];
     while (next_start_ < ex_.size() && pending_[next_start_] == 0) {
-      ex_[next_start_]->Start(&stats_);
+      ex_[next_start_]->Start(&stats_, synced_steps_ >= opt_.compression.warmup_steps);
       ++next_start_;
     }
   }
@@ -188,7 +189,7 @@ class GradSync::Impl {
     trace::Scope span("grad_sync.finish", trace::Category::kWait);
     try {
       while (next_start_ < ex_.size()) {
-        ex_[next_start_]->Start(&stats_);
+        ex_[next_start_]->Start(&stats_, synced_steps_ >= opt_.compression.warmup_steps);
         ++next_start_;
       }
       for (auto& e : ex_) e->Advance();
@@ -200,6 +201,7 @@ class GradSync::Impl {
     }
     stats_.finish_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     last_stats_ = stats_;
+    ++synced_steps_;
     if (opt_.rebuild_buckets && !rebuilt_) Rebuild();
     ResetStep();
   }
@@ -290,6 +292,7 @@ class GradSync::Impl {
     o.Add(opt_.compression.threshold);
     o.Add(opt_.compression.topk_ratio);
     o.Add(opt_.compression.error_feedback);
+    o.Add(opt_.compression.warmup_steps);
     int64_t mine[3] = {static_cast<int64_t>(params_.size()), static_cast<int64_t>(all.h),
                        static_cast<int64_t>(o.h)};
     std::vector<int64_t> every(3 * static_cast<size_t>(N));
@@ -364,8 +367,8 @@ class GradSync::Impl {
     std::vector<std::pair<int, int>> where(params_.size());
     for (size_t b = 0; b < plan.size(); ++b) {
       void* data = storage[plan[b].group].data + off[b];
-      ex.push_back(std::make_unique<grad::BucketExchange>(groups_[plan[b].group], data,
-                                                          plan[b].count, plan[b].dtype, opt_));
+      ex.push_back(std::make_unique<grad::BucketExchange>(
+          groups_[plan[b].group], data, plan[b].count, plan[b].dtype, plan[b].offsets, opt_));
       for (size_t s = 0; s < plan[b].params.size(); ++s) {
         where[plan[b].params[s]] = {static_cast<int>(b), static_cast<int>(s)};
       }
@@ -447,6 +450,7 @@ class GradSync::Impl {
   std::vector<std::pair<int, int>> where_;  // param -> (bucket, slot)
   bool rebuilt_ = false;
   int layout_version_ = 0;
+  int64_t synced_steps_ = 0;  // finished with sync on
 
   std::vector<char> marked_;
   std::vector<int> ready_order_;

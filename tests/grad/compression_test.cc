@@ -3,7 +3,7 @@
 // densifies what each would send and reduces it in the canonical order.
 // - f16 / bf16: rounded on send, summed in f32, rounded once more;
 // - threshold: |g| < t stays home (with and without error feedback);
-// - top-k with error feedback, per bucket, over steps across the rebuild;
+// - top-k with error feedback, per parameter, over steps across the rebuild;
 //   the residual is exactly what was not sent;
 // - the bytes reported on the wire.
 #include <gtest/gtest.h>
@@ -54,7 +54,6 @@ void RunScheme(int n, const CompressionOptions& c, int steps) {
     Sim sim(n);
     for (int step = 0; step < steps; ++step) {
       // The dense contribution of each rank this step: [rank][param][i].
-      const auto buckets = sync.Buckets();  // the layout this step runs on
       std::vector<std::vector<std::vector<float>>> sent(static_cast<size_t>(n));
       for (int r = 0; r < n; ++r) {
         auto& res = sim.res[static_cast<size_t>(r)];
@@ -77,15 +76,11 @@ void RunScheme(int n, const CompressionOptions& c, int steps) {
               if (c.error_feedback) res[p][i] = send ? 0.0f : acc;
             }
           }
-        } else {  // top-k of each bucket, over the bucket's concatenation
-          for (const auto& b : buckets) {
-            std::vector<std::pair<int, size_t>> where;  // bucket element -> (param, i)
+        } else {  // top-k of each parameter
+          for (size_t p = 0; p < kSizes.size(); ++p) {
             std::vector<float> acc;
-            for (int p : b) {
-              for (size_t i = 0; i < kSizes[p]; ++i) {
-                where.emplace_back(p, i);
-                acc.push_back(Value(7, step, r, p, i) + res[p][i]);
-              }
+            for (size_t i = 0; i < kSizes[p]; ++i) {
+              acc.push_back(Value(7, step, r, static_cast<int>(p), i) + res[p][i]);
             }
             const size_t k = std::max<size_t>(
                 1, static_cast<size_t>(std::ceil(c.topk_ratio * static_cast<double>(acc.size()))));
@@ -96,10 +91,9 @@ void RunScheme(int n, const CompressionOptions& c, int steps) {
             });
             std::vector<char> chosen(acc.size(), 0);
             for (size_t j = 0; j < std::min(k, acc.size()); ++j) chosen[idx[j]] = 1;
-            for (size_t e = 0; e < acc.size(); ++e) {
-              auto [p, i] = where[e];
-              out[p][i] = chosen[e] ? acc[e] : 0.0f;
-              res[p][i] = chosen[e] ? 0.0f : acc[e];
+            for (size_t i = 0; i < acc.size(); ++i) {
+              out[p][i] = chosen[i] ? acc[i] : 0.0f;
+              res[p][i] = chosen[i] ? 0.0f : acc[i];
             }
           }
         }
