@@ -20,6 +20,17 @@
 //     loss every 10 steps, the mean loss of the last 10 steps and its
 //     difference from the uncompressed run.
 //
+//   build/bench/grad_bench overlap [-n 2] [--layers 8] [--hidden 512] [--reps 9]
+//                                  [--ratio 0.5] [--json FILE]
+//     A synthetic backward (per layer, last first: a weight-gradient GEMM
+//     [hidden x rows] x [rows x hidden] into the layer's gradient) over an
+//     emulated link calibrated so that the gradient all-reduce takes
+//     --ratio x the backward's compute, three ways, round-robin: GradSync
+//     marking each layer's gradient ready as it is computed (overlapped),
+//     GradSync marking everything after backward, and one all-reduce per
+//     tensor after backward. Prints the medians and the speedup of the
+//     overlapped step over the step that syncs after backward.
+//
 // Gradients are synthetic in `exchange`: normal-like values of scale 1e-3
 // with a tail of small ones, different per rank and step.
 #include <fmt/format.h>
@@ -52,6 +63,9 @@ struct Args {
   int reps = 9;
   int steps = 200;
   int warmup = 0;
+  int layers = 8;
+  int hidden = 512;
+  double ratio = 0.5;
   std::string link = "none";
   std::string schemes = "none,bf16,f16,threshold,topk";
   std::string json_path;
@@ -66,7 +80,9 @@ Args Parse(int argc, char** argv) {
   Args a;
   if (argc < 2) Usage("missing mode");
   a.mode = argv[1];
-  if (a.mode != "exchange" && a.mode != "train") Usage("mode must be exchange or train");
+  if (a.mode != "exchange" && a.mode != "train" && a.mode != "overlap") {
+    Usage("mode must be exchange, train or overlap");
+  }
   for (int i = 2; i < argc; ++i) {
     std::string k = argv[i];
     auto val = [&]() -> std::string {
@@ -79,12 +95,18 @@ Args Parse(int argc, char** argv) {
     else if (k == "--reps") a.reps = std::stoi(val());
     else if (k == "--steps") a.steps = std::stoi(val());
     else if (k == "--warmup") a.warmup = std::stoi(val());
+    else if (k == "--layers") a.layers = std::stoi(val());
+    else if (k == "--hidden") a.hidden = std::stoi(val());
+    else if (k == "--ratio") a.ratio = std::stod(val());
     else if (k == "--link") a.link = val();
     else if (k == "--schemes") a.schemes = val();
     else if (k == "--json") a.json_path = val();
     else Usage(("unknown option " + k).c_str());
   }
-  if (a.n < 1 || a.tensors < 1 || a.reps < 1 || a.steps < 1 || !(a.mib > 0)) Usage("bad value");
+  if (a.n < 1 || a.tensors < 1 || a.reps < 1 || a.steps < 1 || !(a.mib > 0) || a.layers < 1 ||
+      a.hidden < 1 || !(a.ratio > 0)) {
+    Usage("bad value");
+  }
   return a;
 }
 
@@ -272,6 +294,126 @@ int Train(const Args& a) {
   return 0;
 }
 
+// The overlap benchmark's per-rank state: weights-gradient inputs and the
+// three ways' gradient buffers.
+struct OverlapRank {
+  size_t h, rows;
+  std::vector<float> x, dy;  // [rows x h] each
+  void Init(size_t hidden, int rank) {
+    h = hidden;
+    rows = hidden;
+    x.resize(rows * h);
+    dy.resize(rows * h);
+    for (size_t i = 0; i < x.size(); ++i) {
+      x[i] = Synthetic(i ^ (uint64_t(rank) << 40));
+      dy[i] = Synthetic(i ^ (uint64_t(rank) << 40) ^ (1ull << 50));
+    }
+  }
+  // grad = x^T dy: [h x h], 2 h^2 rows flops.
+  void Wgrad(float* grad) const {
+    mc2::GemmOptions o;
+    o.trans_a = true;
+    mc2::Gemm(h, h, rows, x.data(), dy.data(), grad, o);
+  }
+};
+
+int Overlap(const Args& a) {
+  const size_t h = static_cast<size_t>(a.hidden);
+  const size_t grad_bytes = static_cast<size_t>(a.layers) * h * h * sizeof(float);
+  // 1. The backward's compute alone (rank 0's median), no link.
+  double compute = 0;
+  {
+    std::vector<double> t;
+    mc2::Group::RunInProcess(a.n, [&](mc2::Group& g) {
+      OverlapRank r;
+      r.Init(h, g.rank());
+      std::vector<float> grad(h * h);
+      for (int rep = -1; rep < a.reps; ++rep) {
+        mc2::Barrier(g).Wait();
+        const auto t0 = Clock::now();
+        for (int l = 0; l < a.layers; ++l) r.Wgrad(grad.data());
+        const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (g.rank() == 0 && rep >= 0) t.push_back(s);
+      }
+    });
+    compute = Median(t);
+  }
+  // 2. The link: the all-reduce's bytes per rank (2 (N-1)/N B) in ratio x compute.
+  const double wire = 2.0 * (a.n - 1) / a.n * static_cast<double>(grad_bytes);
+  const double bw = wire / (a.ratio * compute);
+  const std::string link = fmt::format("bw={:.0f}B/s,lat=5us", bw);
+  std::vector<std::vector<double>> times(3);
+  const char* names[] = {"overlapped", "after_backward", "per_tensor_after"};
+  mc2::WorldOptions wo;
+  wo.link = link;
+  wo.heap_bytes = 3 * grad_bytes + (size_t{256} << 20);
+  std::mutex mu;
+  mc2::Group::RunInProcess(
+      a.n,
+      [&](mc2::Group& g) {
+        OverlapRank r;
+        r.Init(h, g.rank());
+        mc2::GradSyncOptions o;
+        o.bucket_cap_bytes = h * h * sizeof(float);  // a layer per bucket
+        o.first_bucket_cap_bytes = o.bucket_cap_bytes;
+        mc2::GradSync sync(g, o);
+        for (int l = 0; l < a.layers; ++l) sync.Register("layer" + std::to_string(l), h * h, mc2::DType::kF32);
+        sync.Finalize();
+        std::vector<mc2::SymmetricBuffer> own;
+        for (int l = 0; l < a.layers; ++l) own.push_back(g.AllocSymmetric(h * h * sizeof(float)));
+        for (int rep = -1; rep < a.reps; ++rep) {
+          for (int way = 0; way < 3; ++way) {
+            mc2::Barrier(g).Wait();
+            const auto t0 = Clock::now();
+            if (way == 0) {
+              for (int l = a.layers; l-- > 0;) {
+                r.Wgrad(sync.GradAs<float>(l));
+                sync.MarkReady(l);
+              }
+              sync.Finish();
+            } else if (way == 1) {
+              for (int l = a.layers; l-- > 0;) r.Wgrad(sync.GradAs<float>(l));
+              for (int l = a.layers; l-- > 0;) sync.MarkReady(l);
+              sync.Finish();
+            } else {
+              for (int l = a.layers; l-- > 0;) r.Wgrad(own[l].as<float>());
+              std::vector<mc2::Work> works;
+              mc2::CollectiveOptions co;
+              co.may_run_inline = false;
+              for (int l = a.layers; l-- > 0;) {
+                works.push_back(mc2::AllReduce(g, own[l].data(), own[l].data(), h * h,
+                                               mc2::DType::kF32, mc2::ReduceOp::kAvg, co));
+              }
+              for (auto& w : works) w.Wait();
+            }
+            const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+            if (g.rank() == 0 && rep >= 0) {
+              std::lock_guard<std::mutex> lock(mu);
+              times[way].push_back(s);
+            }
+          }
+        }
+        mc2::Barrier(g).Wait();
+      },
+      wo);
+  std::printf("# grad_bench overlap: %d ranks, %d layers of %zu x %zu f32 gradients (%.1f MiB), "
+              "backward compute %.2f ms, link %s (all-reduce = %.2f x compute), %d reps\n",
+              a.n, a.layers, h, h, grad_bytes / 1048576.0, compute * 1e3, link.c_str(), a.ratio,
+              a.reps);
+  std::printf("%-18s %12s %12s %10s\n", "way", "median_ms", "min_ms", "speedup");
+  json out = {{"ranks", a.n}, {"layers", a.layers}, {"hidden", a.hidden}, {"link", link},
+              {"compute_s", compute}, {"ratio", a.ratio}, {"ways", json::array()}};
+  const double after = Median(times[1]);
+  for (int w = 0; w < 3; ++w) {
+    const double med = Median(times[w]);
+    const double mn = *std::min_element(times[w].begin(), times[w].end());
+    std::printf("%-18s %12.3f %12.3f %9.2fx\n", names[w], med * 1e3, mn * 1e3, after / med);
+    out["ways"].push_back({{"name", names[w]}, {"median_s", med}, {"min_s", mn}});
+  }
+  if (!a.json_path.empty()) std::ofstream(a.json_path) << out.dump(2) << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -280,6 +422,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "grad_bench: WARNING: a debug build; figures are not representative\n");
 #endif
   try {
+    if (a.mode == "overlap") return Overlap(a);
     return a.mode == "exchange" ? Exchange(a) : Train(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "grad_bench: %s\n", e.what());
