@@ -2,7 +2,7 @@
 // optional emulated link. Two parts:
 //
 //   build/bench/grad_bench exchange [-n 2] [--mib 16] [--tensors 64] [--reps 9]
-//                                   [--link SPEC] [--json FILE]
+//                                   [--link SPEC] [--ways LIST] [--json FILE]
 //     One gradient-sync step (every tensor marked ready, then Finish) per
 //     way of doing it, round-robin over repetitions so that every way sees
 //     the same machine: one all-reduce per tensor (issued together, then
@@ -69,6 +69,7 @@ struct Args {
   std::string link = "none";
   std::string schemes = "none,bf16,f16,threshold,topk";
   std::string json_path;
+  std::string ways;  // exchange: a comma-separated subset (empty: all)
 };
 
 [[noreturn]] void Usage(const char* msg) {
@@ -101,6 +102,7 @@ Args Parse(int argc, char** argv) {
     else if (k == "--link") a.link = val();
     else if (k == "--schemes") a.schemes = val();
     else if (k == "--json") a.json_path = val();
+    else if (k == "--ways") a.ways = val();
     else Usage(("unknown option " + k).c_str());
   }
   if (a.n < 1 || a.tensors < 1 || a.reps < 1 || a.steps < 1 || !(a.mib > 0) || a.layers < 1 ||
@@ -143,6 +145,16 @@ int Exchange(const Args& a) {
                             {.scheme = mc2::Compression::kThreshold, .threshold = 1e-3f}},
                            {"topk_1%", false, {.scheme = mc2::Compression::kTopK, .topk_ratio = 0.01}},
                            {"topk_10%", false, {.scheme = mc2::Compression::kTopK, .topk_ratio = 0.1}}};
+  if (!a.ways.empty()) {  // keep per_tensor and bucketed: the baselines
+    std::vector<Way> kept;
+    for (const Way& w : ways) {
+      if (w.name == "per_tensor" || w.name == "bucketed" ||
+          ("," + a.ways + ",").find("," + w.name + ",") != std::string::npos) {
+        kept.push_back(w);
+      }
+    }
+    ways = kept;
+  }
   const size_t total = static_cast<size_t>(a.mib * (1 << 20) / 4);
   // Tensor sizes: a spread (1x .. 4x) around the mean, as a model's are.
   std::vector<size_t> sizes;
