@@ -73,7 +73,10 @@ struct Args {
 };
 
 [[noreturn]] void Usage(const char* msg) {
-  std::fprintf(stderr, "grad_bench: %s\nusage: grad_bench exchange|train [options] (see the file's opening comment)\n", msg);
+  std::fprintf(stderr,
+               "grad_bench: %s\nusage: grad_bench exchange|train [options] (see the file's opening "
+               "comment)\n",
+               msg);
   std::exit(2);
 }
 
@@ -90,20 +93,34 @@ Args Parse(int argc, char** argv) {
       if (i + 1 >= argc) Usage((k + " needs a value").c_str());
       return argv[++i];
     };
-    if (k == "-n") a.n = std::stoi(val());
-    else if (k == "--mib") a.mib = std::stod(val());
-    else if (k == "--tensors") a.tensors = std::stoi(val());
-    else if (k == "--reps") a.reps = std::stoi(val());
-    else if (k == "--steps") a.steps = std::stoi(val());
-    else if (k == "--warmup") a.warmup = std::stoi(val());
-    else if (k == "--layers") a.layers = std::stoi(val());
-    else if (k == "--hidden") a.hidden = std::stoi(val());
-    else if (k == "--ratio") a.ratio = std::stod(val());
-    else if (k == "--link") a.link = val();
-    else if (k == "--schemes") a.schemes = val();
-    else if (k == "--json") a.json_path = val();
-    else if (k == "--ways") a.ways = val();
-    else Usage(("unknown option " + k).c_str());
+    if (k == "-n")
+      a.n = std::stoi(val());
+    else if (k == "--mib")
+      a.mib = std::stod(val());
+    else if (k == "--tensors")
+      a.tensors = std::stoi(val());
+    else if (k == "--reps")
+      a.reps = std::stoi(val());
+    else if (k == "--steps")
+      a.steps = std::stoi(val());
+    else if (k == "--warmup")
+      a.warmup = std::stoi(val());
+    else if (k == "--layers")
+      a.layers = std::stoi(val());
+    else if (k == "--hidden")
+      a.hidden = std::stoi(val());
+    else if (k == "--ratio")
+      a.ratio = std::stod(val());
+    else if (k == "--link")
+      a.link = val();
+    else if (k == "--schemes")
+      a.schemes = val();
+    else if (k == "--json")
+      a.json_path = val();
+    else if (k == "--ways")
+      a.ways = val();
+    else
+      Usage(("unknown option " + k).c_str());
   }
   if (a.n < 1 || a.tensors < 1 || a.reps < 1 || a.steps < 1 || !(a.mib > 0) || a.layers < 1 ||
       a.hidden < 1 || !(a.ratio > 0)) {
@@ -136,15 +153,15 @@ double Median(std::vector<double> v) {
 }
 
 int Exchange(const Args& a) {
-  std::vector<Way> ways = {{"per_tensor", true, {}},
-                           {"bucketed", false, {}},
-                           {"f16", false, {.scheme = mc2::Compression::kF16}},
-                           {"bf16", false, {.scheme = mc2::Compression::kBF16}},
-                           {"threshold_1e-6", false, {.scheme = mc2::Compression::kThreshold}},
-                           {"threshold_1e-3", false,
-                            {.scheme = mc2::Compression::kThreshold, .threshold = 1e-3f}},
-                           {"topk_1%", false, {.scheme = mc2::Compression::kTopK, .topk_ratio = 0.01}},
-                           {"topk_10%", false, {.scheme = mc2::Compression::kTopK, .topk_ratio = 0.1}}};
+  std::vector<Way> ways = {
+      {"per_tensor", true, {}},
+      {"bucketed", false, {}},
+      {"f16", false, {.scheme = mc2::Compression::kF16}},
+      {"bf16", false, {.scheme = mc2::Compression::kBF16}},
+      {"threshold_1e-6", false, {.scheme = mc2::Compression::kThreshold}},
+      {"threshold_1e-3", false, {.scheme = mc2::Compression::kThreshold, .threshold = 1e-3f}},
+      {"topk_1%", false, {.scheme = mc2::Compression::kTopK, .topk_ratio = 0.01}},
+      {"topk_10%", false, {.scheme = mc2::Compression::kTopK, .topk_ratio = 0.1}}};
   if (!a.ways.empty()) {  // keep per_tensor and bucketed: the baselines
     std::vector<Way> kept;
     for (const Way& w : ways) {
@@ -161,8 +178,10 @@ int Exchange(const Args& a) {
   {
     double wsum = 0;
     std::vector<double> w;
-    for (int t = 0; t < a.tensors; ++t) w.push_back(1.0 + 3.0 * ((t * 7) % a.tensors) / a.tensors), wsum += w.back();
-    for (int t = 0; t < a.tensors; ++t) sizes.push_back(std::max<size_t>(1, static_cast<size_t>(total * w[t] / wsum)));
+    for (int t = 0; t < a.tensors; ++t)
+      w.push_back(1.0 + 3.0 * ((t * 7) % a.tensors) / a.tensors), wsum += w.back();
+    for (int t = 0; t < a.tensors; ++t)
+      sizes.push_back(std::max<size_t>(1, static_cast<size_t>(total * w[t] / wsum)));
   }
   std::vector<std::vector<double>> times(ways.size());
   std::vector<mc2::GradSyncStats> stats(ways.size());
@@ -180,7 +199,8 @@ int Exchange(const Args& a) {
           o.compression = w.c;
           o.bucket_cap_bytes = size_t{4} << 20;
           auto s = std::make_unique<mc2::GradSync>(g, o);
-          for (size_t t = 0; t < sizes.size(); ++t) s->Register("t" + std::to_string(t), sizes[t], mc2::DType::kF32);
+          for (size_t t = 0; t < sizes.size(); ++t)
+            s->Register("t" + std::to_string(t), sizes[t], mc2::DType::kF32);
           s->Finalize();
           syncs.push_back(std::move(s));
         }
@@ -192,8 +212,10 @@ int Exchange(const Args& a) {
             mc2::GradSync& s = *syncs[wi];
             // Fresh gradients (not timed).
             for (size_t t = 0; t < sizes.size(); ++t) {
-              float* d = ways[wi].per_tensor ? own[t].as<float>() : s.GradAs<float>(static_cast<int>(t));
-              const uint64_t base = (uint64_t(rep + 2) << 48) ^ (uint64_t(g.rank()) << 40) ^ (uint64_t(t) << 28);
+              float* d =
+                  ways[wi].per_tensor ? own[t].as<float>() : s.GradAs<float>(static_cast<int>(t));
+              const uint64_t base =
+                  (uint64_t(rep + 2) << 48) ^ (uint64_t(g.rank()) << 40) ^ (uint64_t(t) << 28);
               for (size_t i = 0; i < sizes[t]; ++i) d[i] = Synthetic(base + i);
             }
             mc2::Barrier(g).Wait();
@@ -224,13 +246,14 @@ int Exchange(const Args& a) {
       wo);
   const size_t dense = stats[1].dense_bytes;
   stats[0] = stats[1];  // the same all-reduces, one per tensor
-  std::printf("# grad_bench exchange: %d ranks, %zu f32 gradients (%.1f MiB) in %d tensors, "
-              "link %s, %d reps (median, min)\n",
-              a.n, total, a.mib, a.tensors, a.link.c_str(), a.reps);
+  std::printf(
+      "# grad_bench exchange: %d ranks, %zu f32 gradients (%.1f MiB) in %d tensors, "
+      "link %s, %d reps (median, min)\n",
+      a.n, total, a.mib, a.tensors, a.link.c_str(), a.reps);
   std::printf("%-16s %12s %12s %14s %10s %10s\n", "way", "median_ms", "min_ms", "wire_bytes",
               "wire/dense", "vs_bucketed");
-  json out = {{"ranks", a.n}, {"elements", total}, {"tensors", a.tensors}, {"link", a.link},
-              {"reps", a.reps}, {"ways", json::array()}};
+  json out = {{"ranks", a.n},   {"elements", total}, {"tensors", a.tensors},
+              {"link", a.link}, {"reps", a.reps},    {"ways", json::array()}};
   const double base = Median(times[1]);
   for (size_t wi = 0; wi < ways.size(); ++wi) {
     const double med = Median(times[wi]);
@@ -238,8 +261,11 @@ int Exchange(const Args& a) {
     const double ratio = dense ? static_cast<double>(stats[wi].wire_bytes) / dense : 0;
     std::printf("%-16s %12.3f %12.3f %14zu %10.3f %10.2f\n", ways[wi].name.c_str(), med * 1e3,
                 mn * 1e3, stats[wi].wire_bytes, ratio, med > 0 ? base / med : 0);
-    out["ways"].push_back({{"name", ways[wi].name}, {"median_s", med}, {"min_s", mn},
-                           {"wire_bytes", stats[wi].wire_bytes}, {"dense_bytes", dense},
+    out["ways"].push_back({{"name", ways[wi].name},
+                           {"median_s", med},
+                           {"min_s", mn},
+                           {"wire_bytes", stats[wi].wire_bytes},
+                           {"dense_bytes", dense},
                            {"sent_elements", stats[wi].sent_elements}});
   }
   if (!a.json_path.empty()) std::ofstream(a.json_path) << out.dump(2) << "\n";
@@ -251,7 +277,8 @@ int Train(const Args& a) {
   {
     std::string s = a.schemes;
     size_t p;
-    while ((p = s.find(',')) != std::string::npos) names.push_back(s.substr(0, p)), s = s.substr(p + 1);
+    while ((p = s.find(',')) != std::string::npos)
+      names.push_back(s.substr(0, p)), s = s.substr(p + 1);
     names.push_back(s);
   }
   mc2::models::TransformerConfig base;
@@ -265,9 +292,10 @@ int Train(const Args& a) {
   base.task = mc2::models::Task::kCopy;
   base.task_param = 8;
   json out = {{"ranks", a.n}, {"steps", a.steps}, {"warmup", a.warmup}, {"runs", json::array()}};
-  std::printf("# grad_bench train: transformer hidden %d, %d layers, batch %d x %d tokens, DP %d, "
-              "%d steps per scheme, %d warm-up steps uncompressed\n",
-              base.hidden, base.layers, base.batch, base.seq_len, a.n, a.steps, a.warmup);
+  std::printf(
+      "# grad_bench train: transformer hidden %d, %d layers, batch %d x %d tokens, DP %d, "
+      "%d steps per scheme, %d warm-up steps uncompressed\n",
+      base.hidden, base.layers, base.batch, base.seq_len, a.n, a.steps, a.warmup);
   double ref_tail = 0;
   for (const std::string& name : names) {
     mc2::models::TransformerConfig c = base;
@@ -295,12 +323,16 @@ int Train(const Args& a) {
     const size_t k = std::min<size_t>(10, losses.size());
     for (size_t i = losses.size() - k; i < losses.size(); ++i) tail += losses[i] / k;
     if (name == names.front()) ref_tail = tail;
-    std::printf("%-14s first %.4f  last-10 mean %.4f  vs %s %+.2f%%  (%.1f s)\n  curve:", name.c_str(),
-                losses.front(), tail, names.front().c_str(), 100 * (tail - ref_tail) / ref_tail, sec);
+    std::printf(
+        "%-14s first %.4f  last-10 mean %.4f  vs %s %+.2f%%  (%.1f s)\n  curve:", name.c_str(),
+        losses.front(), tail, names.front().c_str(), 100 * (tail - ref_tail) / ref_tail, sec);
     for (size_t i = 0; i < losses.size(); i += 10) std::printf(" %.3f", losses[i]);
     std::printf("\n");
-    out["runs"].push_back({{"scheme", name}, {"losses", losses}, {"tail_mean", tail},
-                           {"rel_to_first", (tail - ref_tail) / ref_tail}, {"seconds", sec}});
+    out["runs"].push_back({{"scheme", name},
+                           {"losses", losses},
+                           {"tail_mean", tail},
+                           {"rel_to_first", (tail - ref_tail) / ref_tail},
+                           {"seconds", sec}});
   }
   if (!a.json_path.empty()) std::ofstream(a.json_path) << out.dump(2) << "\n";
   return 0;
@@ -369,7 +401,8 @@ int Overlap(const Args& a) {
         o.bucket_cap_bytes = h * h * sizeof(float);  // a layer per bucket
         o.first_bucket_cap_bytes = o.bucket_cap_bytes;
         mc2::GradSync sync(g, o);
-        for (int l = 0; l < a.layers; ++l) sync.Register("layer" + std::to_string(l), h * h, mc2::DType::kF32);
+        for (int l = 0; l < a.layers; ++l)
+          sync.Register("layer" + std::to_string(l), h * h, mc2::DType::kF32);
         sync.Finalize();
         std::vector<mc2::SymmetricBuffer> own;
         for (int l = 0; l < a.layers; ++l) own.push_back(g.AllocSymmetric(h * h * sizeof(float)));
@@ -408,13 +441,13 @@ int Overlap(const Args& a) {
         mc2::Barrier(g).Wait();
       },
       wo);
-  std::printf("# grad_bench overlap: %d ranks, %d layers of %zu x %zu f32 gradients (%.1f MiB), "
-              "backward compute %.2f ms, link %s (all-reduce = %.2f x compute), %d reps\n",
-              a.n, a.layers, h, h, grad_bytes / 1048576.0, compute * 1e3, link.c_str(), a.ratio,
-              a.reps);
+  std::printf(
+      "# grad_bench overlap: %d ranks, %d layers of %zu x %zu f32 gradients (%.1f MiB), "
+      "backward compute %.2f ms, link %s (all-reduce = %.2f x compute), %d reps\n",
+      a.n, a.layers, h, h, grad_bytes / 1048576.0, compute * 1e3, link.c_str(), a.ratio, a.reps);
   std::printf("%-18s %12s %12s %10s\n", "way", "median_ms", "min_ms", "speedup");
-  json out = {{"ranks", a.n}, {"layers", a.layers}, {"hidden", a.hidden}, {"link", link},
-              {"compute_s", compute}, {"ratio", a.ratio}, {"ways", json::array()}};
+  json out = {{"ranks", a.n},         {"layers", a.layers}, {"hidden", a.hidden},   {"link", link},
+              {"compute_s", compute}, {"ratio", a.ratio},   {"ways", json::array()}};
   const double after = Median(times[1]);
   for (int w = 0; w < 3; ++w) {
     const double med = Median(times[w]);

@@ -6,10 +6,9 @@
 #include <limits>
 #include <string>
 
+#include "core/reduce.h"
 #include "mc2/error.h"
 #include "mc2/gemm.h"
-
-#include "core/reduce.h"
 
 namespace mc2::grad {
 
@@ -96,7 +95,8 @@ std::vector<Pair> SelectTopK(const float* g, std::span<float> residual, size_t n
       std::nth_element(recs.begin(), recs.begin() + static_cast<ptrdiff_t>(k), recs.end(), before);
     }
     recs.resize(k);
-    std::sort(recs.begin(), recs.end(), [](const Rec& a, const Rec& b) { return a.index < b.index; });
+    std::sort(recs.begin(), recs.end(),
+              [](const Rec& a, const Rec& b) { return a.index < b.index; });
     for (const Rec& r : recs) {
       out.push_back({r.index, acc[r.index]});
       acc[r.index] = 0.0f;  // sent: nothing left behind
@@ -135,8 +135,7 @@ std::vector<Pair> Tree(std::span<const std::span<const Pair>> lists, int lo, int
 
 }  // namespace
 
-void MergeSparse(std::span<const std::span<const Pair>> lists, float* out, size_t n,
-                 bool average) {
+void MergeSparse(std::span<const std::span<const Pair>> lists, float* out, size_t n, bool average) {
   std::fill(out, out + n, 0.0f);
   const int N = static_cast<int>(lists.size());
   if (N == 0) return;

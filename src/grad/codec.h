@@ -51,8 +51,7 @@ size_t TopKCount(size_t n, double ratio);
 // (each sorted by index), absent elements counting as +0, combined in the
 // canonical tree order over ranks (core/reduce.h), so bitwise the dense
 // all-reduce of the densified vectors; divided by N when `average`.
-void MergeSparse(std::span<const std::span<const Pair>> lists, float* out, size_t n,
-                 bool average);
+void MergeSparse(std::span<const std::span<const Pair>> lists, float* out, size_t n, bool average);
 
 }  // namespace mc2::grad
 

@@ -134,8 +134,8 @@ void BucketExchange::Advance() {
     for (size_t r = 0; r < N; ++r) {
       if (counts_[r] < 0 || static_cast<uint64_t>(counts_[r]) > count_) {
         throw Error(ErrorCode::kInternal, "GradSync: rank " + std::to_string(r) + " sends " +
-                                              std::to_string(counts_[r]) + " pairs for a bucket of " +
-                                              std::to_string(count_));
+                                              std::to_string(counts_[r]) +
+                                              " pairs for a bucket of " + std::to_string(count_));
       }
       rcounts_[r] = static_cast<size_t>(counts_[r]);
       displs_[r] = total;
@@ -154,8 +154,8 @@ void BucketExchange::Advance() {
     std::vector<const void*> srcs(N);
     for (size_t r = 0; r < N; ++r) srcs[r] = wide_.data() + r * chunk_;
     float* dst = wide_.data() + N * chunk_;
-    core::ReduceTree(DType::kF32, opt_.average ? ReduceOp::kAvg : ReduceOp::kSum, dst,
-                     srcs.data(), n_ranks_, chunk_, n_ranks_);
+    core::ReduceTree(DType::kF32, opt_.average ? ReduceOp::kAvg : ReduceOp::kSum, dst, srcs.data(),
+                     n_ranks_, chunk_, n_ranks_);
     ToHalf(half, dst, gather16_ + static_cast<size_t>(rank_) * chunk_, chunk_);
   }
   uint16_t* mine = gather16_ + static_cast<size_t>(rank_) * chunk_;

@@ -33,8 +33,8 @@ class BucketExchange {
   // `data`: the bucket, `count` elements of `dtype`, in g's symmetric heap.
   // Collective over g when the scheme needs buffers of its own (f16, bf16).
   // `starts`: the first element of each parameter in the bucket.
-  BucketExchange(const Group& g, void* data, size_t count, DType dtype,
-                 std::vector<size_t> starts, const GradSyncOptions& options);
+  BucketExchange(const Group& g, void* data, size_t count, DType dtype, std::vector<size_t> starts,
+                 const GradSyncOptions& options);
 
   // Issues the first collective; adds what the step moves to `stats`.
   // `compress` false: this step is exchanged uncompressed (warm-up).

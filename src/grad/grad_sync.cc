@@ -22,11 +22,16 @@ namespace mc2 {
 
 const char* CompressionName(Compression c) {
   switch (c) {
-    case Compression::kNone: return "none";
-    case Compression::kF16: return "f16";
-    case Compression::kBF16: return "bf16";
-    case Compression::kThreshold: return "threshold";
-    case Compression::kTopK: return "topk";
+    case Compression::kNone:
+      return "none";
+    case Compression::kF16:
+      return "f16";
+    case Compression::kBF16:
+      return "bf16";
+    case Compression::kThreshold:
+      return "threshold";
+    case Compression::kTopK:
+      return "topk";
   }
   return "?";
 }
@@ -102,7 +107,8 @@ class GradSync::Impl {
       Invalid("the compression threshold must be finite and >= 0, got " +
               std::to_string(c.threshold));
     }
-    if (c.warmup_steps < 0) Invalid("warmup_steps must be >= 0, got " + std::to_string(c.warmup_steps));
+    if (c.warmup_steps < 0)
+      Invalid("warmup_steps must be >= 0, got " + std::to_string(c.warmup_steps));
     if (c.scheme == Compression::kTopK && !(c.topk_ratio > 0 && c.topk_ratio <= 1)) {
       Invalid("topk_ratio must be in (0, 1], got " + std::to_string(c.topk_ratio));
     }
@@ -230,8 +236,8 @@ class GradSync::Impl {
   void CheckParam(int p, const char* what) const {
     if (!finalized_) Invalid(std::string(what) + " before Finalize");
     if (p < 0 || p >= static_cast<int>(params_.size())) {
-      Invalid(std::string(what) + ": parameter id " + std::to_string(p) +
-              " is not registered (" + std::to_string(params_.size()) + " parameters)");
+      Invalid(std::string(what) + ": parameter id " + std::to_string(p) + " is not registered (" +
+              std::to_string(params_.size()) + " parameters)");
     }
   }
 
@@ -259,8 +265,8 @@ class GradSync::Impl {
       }
       default:
         // 16-bit: rounded after each addition, as any 16-bit accumulator.
-        Invalid("MarkReady(\"" + info.name + "\", grad): adding into a " +
-                DTypeName(info.dtype) + " gradient is not supported; write the view");
+        Invalid("MarkReady(\"" + info.name + "\", grad): adding into a " + DTypeName(info.dtype) +
+                " gradient is not supported; write the view");
     }
   }
 
@@ -305,9 +311,9 @@ class GradSync::Impl {
     }
     for (int r = 0; r < N; ++r) {
       if (every[3 * r + 2] != mine[2]) {
-        throw Error(ErrorCode::kMismatch, "GradSync: ranks " + std::to_string(g.rank()) + " and " +
-                                              std::to_string(r) +
-                                              " were built with different options",
+        throw Error(ErrorCode::kMismatch,
+                    "GradSync: ranks " + std::to_string(g.rank()) + " and " + std::to_string(r) +
+                        " were built with different options",
                     g.rank(), "GradSync::Finalize");
       }
     }
@@ -432,7 +438,8 @@ class GradSync::Impl {
     std::fill(marked_.begin(), marked_.end(), 0);
     ready_order_.clear();
     pending_.assign(plan_.size(), 0);
-    for (size_t b = 0; b < plan_.size(); ++b) pending_[b] = static_cast<int>(plan_[b].params.size());
+    for (size_t b = 0; b < plan_.size(); ++b)
+      pending_[b] = static_cast<int>(plan_[b].params.size());
     next_start_ = 0;
     stats_ = GradSyncStats{};
   }

@@ -49,7 +49,8 @@ void RunScheme(int n, const CompressionOptions& c, int steps) {
     o.first_bucket_cap_bytes = 512;
     o.compression = c;
     GradSync sync(g, o);
-    for (size_t p = 0; p < kSizes.size(); ++p) sync.Register("w" + std::to_string(p), kSizes[p], DType::kF32);
+    for (size_t p = 0; p < kSizes.size(); ++p)
+      sync.Register("w" + std::to_string(p), kSizes[p], DType::kF32);
     sync.Finalize();
     Sim sim(n);
     for (int step = 0; step < steps; ++step) {
@@ -114,12 +115,13 @@ void RunScheme(int n, const CompressionOptions& c, int steps) {
       for (size_t p = 0; p < kSizes.size(); ++p) {
         const float* got = sync.GradAs<float>(static_cast<int>(p));
         for (size_t i = 0; i < kSizes[p]; ++i) {
-          float want = Tree<float>([&](int r) { return sent[static_cast<size_t>(r)][p][i]; }, 0, n) /
-                       static_cast<float>(n);
+          float want =
+              Tree<float>([&](int r) { return sent[static_cast<size_t>(r)][p][i]; }, 0, n) /
+              static_cast<float>(n);
           if (cast) want = Round16(t16, want);
           ASSERT_TRUE(SameBits(got[i], want))
-              << CompressionName(c.scheme) << " step " << step << " p " << p << " i " << i
-              << ": " << got[i] << " vs " << want;
+              << CompressionName(c.scheme) << " step " << step << " p " << p << " i " << i << ": "
+              << got[i] << " vs " << want;
         }
         // The residual is this rank's simulated one, bit for bit.
         std::span<const float> res = sync.Residual(static_cast<int>(p));
@@ -127,7 +129,8 @@ void RunScheme(int n, const CompressionOptions& c, int steps) {
                                                    c.scheme == Compression::kTopK);
         ASSERT_EQ(res.size(), feedback ? kSizes[p] : 0u);
         for (size_t i = 0; i < res.size(); ++i) {
-          ASSERT_TRUE(SameBits(res[i], sim.res[static_cast<size_t>(g.rank())][p][i])) << p << " " << i;
+          ASSERT_TRUE(SameBits(res[i], sim.res[static_cast<size_t>(g.rank())][p][i]))
+              << p << " " << i;
         }
       }
       // What moved: the dense all-reduce for comparison.
@@ -135,7 +138,8 @@ void RunScheme(int n, const CompressionOptions& c, int steps) {
       if (n > 1) {
         size_t total = 0;
         for (size_t s : kSizes) total += s;
-        EXPECT_GE(st.dense_bytes, 2 * (static_cast<size_t>(n) - 1) * total * 4 / static_cast<size_t>(n) - 64);
+        EXPECT_GE(st.dense_bytes,
+                  2 * (static_cast<size_t>(n) - 1) * total * 4 / static_cast<size_t>(n) - 64);
         if (cast) EXPECT_LT(st.wire_bytes, st.dense_bytes * 6 / 10);
         if (c.scheme == Compression::kTopK) EXPECT_LT(st.wire_bytes, st.dense_bytes / 4);
       }

@@ -28,9 +28,8 @@ void ExpectError(ErrorCode code, const std::string& needle, F&& f) {
 
 TEST(GradSyncErrors, InvalidOptionsAndRegistrations) {
   Group::RunInProcess(1, [&](Group& g) {
-    ExpectError(ErrorCode::kInvalidArgument, "caps", [&] {
-      GradSync s(g, {.bucket_cap_bytes = 0});
-    });
+    ExpectError(ErrorCode::kInvalidArgument, "caps",
+                [&] { GradSync s(g, {.bucket_cap_bytes = 0}); });
     ExpectError(ErrorCode::kInvalidArgument, "topk_ratio", [&] {
       GradSync s(g, {.compression = {.scheme = Compression::kTopK, .topk_ratio = 0}});
     });
@@ -99,8 +98,9 @@ TEST(GradSyncErrors, MismatchedRegistrationsFailOnEveryRank) {
     const char* what;
     const char* needle;
   };
-  for (const Case& c : {Case{"count", "parameter 1 differs"}, Case{"extra", "rank 2: 3"},
-                        Case{"dtype", "parameter 0 differs"}, Case{"options", "different options"}}) {
+  for (const Case& c :
+       {Case{"count", "parameter 1 differs"}, Case{"extra", "rank 2: 3"},
+        Case{"dtype", "parameter 0 differs"}, Case{"options", "different options"}}) {
     SCOPED_TRACE(c.what);
     std::atomic<int> caught{0};
     Group::RunInProcess(3, [&](Group& g) {

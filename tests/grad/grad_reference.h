@@ -28,8 +28,9 @@ inline uint64_t Mix(uint64_t x) {
 // A gradient value: sign and magnitude spread over 1e-9 .. 1, so that a
 // threshold of 1e-6 drops some and keeps most.
 inline float Value(uint64_t seed, int step, int rank, int param, size_t i) {
-  uint64_t h = Mix(seed ^ Mix(static_cast<uint64_t>(step) << 40 ^ static_cast<uint64_t>(rank) << 32 ^
-                              static_cast<uint64_t>(param) << 24 ^ i));
+  uint64_t h =
+      Mix(seed ^ Mix(static_cast<uint64_t>(step) << 40 ^ static_cast<uint64_t>(rank) << 32 ^
+                     static_cast<uint64_t>(param) << 24 ^ i));
   const double u = static_cast<double>(h >> 11) / 9007199254740992.0;  // [0, 1)
   const int exponent = static_cast<int>(h & 15);                       // 0..15
   const double mag = (0.25 + u) * std::pow(10.0, -(exponent < 10 ? exponent % 3 : exponent - 6));

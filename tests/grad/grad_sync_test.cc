@@ -33,11 +33,20 @@ void Fill(DType t, void* dst, size_t n, uint64_t seed, int step, int rank, int p
   for (size_t i = 0; i < n; ++i) {
     const float v = Value(seed, step, rank, p, i);
     switch (t) {
-      case DType::kF32: static_cast<float*>(dst)[i] = v; break;
-      case DType::kF64: static_cast<double*>(dst)[i] = static_cast<double>(v) * (1 + 1e-9 * i); break;
-      case DType::kF16: static_cast<uint16_t*>(dst)[i] = core::F32ToF16(v); break;
-      case DType::kBF16: static_cast<uint16_t*>(dst)[i] = core::F32ToBF16(v); break;
-      default: FAIL();
+      case DType::kF32:
+        static_cast<float*>(dst)[i] = v;
+        break;
+      case DType::kF64:
+        static_cast<double*>(dst)[i] = static_cast<double>(v) * (1 + 1e-9 * i);
+        break;
+      case DType::kF16:
+        static_cast<uint16_t*>(dst)[i] = core::F32ToF16(v);
+        break;
+      case DType::kBF16:
+        static_cast<uint16_t*>(dst)[i] = core::F32ToBF16(v);
+        break;
+      default:
+        FAIL();
     }
   }
 }
@@ -157,7 +166,8 @@ TEST(GradSync, AccumulatesMicroBatchesWithSyncOff) {
       o.bucket_cap_bytes = 1024;
       GradSync sync(g, o);
       const std::vector<size_t> sizes = {300, 5, 77};
-      for (size_t p = 0; p < sizes.size(); ++p) sync.Register("w" + std::to_string(p), sizes[p], DType::kF32);
+      for (size_t p = 0; p < sizes.size(); ++p)
+        sync.Register("w" + std::to_string(p), sizes[p], DType::kF32);
       sync.Finalize();
       for (int step = 0; step < 2; ++step) {
         sync.ZeroGrad();
@@ -176,7 +186,8 @@ TEST(GradSync, AccumulatesMicroBatchesWithSyncOff) {
           for (size_t i = 0; i < sizes[p]; ++i) {
             auto local = [&](int r) {
               float acc = 0.0f;  // the view starts at zero and adds each micro-batch
-              for (int m = 0; m < micro; ++m) acc += Value(5, 10 * step + m, r, static_cast<int>(p), i);
+              for (int m = 0; m < micro; ++m)
+                acc += Value(5, 10 * step + m, r, static_cast<int>(p), i);
               return acc;
             };
             const float want = Tree<float>(local, 0, n) / static_cast<float>(n);
@@ -235,8 +246,11 @@ TEST(GradSync, ExpertParametersReduceOverTheirGroup) {
     for (int step = 0; step < 2; ++step) {
       sync.ZeroGrad();
       for (int p : Shuffled(3, g.rank(), step)) {
-        Fill(DType::kF32, sync.Grad(p), p == expert ? 90 : p == dense ? 50 : 20, 3, step,
-             g.rank(), p);
+        Fill(DType::kF32, sync.Grad(p),
+             p == expert  ? 90
+             : p == dense ? 50
+                          : 20,
+             3, step, g.rank(), p);
         sync.MarkReady(p);
       }
       sync.Finish();
@@ -247,7 +261,8 @@ TEST(GradSync, ExpertParametersReduceOverTheirGroup) {
           float want;
           if (p == expert) {  // members of this rank's edp: world ranks r%2 + 2j
             want = Tree<float>([&](int j) { return Value(3, step, g.rank() % 2 + 2 * j, p, i); }, 0,
-                               2) / 2.0f;
+                               2) /
+                   2.0f;
           } else {
             want = Tree<float>([&](int r) { return Value(3, step, r, p, i); }, 0, 4) / 4.0f;
           }

@@ -60,8 +60,7 @@ TEST(GradSyncNondeterministicWorld, BucketsFollowTheCanonicalOrderAnyway) {
             const float* got = sync.GradAs<float>(static_cast<int>(p));
             for (size_t i = 0; i < sizes[p]; ++i) {
               const float want =
-                  Tree<float>([&](int r) { return Value(9, 0, r, static_cast<int>(p), i); }, 0,
-                              n) /
+                  Tree<float>([&](int r) { return Value(9, 0, r, static_cast<int>(p), i); }, 0, n) /
                   static_cast<float>(n);
               ASSERT_TRUE(SameBits(got[i], want)) << p << " " << i;
               ring_differs += SameBits(plain[p][i], want) ? 0 : 1;
