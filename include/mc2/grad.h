@@ -181,7 +181,8 @@ class GradSync {
   // Ends the step: starts the buckets not yet started (unmarked parameters
   // contribute their views as they are), waits for all, and leaves the
   // mean (or sum) in the views. Errors of the exchanges are rethrown. With
-  // sync off it only ends the step.
+  // sync off it only ends the step (unless buckets started while sync was
+  // on: then the step is finished as a synchronised one).
   void Finish();
 
   // The error-feedback residual of an f32 parameter (empty without error

@@ -187,7 +187,9 @@ class GradSync::Impl {
 
   void Finish(bool sync) {
     if (!finalized_) Invalid("Finish before Finalize");
-    if (!sync) {
+    // Sync turned off after buckets started: they must still complete
+    // (the peers run them too), so the step is finished as a synchronised one.
+    if (!sync && next_start_ == 0) {
       ResetStep();
       return;
     }

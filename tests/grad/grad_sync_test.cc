@@ -200,6 +200,31 @@ TEST(GradSync, AccumulatesMicroBatchesWithSyncOff) {
   }
 }
 
+// Buckets that started while sync was on complete even when sync is turned
+// off before Finish: every rank runs them.
+TEST(GradSync, SyncTurnedOffAfterBucketsStartedStillFinishesThem) {
+  Group::RunInProcess(2, [&](Group& g) {
+    GradSync sync(g, {.bucket_cap_bytes = 16, .first_bucket_cap_bytes = 16});
+    sync.Register("a", 4, DType::kF32);
+    sync.Register("b", 4, DType::kF32);
+    sync.Finalize();
+    for (int step = 0; step < 2; ++step) {
+      sync.ZeroGrad();
+      for (int p : {1, 0}) {
+        std::fill_n(sync.GradAs<float>(p), 4, float(g.rank() + 1));
+        sync.MarkReady(p);
+      }
+      sync.set_sync(false);
+      sync.Finish();
+      sync.set_sync(true);
+      for (int p : {0, 1}) {
+        for (int i = 0; i < 4; ++i) ASSERT_EQ(sync.GradAs<float>(p)[i], 1.5f);
+      }
+    }
+    Barrier(g).Wait();
+  });
+}
+
 TEST(GradSync, ParametersWithoutAGradientContributeZero) {
   Group::RunInProcess(3, [&](Group& g) {
     GradSyncOptions o;
