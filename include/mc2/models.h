@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "mc2/grad.h"
 #include "mc2/group.h"
 #include "mc2/ops.h"
 #include "mc2/tensor.h"
@@ -129,6 +130,12 @@ struct TransformerConfig {
   int moe_ffn = 0;
   int moe_every = 1;
   float moe_aux_loss_coef = 1e-2f;
+
+  // Compression of the data-parallel gradient exchanges (mc2::GradSync,
+  // <mc2/grad.h>; docs/grad.md): every one of them, over the DP group, the
+  // expert replicas and the world (the TP-replicated tensors). An invalid
+  // setting throws kInvalidArgument when the model is built.
+  CompressionOptions grad_compression = {};
 
   // AdamW.
   float lr = 3e-3f;

@@ -1,8 +1,9 @@
 #include "models/grad_sync.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 
-#include "mc2/collectives.h"
 #include "mc2/trace.h"
 
 namespace mc2::models {
@@ -16,57 +17,97 @@ double Since(Clock::time_point t0) {
 
 }  // namespace
 
-void GradSync::Issue(int bucket) {
-  Bucket& b = buckets_[bucket];
-  const Group& g = b.sync == Sync::kWorld ? grid_.world
-                   : b.sync == Sync::kDp  ? grid_.dp
-                                          : grid_.edp;
-  if (g.size() == 1 || b.g.empty()) return;
-  // In the background even if small: it is meant to run under the wgrads.
-  CollectiveOptions o;
-  o.may_run_inline = false;
-  Work w = AllReduce(g, b.g.data(), b.g.data(), b.g.size(), DType::kF32, ReduceOp::kSum, o);
-  if (b.sync == Sync::kWorld)
-    world_ = w;
-  else
-    works_.push_back(w);
+DpSync::DpSync(const ProcessGrid& grid, ParamStore& params, const TransformerConfig& cfg)
+    : grid_(grid), params_(params) {
+  members_.resize(params.buckets.size());
+  std::vector<size_t> bucket_bytes(params.buckets.size(), 0);
+  for (size_t pi = 0; pi < params.size(); ++pi) {
+    const Param& p = params[static_cast<int>(pi)];
+    members_[p.bucket].push_back(static_cast<int>(pi));
+    bucket_bytes[p.bucket] += p.rows * p.cols * sizeof(float);
+  }
+  // The replicated tensors are marked at once, at the end: one bucket. The
+  // others: a GradSync bucket about one sublayer's gradients, so that each
+  // starts when its sublayer is marked.
+  GradSyncOptions wo;
+  wo.average = false;  // the loss is already scaled to the global mean
+  wo.compression = cfg.grad_compression;
+  wo.bucket_cap_bytes = wo.first_bucket_cap_bytes = std::max<size_t>(bucket_bytes[0], 1);
+  GradSyncOptions so = wo;
+  size_t sublayer = 1;
+  for (size_t b = 1; b < bucket_bytes.size(); ++b) sublayer = std::max(sublayer, bucket_bytes[b]);
+  so.bucket_cap_bytes = so.first_bucket_cap_bytes = sublayer;
+  world_ = std::make_unique<GradSync>(grid.world, wo);
+  dp_ = std::make_unique<GradSync>(grid.world, so);
+  const int dp = dp_->AddGroup(grid.dp);
+  bool experts = false;
+  for (const Bucket& b : params.buckets) experts = experts || b.sync == Sync::kExpert;
+  const int edp = experts ? dp_->AddGroup(grid.edp) : -1;
+  id_.resize(params.size());
+  for (size_t pi = 0; pi < params.size(); ++pi) {
+    const Param& p = params[static_cast<int>(pi)];
+    const Sync s = params.buckets[p.bucket].sync;
+    const size_t n = p.rows * p.cols;
+    if (s == Sync::kWorld) {
+      id_[pi] = world_->Register(p.name, n, DType::kF32);
+    } else {
+      id_[pi] = dp_->Register(p.name, n, DType::kF32, s == Sync::kExpert ? edp : dp);
+    }
+  }
+  world_->Finalize();
+  dp_->Finalize();
+  RefreshViews();
 }
 
-void GradSync::IssuePendingThen(int next) {
+void DpSync::RefreshViews() {
+  world_layout_ = world_->layout_version();
+  dp_layout_ = dp_->layout_version();
+  for (size_t pi = 0; pi < params_.size(); ++pi) {
+    Param& p = params_[static_cast<int>(pi)];
+    GradSync& s = params_.world_synced(static_cast<int>(pi)) ? *world_ : *dp_;
+    p.g = s.GradAs<float>(id_[pi]);
+  }
+}
+
+void DpSync::Restart() {
+  world_->ZeroGrad();
+  pending_ = -1;
+}
+
+void DpSync::Issue(int bucket) {
+  GradSync& s = bucket == 0 ? *world_ : *dp_;
+  for (int pi : members_[bucket]) s.MarkReady(id_[pi]);
+  if (bucket == 0) world_running_ = true;
+}
+
+void DpSync::IssuePendingThen(int next) {
   if (pending_ >= 0) Issue(pending_);
   pending_ = next;
 }
 
-double GradSync::Wait() {
+double DpSync::Wait() {
   auto t0 = Clock::now();
-  trace::Scope span("grad_sync.wait", trace::Category::kWait);
-  for (auto& w : works_) w.Wait();
-  works_.clear();
-  if (!defer_world) {
-    world_.Wait();
-    world_ = Work();
+  {
+    trace::Scope span("grad_sync.wait", trace::Category::kWait);
+    dp_->Finish();
   }
-  return Since(t0);
+  double waited = Since(t0);
+  if (dp_->layout_version() != dp_layout_) RefreshViews();
+  if (!defer_world) waited += WaitWorld();
+  return waited;
 }
 
-double GradSync::WaitWorld() {
+double DpSync::WaitWorld() {
+  if (!world_running_) return 0;
   auto t0 = Clock::now();
-  trace::Scope wait("grad_sync.wait", trace::Category::kWait);
-  world_.Wait();
-  world_ = Work();
-  return Since(t0);
-}
-
-void GradSync::WaitAllQuietly() {
-  works_.push_back(world_);
-  for (auto& w : works_) {
-    try {
-      w.Wait();
-    } catch (...) {
-    }
+  {
+    trace::Scope wait("grad_sync.wait", trace::Category::kWait);
+    world_running_ = false;
+    world_->Finish();
   }
-  works_.clear();
-  world_ = Work();
+  const double waited = Since(t0);
+  if (world_->layout_version() != world_layout_) RefreshViews();
+  return waited;
 }
 
 }  // namespace mc2::models

@@ -1,56 +1,64 @@
-// The data-parallel gradient all-reduces of the transformer, one per bucket
-// (parameters.h), issued in the background during backward.
+// The transformer's data-parallel gradients, reduced by mc2::GradSync
+// (<mc2/grad.h>): the gradients live in GradSync's buckets (Param::g are
+// views into them) and each sublayer's are marked ready during backward.
 //
-// Each sublayer's bucket is issued after the NEXT sublayer's fused operators
-// (IssuePendingThen): the progress thread runs tasks in order, so an
-// all-reduce issued earlier would hold back their collectives; issued
-// after, it travels under the next sublayer's compute. The TP-replicated
-// bucket (summed over the whole world) is issued last.
+// Two GradSyncs: the TP-replicated tensors, summed over the whole world,
+// and the others, summed over grid.dp (TP shards) or grid.edp (a MoE
+// layer's experts). Each sublayer's gradients are marked ready after the
+// NEXT sublayer's fused operators have been issued (IssuePendingThen): the
+// progress thread runs tasks in order, so an all-reduce issued earlier
+// would hold back their collectives; issued after, it travels under the
+// next sublayer's compute. The replicated tensors are marked last.
 #ifndef MC2_MODELS_GRAD_SYNC_H_
 #define MC2_MODELS_GRAD_SYNC_H_
 
+#include <memory>
 #include <vector>
 
+#include "mc2/grad.h"
 #include "mc2/models.h"
-#include "mc2/work.h"
 #include "models/parameters.h"
 
 namespace mc2::models {
 
-// Invariants: between steps `works_` is empty and the world all-reduce is
-// complete, except from TrainStep's backward to the deferred updates that
-// need it (defer_world, see Wait); every all-reduce is waited for before
-// its gradients are read.
+// Invariants: Param::g of every tensor is its view in its GradSync (moved
+// by RefreshViews after the one bucket rebuild); between steps both
+// GradSyncs' steps are finished, except the world's from TrainStep's
+// backward to the deferred updates that need it (defer_world, see Wait).
 // Thread safety: one thread per rank (the Transformer's contract).
-class GradSync {
+class DpSync {
  public:
-  GradSync(const ProcessGrid& grid, std::vector<Bucket>& buckets)
-      : grid_(grid), buckets_(buckets) {}
+  // Registers every tensor of `params` and points Param::g at its view;
+  // the exchanges use cfg.grad_compression. Collective over the world.
+  DpSync(const ProcessGrid& grid, ParamStore& params, const TransformerConfig& cfg);
 
-  // Starts the all-reduce of a bucket's gradients over its group (nothing
-  // when the group has one rank or the bucket is empty).
+  // The start of a backward: zeroes the replicated gradients (they
+  // accumulate) and forgets any pending sublayer.
+  void Restart();
+  // Marks the gradients of bucket `bucket` (parameters.h's numbering) ready.
   void Issue(int bucket);
-  // Forgets any pending bucket (the start of a backward).
-  void Restart() { pending_ = -1; }
   // Issues the pending bucket (if any) and makes `next` (-1: none) pending.
   void IssuePendingThen(int next);
-  // Waits for the issued all-reduces, but leaves the world's running if
+  // Finishes the step's reductions, but leaves the world's running if
   // `defer_world` (TrainStep: its optimizer waits for it under the other
   // updates). Returns the seconds waited.
   double Wait();
-  // Waits for the world all-reduce. Returns the seconds waited.
+  // Finishes the world's reduction (if running). Returns the seconds waited.
   double WaitWorld();
-  // Waits for everything issued, ignoring failures (destruction).
-  void WaitAllQuietly();
 
   bool defer_world = false;
 
  private:
+  void RefreshViews();
+
   const ProcessGrid& grid_;
-  std::vector<Bucket>& buckets_;
-  int pending_ = -1;  // a sublayer's gradients not yet all-reduced
-  std::vector<Work> works_;
-  Work world_;
+  ParamStore& params_;
+  std::unique_ptr<GradSync> world_, dp_;
+  std::vector<int> id_;                    // by param: its id in its GradSync
+  std::vector<std::vector<int>> members_;  // by bucket: its params
+  int pending_ = -1;                       // a sublayer's gradients not yet marked
+  bool world_running_ = false;
+  int world_layout_ = 0, dp_layout_ = 0;
 };
 
 }  // namespace mc2::models

@@ -43,7 +43,7 @@ struct Transformer::Impl {
   TransformerConfig cfg;
   Dims dims;
   ParamStore params;
-  GradSync sync;
+  DpSync sync;
   ParallelLinear linear;
   Activations acts;
   Rope rope;

@@ -15,13 +15,11 @@ ParamStore::ParamStore(const Dims& dims, const ProcessGrid& grid, const Transfor
   Layout();
   for (auto& b : buckets) {
     b.w.assign(b.w.size(), 0.0f);
-    b.g.assign(b.w.size(), 0.0f);
     b.m.assign(b.w.size(), 0.0f);
     b.v.assign(b.w.size(), 0.0f);
   }
   for (auto& p : list_) {
     p.w = buckets[p.bucket].w.data() + p.offset;
-    p.g = buckets[p.bucket].g.data() + p.offset;
   }
   cache_.resize(list_.size());
   update_pending_.assign(list_.size(), 0);

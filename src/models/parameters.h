@@ -37,10 +37,12 @@ struct Param {
   bool experts = false;  // a MoE layer's experts: sharded over EP
 };
 
-// Parameters whose gradients are all-reduced together (one call).
+// The tensors of one sublayer (or the replicated ones): their weights and
+// AdamW moments, and where their gradients are summed. The gradients live
+// in the GradSync buckets of grad_sync.h.
 struct Bucket {
   Sync sync = Sync::kDp;
-  std::vector<float> w, g, m, v;
+  std::vector<float> w, m, v;
 };
 
 // Parameter indices of one block.
@@ -51,11 +53,12 @@ struct BlockParams {
 };
 
 // Invariants: buckets' vectors are sized once in the constructor (Param::w
-// and Param::g point into them); cache[p].w (bf16) and .wt match the values
-// of tensor p when their w_version / wt_version == version (bumped by every
-// optimizer step and by WeightsChanged); update_pending[p] marks a tensor
-// whose AdamW update TrainStep left to the next forward (its copies are
-// rebuilt when it is applied).
+// points into them; Param::g is set by DpSync, grad_sync.h); cache[p].w
+// (bf16) and .wt match the values of tensor p when their w_version /
+// wt_version == version (bumped by every optimizer step and by
+// WeightsChanged); update_pending[p] marks a tensor whose AdamW update
+// TrainStep left to the next forward (its copies are rebuilt when it is
+// applied).
 // Thread safety: one thread per rank (the Transformer's contract).
 class ParamStore {
  public:

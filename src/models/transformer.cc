@@ -32,10 +32,11 @@
 // the weight-gradient GEMMs as the operators' overlap work, spread so that
 // every operator has some (a row-parallel dgrad all-gather takes the
 // largest wgrad of the sublayer above, deferred to it: deferred_wgrad),
-// then issues the data-parallel all-reduce of the PREVIOUS sublayer's weight
-// gradients (async, on the progress thread; grad_sync.h), which the next
+// then marks the PREVIOUS sublayer's weight gradients ready for their
+// data-parallel all-reduce (mc2::GradSync, async on the progress thread;
+// grad_sync.h), which the next
 // sublayer's compute hides. A MoE MLP joins the same scheme with its
-// experts' bucket (summed over grid.edp, the ranks holding the same
+// experts' gradients (summed over grid.edp, the ranks holding the same
 // experts). The TP-replicated tensors (embedding, norms, LM head, MoE
 // routers; their gradients are partial sums over the sequence shards) are
 // all-reduced over the whole world at the end.
@@ -76,7 +77,7 @@ Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c)
       cfg(c),
       dims(grid, cfg),
       params(dims, grid, cfg, [this] { sync.WaitWorld(); }),
-      sync(grid, params.buckets),
+      sync(grid, params, cfg),
       linear(dims, grid.tp, params, cfg.fused),
       acts(dims),
       rope(dims.T, dims.d, cfg.rope_base) {
@@ -167,9 +168,8 @@ double Transformer::Impl::WaitLoss() {
 
 void Transformer::Impl::Backward() {
   const size_t s = dims.s, h = dims.h, V = dims.V;
-  // Replicated gradients accumulate (norms, embedding); the projections'
-  // are written by their wgrad GEMM.
-  std::fill(params.buckets[0].g.begin(), params.buckets[0].g.end(), 0.0f);
+  // Replicated gradients accumulate (norms, embedding): Restart zeroes
+  // them; the projections' are written by their wgrad GEMM.
   sync.Restart();
   deferred_wgrad = nullptr;
   params.EnsureTransposes();  // normally made during the forward (RefreshTransposes)
@@ -215,12 +215,12 @@ Transformer::Transformer(const ProcessGrid& grid, const TransformerConfig& confi
     : impl_(std::make_unique<Impl>(grid, config)) {}
 
 Transformer::~Transformer() {
-  // Never leave an all-reduce running on buffers that are about to go.
+  // Never leave an all-reduce running on buffers that are about to go (the
+  // GradSyncs wait for theirs when they go).
   try {
     impl_->loss.work.Wait();
   } catch (...) {
   }
-  impl_->sync.WaitAllQuietly();
 }
 
 double Transformer::Loss(int step) {
@@ -280,7 +280,7 @@ void Transformer::OptimizerStep(StepStats* stats) {
   }
   // Each tensor's update is independent of the others': the world-reduced
   // ones (bucket 0) go last, after their all-reduce, which the others'
-  // updates hide when TrainStep left it running (GradSync::defer_world).
+  // updates hide when TrainStep left it running (DpSync::defer_world).
   m.params.UpdateAll(/*world=*/false);
   // Counted as gradient-sync wait, not optimizer time.
   const double world_wait = m.sync.WaitWorld();

@@ -1,0 +1,205 @@
+// mc2/grad.h: data-parallel gradient synchronisation (GradSync): gradients
+// packed into buckets that are all-reduced while backward still runs, with
+// optional compression.
+//
+// Use:
+//   GradSync sync(dp_group, {.bucket_cap_bytes = 4 << 20});
+//   int w = sync.Register("w", n, DType::kF32);   // every parameter, once
+//   sync.Finalize();                               // collective
+//   each step:  sync.ZeroGrad();
+//               backward writes sync.GradAs<float>(w), then sync.MarkReady(w)
+//               sync.Finish();   // the averaged gradients are in the views
+//
+// Works as follows. Parameters are grouped into buckets of at most
+// bucket_cap_bytes (the first bucket at most first_bucket_cap_bytes, so the
+// first all-reduce starts early), one dtype and one group per bucket, first
+// in reverse registration order (backward visits the parameters roughly in
+// reverse). A bucket's storage is one buffer in the symmetric heap of its
+// group and each gradient is a view into it, so the all-reduce reads and
+// writes it in place, with no copy in or out. When every parameter of a
+// bucket is marked ready and every earlier bucket has started, its
+// all-reduce starts on the progress thread (asynchronous, never inline):
+// buckets start in the same order on every rank, whatever order the
+// gradients were marked in. Finish() starts what is left (a parameter not
+// marked in a step contributes what its view holds, zero after ZeroGrad),
+// waits for everything and leaves the sum or the mean in the views. After
+// the first synchronised step the buckets are rebuilt in the order rank 0
+// marked its gradients (when rebuild_buckets), so that later steps fill
+// them in backward order.
+//
+// Deterministic mode (on by default): a gradient's result is bitwise the
+// one an all-reduce of that tensor alone gives, whatever the bucket cap and
+// the bucket it lands in: a reduction is elementwise, and mc2 reduces each
+// element over the ranks in one canonical tree order (docs/architecture.md,
+// "Deterministic reductions"), independent of its position in the buffer.
+// On a group created with deterministic reductions off, GradSync then picks
+// an algorithm that follows the canonical order anyway.
+//
+// Compression (f32 gradients only; docs/grad.md):
+// - kF16 / kBF16: each rank rounds its bucket to 16 bits (nearest even);
+//   an all-to-all hands rank r the r-th 1/N of every rank's 16-bit bucket,
+//   rank r widens them to f32, sums them in f32 in the canonical order
+//   (divides by N for the mean), rounds the result to 16 bits once, and an
+//   all-gather of those 16-bit results completes the bucket, widened back to
+//   f32 in the views. Two roundings per value, half the bytes of f32.
+// - kThreshold: only the elements with |g| >= threshold travel, as (index,
+//   value) pairs: every rank's pairs are all-gathered and merged in the
+//   canonical order, never densified on the wire.
+// - kTopK: the ceil(topk_ratio x n) elements of largest magnitude of each
+//   parameter of n elements travel as pairs (ties broken by the lower
+//   index).
+// With error_feedback (kThreshold and kTopK), what a rank did not send is
+// kept as its residual and added to its gradient of the next synchronised
+// step; sent value + new residual == gradient + old residual, exactly.
+//
+// Invariants: every rank of the main group registers the same parameters
+// (name, count, dtype, group size) in the same order; expert parameters are
+// registered by every rank under the same names, each over its own
+// expert-parallel group (AddGroup). Finalize checks this and throws
+// kMismatch on every rank, naming the first parameter that differs.
+// Thread safety: one thread at a time per GradSync, and that thread is the
+// one that issues the calls on its groups.
+#ifndef MC2_GRAD_H_
+#define MC2_GRAD_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mc2/group.h"
+#include "mc2/tensor.h"
+
+namespace mc2 {
+
+enum class Compression : uint8_t {
+  kNone = 0,
+  kF16,        // 16-bit IEEE half on the wire, reduced in f32
+  kBF16,       // bfloat16 on the wire, reduced in f32
+  kThreshold,  // sparse: |g| >= threshold
+  kTopK,       // sparse: the largest topk_ratio of each bucket
+};
+// "none", "f16", "bf16", "threshold", "topk"; Parse is the inverse.
+const char* CompressionName(Compression c);
+std::optional<Compression> ParseCompression(std::string_view name);
+
+struct CompressionOptions {
+  Compression scheme = Compression::kNone;
+  // kThreshold: elements with |g| < threshold (after error feedback) stay
+  // home. The default is the one of the system whose interface this follows.
+  float threshold = 1e-6f;
+  // kTopK: the fraction of each parameter's elements sent, in (0, 1]; at
+  // least one element per parameter.
+  double topk_ratio = 0.01;
+  // kThreshold and kTopK: keep what was not sent and add it next step.
+  bool error_feedback = true;
+  // The first warmup_steps synchronised steps are exchanged uncompressed
+  // (as Deep Gradient Compression warms up): the early gradients, large and
+  // changing fast, are the ones compression hurts most.
+  int warmup_steps = 0;
+};
+
+struct GradSyncOptions {
+  // Bucket capacity in bytes (a parameter larger than the cap gets a bucket
+  // of its own), and the smaller cap of each group's first bucket.
+  size_t bucket_cap_bytes = size_t{25} << 20;
+  size_t first_bucket_cap_bytes = size_t{1} << 20;
+  // Finish leaves the mean over the bucket's group (else the sum).
+  bool average = true;
+  // Results bitwise equal to one all-reduce per tensor (see above).
+  bool deterministic = true;
+  // Rebuild the buckets from rank 0's ready order after the first
+  // synchronised step (the views move then: fetch them again with Grad).
+  bool rebuild_buckets = true;
+  CompressionOptions compression = {};
+};
+
+// What the last synchronised step moved. Bytes are those one rank
+// receives with the bandwidth-optimal schedule of each exchange: an
+// all-reduce of B bytes over N ranks 2 (N-1)/N B, an all-to-all or an
+// all-gather of B bytes per rank (N-1)/N B and (N-1) B.
+struct GradSyncStats {
+  int buckets = 0;            // exchanged (groups of one rank exchange nothing)
+  size_t dense_bytes = 0;     // the uncompressed all-reduce of those buckets
+  size_t wire_bytes = 0;      // what the chosen scheme moved instead
+  size_t sent_elements = 0;   // elements this rank contributed (sparse: pairs)
+  double finish_seconds = 0;  // spent in Finish (waiting and decoding)
+};
+
+class GradSync {
+ public:
+  // `group` is the main group: the data-parallel ranks. Bad options throw
+  // kInvalidArgument.
+  explicit GradSync(const Group& group, const GradSyncOptions& options = {});
+  // Waits for running exchanges (ignoring their failures) and frees the
+  // buckets.
+  ~GradSync();
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+
+  // A further group parameters may be reduced over (e.g. an expert-parallel
+  // group); returns its id. Id 0 is the main group. Before Finalize only.
+  int AddGroup(const Group& g);
+  // Registers a parameter of `count` elements of a float dtype (f32, f64,
+  // f16, bf16; compression: f32 only) reduced over group `group`; returns
+  // its id (0, 1, ...). Names must be unique. Before Finalize only.
+  int Register(std::string name, size_t count, DType dtype, int group = 0);
+  // Collective over the main group (and, for the buckets' storage, each
+  // added group): checks that every rank registered the same parameters
+  // (kMismatch naming the first difference, on every rank), lays out the
+  // buckets and allocates them (zeroed). kShmExhausted when the symmetric
+  // heap cannot hold them.
+  void Finalize();
+
+  // The gradient of `param`: a view into its bucket, `count` elements of its
+  // dtype. Stable except across the one rebuild (layout_version changes).
+  void* Grad(int param);
+  template <typename T>
+  T* GradAs(int param) {
+    return static_cast<T*>(Grad(param));
+  }
+  // Zeroes every gradient (between steps; accumulation keeps them).
+  void ZeroGrad();
+
+  // Gradient accumulation: while off, MarkReady and Finish communicate
+  // nothing, and the views keep adding up micro-batches until a step with
+  // sync on (the default) exchanges the total.
+  void set_sync(bool on) { sync_ = on; }
+  bool sync() const { return sync_; }
+
+  // The gradient of `param` for this step is complete in its view. May
+  // start bucket all-reduces. An unregistered id or a second mark in one
+  // step throws kInvalidArgument (before Finalize: too).
+  void MarkReady(int param);
+  // As MarkReady, after adding `grad` (count elements of the dtype) into
+  // the view.
+  void MarkReady(int param, const void* grad);
+  // Ends the step: starts the buckets not yet started (unmarked parameters
+  // contribute their views as they are), waits for all, and leaves the
+  // mean (or sum) in the views. Errors of the exchanges are rethrown. With
+  // sync off it only ends the step (unless buckets started while sync was
+  // on: then the step is finished as a synchronised one).
+  void Finish();
+
+  // The error-feedback residual of an f32 parameter (empty without error
+  // feedback).
+  std::span<const float> Residual(int param) const;
+  // Bucket b's parameters, in their order in the bucket.
+  std::vector<std::vector<int>> Buckets() const;
+  int layout_version() const;
+  const GradSyncStats& stats() const;
+  int num_params() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+  bool sync_ = true;
+};
+
+}  // namespace mc2
+
+#endif  // MC2_GRAD_H_

@@ -1,0 +1,86 @@
+// One bucket's exchange in a GradSync step: the dense all-reduce in place,
+// or a compressed scheme (mc2/grad.h), as Start -> Advance -> Complete.
+//
+// Start issues the first collective (asynchronous, on the progress thread);
+// Advance issues the second one of the two-phase schemes (it needs the
+// first's result: the 16-bit casts reduce the all-to-all's chunks, the
+// threshold scheme sizes its all-gatherv from the all-gathered counts);
+// Complete waits and decodes into the bucket. The caller calls each in
+// bucket order on every rank, so every rank issues the same collectives in
+// the same order.
+#ifndef MC2_GRAD_EXCHANGE_H_
+#define MC2_GRAD_EXCHANGE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "grad/codec.h"
+#include "mc2/collectives.h"
+#include "mc2/grad.h"
+#include "mc2/group.h"
+#include "mc2/work.h"
+
+namespace mc2::grad {
+
+// Invariants: the buffers a Work reads or writes live until it completes
+// (members, never resized while one is pending); Complete (or WaitQuietly)
+// follows every Start before the next Start.
+// Thread safety: the GradSync's thread only.
+class BucketExchange {
+ public:
+  // `data`: the bucket, `count` elements of `dtype`, in g's symmetric heap.
+  // Collective over g when the scheme needs buffers of its own (f16, bf16).
+  // `starts`: the first element of each parameter in the bucket.
+  BucketExchange(const Group& g, void* data, size_t count, DType dtype, std::vector<size_t> starts,
+                 const GradSyncOptions& options);
+
+  // Issues the first collective; adds what the step moves to `stats`.
+  // `compress` false: this step is exchanged uncompressed (warm-up).
+  void Start(GradSyncStats* stats, bool compress);
+  // Issues the second (two-phase schemes), after waiting for the first.
+  void Advance();
+  // Waits and leaves the reduced (decoded) gradient in the bucket.
+  void Complete();
+  // Waits for whatever is running, ignoring failures.
+  void WaitQuietly();
+
+  std::span<float> residual() { return residual_; }
+  void* data() const { return data_; }
+
+ private:
+  void StartCast(GradSyncStats* stats);
+  void StartSparse(GradSyncStats* stats);
+
+  Group g_;
+  void* data_;
+  size_t count_;
+  DType dtype_;
+  std::vector<size_t> starts_;
+  const GradSyncOptions& opt_;
+  CollectiveOptions coll_;
+  int n_ranks_, rank_;
+  Work work_;
+  GradSyncStats* stats_ = nullptr;  // of the step in progress
+  bool started_ = false;
+  Compression scheme_ = Compression::kNone;  // of the step in progress
+
+  // 16-bit casts: chunk of c elements per rank.
+  size_t chunk_ = 0;
+  // In the symmetric heap (zero-copy exchanges) when the group has peers.
+  SymmetricBuffer sym16_;
+  std::vector<uint16_t> own16_;
+  uint16_t *send16_ = nullptr, *recv16_ = nullptr, *gather16_ = nullptr;
+  std::vector<float> wide_;
+  // Sparse schemes.
+  std::vector<float> residual_;
+  std::vector<Pair> mine_, all_;
+  int64_t my_count_ = 0;
+  std::vector<int64_t> counts_;
+  std::vector<size_t> rcounts_, displs_;
+};
+
+}  // namespace mc2::grad
+
+#endif  // MC2_GRAD_EXCHANGE_H_
