@@ -1,0 +1,79 @@
+"""Which group an operator runs on, and the operators of that group.
+
+`resolve(group)` turns what a caller passes as `group` (or torch_npu's
+`hcom`) into a `Comm`: the rank, the size and the three dense operators of
+that group, taking torch tensors, with the extension's signatures. An mc2
+Group, or a torch ProcessGroup of the "mc2" backend, gets the fused
+operators of the extension (mc2._C); a ProcessGroup of any other backend
+gets the same computation over its own collectives (mc2._unfused). None
+means torch.distributed's default group when one is initialized, else the
+mc2 world.
+"""
+
+import torch.distributed as dist
+
+from . import _unfused
+
+
+def _extension():
+    from . import _C  # imported late: mc2.nn on a gloo group does not need it
+    return _C
+
+
+class Comm:
+    """The operators of one group (see the module docstring)."""
+
+    def __init__(self, group, fused):
+        self.group = group  # an mc2 Group (fused) or a torch ProcessGroup
+        self.fused = fused
+        if fused:
+            self._ops = _extension()
+            self.rank = group.rank()
+            self.size = group.size()
+        else:
+            self._ops = _unfused
+            self.rank = dist.get_rank(group)
+            self.size = dist.get_world_size(group)
+
+    def all_gather_matmul(self, a, b, **kw):
+        return self._ops.all_gather_matmul(self.group, a, b, **kw)
+
+    def matmul_reduce_scatter(self, a, b, m_local, **kw):
+        return self._ops.matmul_reduce_scatter(self.group, a, b, int(m_local), **kw)
+
+    def matmul_all_reduce(self, a, b, **kw):
+        return self._ops.matmul_all_reduce(self.group, a, b, **kw)
+
+    def all_gather_batch_matmul(self, a, b, **kw):
+        return self._ops.all_gather_batch_matmul(self.group, a, b, **kw)
+
+    def split_rows(self, m):
+        """This rank's share of m rows split as evenly as possible, the first
+        m % size ranks taking one more: (first row, row count)."""
+        base, extra = divmod(int(m), self.size)
+        count = base + (1 if self.rank < extra else 0)
+        return self.rank * base + min(self.rank, extra), count
+
+
+def _is_process_group(group):
+    return isinstance(group, dist.ProcessGroup)
+
+
+def resolve(group=None):
+    """The Comm of `group` (an mc2 Group, a torch ProcessGroup, or None)."""
+    if isinstance(group, Comm):
+        return group
+    if group is None:
+        if dist.is_available() and dist.is_initialized():
+            group = dist.distributed_c10d._get_default_group()
+        else:
+            return Comm(_extension().world(), fused=True)
+    if _is_process_group(group):
+        if dist.get_backend(group) == "mc2":
+            return Comm(_extension().group_of(group), fused=True)
+        return Comm(group, fused=False)
+    _C = _extension()
+    if isinstance(group, _C.Group):
+        return Comm(group, fused=True)
+    raise TypeError(f"group must be an mc2 Group, a torch.distributed ProcessGroup or None, "
+                    f"not {type(group).__name__}")
