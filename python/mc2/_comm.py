@@ -47,6 +47,26 @@ class Comm:
     def all_gather_batch_matmul(self, a, b, **kw):
         return self._ops.all_gather_batch_matmul(self.group, a, b, **kw)
 
+    # The MoE operators exist for mc2 groups only.
+    def _moe(self, name):
+        if not self.fused:
+            raise TypeError(f"{name} needs an mc2 group (an mc2 Group or a ProcessGroup of the "
+                            f"mc2 backend), not a ProcessGroup of the "
+                            f"{dist.get_backend(self.group)} backend")
+        return getattr(self._ops, name)
+
+    def moe_route(self, expert_ids, num_experts):
+        return self._moe("moe_route")(self.group, expert_ids, int(num_experts))
+
+    def all_to_all_matmul(self, routing, a, b, **kw):
+        return self._moe("all_to_all_matmul")(self.group, routing, a, b, **kw)
+
+    def matmul_all_to_all(self, routing, a, b, **kw):
+        return self._moe("matmul_all_to_all")(self.group, routing, a, b, **kw)
+
+    def moe_mlp(self, routing, a, w1, w2, **kw):
+        return self._moe("moe_mlp")(self.group, routing, a, w1, w2, **kw)
+
     def split_rows(self, m):
         """This rank's share of m rows split as evenly as possible, the first
         m % size ranks taking one more: (first row, row count)."""

@@ -244,3 +244,203 @@ class AllGatherBatchMatmul(Function):
             da = flat.reshape(ctx.m, batch, k).transpose(0, 1).contiguous().to(b.dtype)
         db = wgrad.get() if need_db else None
         return None, None, da, db, None
+
+
+# ---------------------------------------------------------------- MoE
+#
+# A routing (mc2.moe_route) fixes who sends which token to which expert;
+# received rows are in expert-grouped order (local expert 0's rows first).
+#
+#   forward                          input gradient                 weight gradient
+#   dispatch_matmul(x, w)            matmul_combine(dy, w^T) (the   per expert: dispatched_x^T dy,
+#     [T, k] -> [R, n]                 sum over a token's slots)      as overlap work
+#   matmul_combine(h, w, probs)      p * dispatch_matmul(dc, w^T)   per expert: h^T (p * dispatched dc)
+#     [R, k] -> [T, n]
+#
+# With gate weights, the expert side needs each received row's weight p
+# and the token side each slot's gradient dp = <dc[t], row>: both travel
+# as a [T or R, E] matrix whose column e carries the value for expert e,
+# moved by the same operators with identity weights (exact). So a token
+# must not name one expert twice (top-k routing never does; mc2.moe_route
+# checks it).
+
+def _slot_experts(routing):
+    """The global expert of each slot this rank sends, and the slots, in
+    dispatch order (routing.send_slots is grouped by expert)."""
+    E, rank = routing.num_experts, routing.rank
+    counts = routing.counts[rank * E:(rank + 1) * E]
+    experts = torch.repeat_interleave(torch.arange(E), torch.tensor(counts, dtype=torch.long))
+    return experts, torch.tensor(routing.send_slots, dtype=torch.long)
+
+
+def _received_experts(routing):
+    """The global expert of each received row (expert-grouped order)."""
+    per = routing.experts_per_rank
+    rows = [routing.expert_rows(le) for le in range(per)]
+    return torch.repeat_interleave(routing.rank * per + torch.arange(per),
+                                   torch.tensor(rows, dtype=torch.long))
+
+
+def _identity_experts(routing, width):
+    return torch.eye(width).expand(routing.experts_per_rank, width, width).contiguous()
+
+
+def _expert_wgrad(routing, x, dy, dtype):
+    """Per local expert: x[rows]^T dy[rows] (x [R, k], dy [R, n])."""
+    out, first = [], 0
+    for le in range(routing.experts_per_rank):
+        rows = routing.expert_rows(le)
+        out.append(torch.matmul(x[first:first + rows].float().t(), dy[first:first + rows].float()))
+        first += rows
+    return torch.stack(out).to(dtype)
+
+
+def _probs_at_experts(comm, routing, probs, opts):
+    """Each received row's gate weight (expert-grouped order)."""
+    E, topk = routing.num_experts, routing.topk
+    experts, slots = _slot_experts(routing)
+    table = torch.zeros(routing.num_tokens, E)
+    flat = probs.reshape(-1).float()
+    table[slots // topk, experts] = flat[slots]
+    got, _ = comm.all_to_all_matmul(routing, table, _identity_experts(routing, E), **opts)
+    return got.gather(1, _received_experts(routing)[:, None]).squeeze(1)
+
+
+def _grads_to_slots(comm, routing, values, opts):
+    """values [R] (one per received row) -> [T, topk] at each slot of the
+    token that sent the row."""
+    E, topk = routing.num_experts, routing.topk
+    table = torch.zeros(values.shape[0], E)
+    table[torch.arange(values.shape[0]), _received_experts(routing)] = values.float()
+    back = comm.matmul_all_to_all(routing, table, _identity_experts(routing, E), **opts)
+    experts, slots = _slot_experts(routing)
+    out = torch.zeros(routing.num_tokens * topk)
+    out[slots] = back[slots // topk, experts]
+    return out.reshape(routing.num_tokens, topk)
+
+
+class MoeDispatchMatmul(Function):
+    """(y [R, n], dispatched x [R, k] if dispatch_output else None):
+    every routed slot's token times its expert's weight, expert-grouped."""
+
+    @staticmethod
+    def forward(ctx, comm, opts, routing, x, w, dispatch_output):
+        need_dw = ctx.needs_input_grad[4]
+        y, d = comm.all_to_all_matmul(routing, x, w, dispatch_output=bool(dispatch_output or
+                                                                          need_dw), **opts)
+        ctx.comm, ctx.opts, ctx.routing = comm, opts, routing
+        ctx.out_shape = y.shape
+        ctx.save_for_backward(w, d if need_dw else None)
+        ctx.set_materialize_grads(False)
+        return y.to(x.dtype), (d if dispatch_output else None)
+
+    @staticmethod
+    def backward(ctx, dy, dd):
+        w, d = ctx.saved_tensors
+        routing = ctx.routing
+        dy = torch.zeros(ctx.out_shape, dtype=w.dtype) if dy is None else dy.contiguous()
+        need_dx, need_dw = ctx.needs_input_grad[3], ctx.needs_input_grad[4]
+        wgrad = _overlap_if(need_dw, lambda: _expert_wgrad(routing, d, dy, w.dtype))
+        dx = None
+        if need_dx:
+            lhs, rhs = dy, w.transpose(1, 2).contiguous()
+            if dd is not None:
+                k = w.shape[1]
+                lhs = torch.cat([dy.float(), dd.float()], dim=1)
+                rhs = torch.cat([rhs.float(), _identity_experts(routing, k)], dim=1)
+            dx = ctx.comm.matmul_all_to_all(routing, lhs, rhs, overlap=wgrad,
+                                            **ctx.opts).to(w.dtype)
+        dw = wgrad.get() if need_dw else None
+        return None, None, None, dx, dw, None
+
+
+class MoeMatmulCombine(Function):
+    """out [T, n]: every received row times its expert's weight, sent home
+    and summed per token (weighted by probs [T, topk] if given)."""
+
+    @staticmethod
+    def forward(ctx, comm, opts, routing, h, w, probs):
+        out = comm.matmul_all_to_all(routing, h, w,
+                                     probs=None if probs is None else probs.float().contiguous(),
+                                     **opts)
+        ctx.comm, ctx.opts, ctx.routing = comm, opts, routing
+        ctx.save_for_backward(h, w, probs)
+        return out.to(h.dtype)
+
+    @staticmethod
+    def backward(ctx, dc):
+        h, w, probs = ctx.saved_tensors
+        routing, opts = ctx.routing, ctx.opts
+        need_dh, need_dw = ctx.needs_input_grad[3], ctx.needs_input_grad[4]
+        need_dp = probs is not None and ctx.needs_input_grad[5]
+        dc = dc.contiguous()
+        # Each received row's gradient before its gate weight: dc[t] w^T.
+        dh_u, dc_rows = ctx.comm.all_to_all_matmul(routing, dc, w.transpose(1, 2).contiguous(),
+                                                   dispatch_output=need_dw, **opts)
+        p = None if probs is None else _probs_at_experts(ctx.comm, routing, probs, opts)
+        dh = dh_u if p is None else dh_u * p[:, None]
+        dh = dh.to(h.dtype) if need_dh else None
+        dw = None
+        if need_dw:
+            rows = dc_rows.float() if p is None else dc_rows.float() * p[:, None]
+            dw = _expert_wgrad(routing, h, rows, w.dtype)
+        dp = None
+        if need_dp:
+            dp = _grads_to_slots(ctx.comm, routing, (dh_u * h.float()).sum(1), opts)
+            dp = dp.to(probs.dtype)
+        return None, None, None, dh, dw, dp
+
+
+def _activation_vjp(act, y1, dhidden):
+    """dy1 = act's vector-Jacobian product at y1 (act recomputed under autograd)."""
+    if act is None:
+        return dhidden.float()
+    with torch.enable_grad():
+        x = y1.detach().float().requires_grad_()
+        out = act(x)
+        (dy1,) = torch.autograd.grad(out, x, dhidden.to(out.dtype))
+    return dy1
+
+
+class MoeMlp(Function):
+    """out [T, d]: dispatch, each expert's w1, act, w2, combine (weighted by
+    probs), in one fused call; backward runs the duals of the combine and
+    the dispatch with act's gradient between them."""
+
+    @staticmethod
+    def forward(ctx, comm, opts, routing, act, x, w1, w2, probs):
+        out, dx_rows, y1, hidden = comm.moe_mlp(
+            routing, x, w1, w2, activation=act, save=True,
+            probs=None if probs is None else probs.float().contiguous(), **opts)
+        ctx.comm, ctx.opts, ctx.routing, ctx.act = comm, opts, routing, act
+        ctx.save_for_backward(w1, w2, probs, dx_rows, y1, hidden)
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dc):
+        w1, w2, probs, dx_rows, y1, hidden = ctx.saved_tensors
+        comm, routing, opts = ctx.comm, ctx.routing, ctx.opts
+        g = ctx.needs_input_grad
+        need_dp = probs is not None and g[7]
+        dc = dc.contiguous()
+        dhid_u, dc_rows = comm.all_to_all_matmul(routing, dc, w2.transpose(1, 2).contiguous(),
+                                                 dispatch_output=g[6], **opts)
+        p = None if probs is None else _probs_at_experts(comm, routing, probs, opts)
+        dhidden = dhid_u if p is None else dhid_u * p[:, None]
+        dw2 = None
+        if g[6]:
+            rows = dc_rows.float() if p is None else dc_rows.float() * p[:, None]
+            dw2 = _expert_wgrad(routing, hidden, rows, w2.dtype)
+        dy1 = _activation_vjp(ctx.act, y1, dhidden)
+        wgrad = _overlap_if(g[5], lambda: _expert_wgrad(routing, dx_rows, dy1, w1.dtype))
+        dx = None
+        if g[4]:
+            dx = comm.matmul_all_to_all(routing, dy1.to(w1.dtype).contiguous(),
+                                        w1.transpose(1, 2).contiguous(), overlap=wgrad,
+                                        **opts).to(w1.dtype)
+        dw1 = wgrad.get() if g[5] else None
+        dp = None
+        if need_dp:
+            dp = _grads_to_slots(comm, routing, (dhid_u * hidden.float()).sum(1), opts)
+            dp = dp.to(probs.dtype)
+        return None, None, None, None, dx, dw1, dw2, dp

@@ -38,7 +38,8 @@ from ._comm import resolve
 
 __all__ = [
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce",
-    "all_gather_batch_matmul", "npu_all_gather_base_mm", "npu_mm_reduce_scatter_base",
+    "all_gather_batch_matmul", "moe_route", "all_to_all_matmul", "matmul_all_to_all", "moe_mlp",
+    "npu_all_gather_base_mm", "npu_mm_reduce_scatter_base",
     "npu_mm_all_reduce_base",
 ]
 
@@ -163,6 +164,88 @@ def all_gather_batch_matmul(a, b, *, group=None, gather_output=False, pipeline="
                          f"{getattr(b, 'shape', type(b).__name__)}")
     return _ag.AllGatherBatchMatmul.apply(resolve(group), _opts(pipeline, splits),
                                           a.contiguous(), b.contiguous(), bool(gather_output))
+
+
+# Mixture of experts (mc2 groups only).
+
+def moe_route(expert_ids, num_experts, *, group=None):
+    """The routing of this rank's tokens: expert_ids [T, topk] (int32 or
+    int64; -1 drops a slot) to num_experts experts spread evenly over the
+    group (a multiple of its size). Collective. A token must not name an
+    expert twice (top-k routing never does): the gate-weight gradients of
+    matmul_all_to_all and moe_mlp tell slots apart by their expert. Such
+    ids fail on every rank (this rank raises ValueError, the others
+    mc2.Error)."""
+    comm = resolve(group)
+    if not isinstance(expert_ids, torch.Tensor) or expert_ids.dim() != 2:
+        raise ValueError(f"expert_ids must be a [tokens, topk] tensor, got "
+                         f"{getattr(expert_ids, 'shape', type(expert_ids).__name__)}")
+    ids = expert_ids
+    duplicate = False
+    if ids.shape[1] > 1 and ids.numel():
+        s, _ = ids.sort(dim=1)
+        duplicate = bool(((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)).any())
+    if duplicate:
+        # An id out of range makes the routing fail on every rank, not only here.
+        try:
+            comm.moe_route(torch.full_like(ids, int(num_experts)), num_experts)
+        except Exception as e:
+            raise ValueError("expert_ids names one expert twice in a token's row") from e
+        raise ValueError("expert_ids names one expert twice in a token's row")
+    return comm.moe_route(ids, num_experts)
+
+
+def _experts(w, name):
+    if not isinstance(w, torch.Tensor) or w.dim() != 3:
+        raise ValueError(f"{name} must be [experts per rank, k, n], got "
+                         f"{getattr(w, 'shape', type(w).__name__)}")
+    return w.contiguous()
+
+
+def _gates(probs, routing):
+    if probs is None:
+        return None
+    want = (routing.num_tokens, routing.topk)
+    if not isinstance(probs, torch.Tensor) or tuple(probs.shape) != want:
+        raise ValueError(f"probs must be [tokens, topk] = {want}, got "
+                         f"{getattr(probs, 'shape', type(probs).__name__)}")
+    return probs
+
+
+def all_to_all_matmul(x, w, routing, *, group=None, dispatch_output=False, pipeline="auto",
+                      splits=4):
+    """Dispatch + expert GEMM: (y [R, n], the dispatched x [R, k] if
+    dispatch_output else None). x [T, k]: this rank's tokens; w [E/P, k, n]:
+    its experts' weights; y holds, in expert-grouped order (local expert 0's
+    rows first, each expert's from rank 0 first), every routed slot's token
+    times its expert's weight. Backward: x's gradient is
+    matmul_all_to_all(grad_y, w^T) (each token's slots summed), w's the
+    per-expert GEMM of the dispatched tokens, run while it communicates."""
+    return _ag.MoeDispatchMatmul.apply(resolve(group), _opts(pipeline, splits), routing,
+                                       _matrix(x, "x"), _experts(w, "w"),
+                                       bool(dispatch_output))
+
+
+def matmul_all_to_all(h, w, routing, *, group=None, probs=None, pipeline="auto", splits=4):
+    """Expert GEMM + combine: out [T, n], out[t] = the sum over t's routed
+    slots j of probs[t, j] (1 if probs is None) times its row of h @ w.
+    h [R, k] in expert-grouped order (as all_to_all_matmul's y), w
+    [E/P, k, n]. Differentiable in h, w and probs."""
+    return _ag.MoeMatmulCombine.apply(resolve(group), _opts(pipeline, splits), routing,
+                                      _matrix(h, "h"), _experts(w, "w"), _gates(probs, routing))
+
+
+def moe_mlp(x, w1, w2, routing, *, group=None, activation=None, probs=None, pipeline="auto",
+            splits=4):
+    """One MoE layer's experts in one fused call: out [T, d], out[t] = the
+    sum over t's routed slots of probs[t, j] * activation(x[t] w1[e]) w2[e].
+    w1 [E/P, d, h1], w2 [E/P, h2, d]; activation: None (identity) or a
+    row-wise torch function from [rows, h1] to [rows, h2] float32 tensors
+    (e.g. torch.nn.functional.gelu). The result equals all_to_all_matmul,
+    activation, matmul_all_to_all; its backward is theirs."""
+    return _ag.MoeMlp.apply(resolve(group), _opts(pipeline, splits), routing, activation,
+                            _matrix(x, "x"), _experts(w1, "w1"), _experts(w2, "w2"),
+                            _gates(probs, routing))
 
 
 # torch_npu's names and arguments.
