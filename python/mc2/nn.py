@@ -46,7 +46,8 @@ import torch
 from . import autograd as _ag
 from ._comm import resolve
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "sequence_shard", "allreduce_grads"]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "sequence_range", "sequence_shard",
+           "allreduce_grads"]
 
 
 def _full_init(out_features, in_features, bias, dtype):
@@ -158,11 +159,18 @@ class RowParallelLinear(_Parallel):
         return out.reshape(*lead, self.out_features)
 
 
+def sequence_range(length, group=None):
+    """(first, count): this rank's rows of a sequence of `length`, as
+    RowParallelLinear splits its output: length / p, the first length % p
+    ranks one row more."""
+    return resolve(group).split_rows(length)
+
+
 def sequence_shard(x, group=None):
     """This rank's rows of the first dimension of x (the same on every rank),
     split as RowParallelLinear splits its output: S / p, the first S % p
     ranks one row more."""
-    first, count = resolve(group).split_rows(x.shape[0])
+    first, count = sequence_range(x.shape[0], group)
     return x[first:first + count]
 
 
