@@ -87,7 +87,8 @@ def worker(a):
         else:
             import torch.distributed as dist
             rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-            os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank % os.cpu_count()]})
+            cpus = sorted(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
             dist.init_process_group("gloo", store=dist.FileStore(a.store, size), rank=rank,
                                     world_size=size)
             tp = dist.distributed_c10d._get_default_group()
