@@ -1,0 +1,28 @@
+# The Python tests (label "python"): pytest files of python/tests run on
+# 1..4 ranks under `mc2 run`, each rank running the same tests in the same
+# order (collective calls match); -x ends a rank at its first failure, so
+# the launcher tears the job down instead of leaving the others waiting.
+# They need the built package (PYTHONPATH=build/python) and the mc2 command.
+#
+# Not run by the sanitizer stages: the extension is not built there (loading
+# an instrumented library into Python needs the sanitizer runtime preloaded
+# into the interpreter), so the tests carry neither "asan" nor "tsan".
+#
+# mc2_python_test(FILE RANKS...) adds python.<file>/<n> for each n.
+function(mc2_python_test file)
+  get_filename_component(name ${file} NAME_WE)
+  foreach(n ${ARGN})
+    set(test python.${name}/${n})
+    add_test(NAME ${test}
+             COMMAND $<TARGET_FILE:mc2_cli> run -n ${n}
+                     ${MC2_PYTHON} -m pytest -x -q -p no:cacheprovider
+                     ${CMAKE_CURRENT_SOURCE_DIR}/tests/${file})
+    set_tests_properties(${test} PROPERTIES
+      LABELS python TIMEOUT 300
+      ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;MC2_TIMEOUT=60s;OMP_NUM_THREADS=1"
+      # Jobs check /dev/shm and the process table for leftovers (integration tests).
+      RESOURCE_LOCK mc2_jobs)
+  endforeach()
+endfunction()
+
+mc2_python_test(test_fused_bindings.py 1 2 3 4)
