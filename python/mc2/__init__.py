@@ -11,3 +11,20 @@ import torch  # noqa: F401  (registers torch's types before mc2._C needs them)
 import torch.distributed  # noqa: F401
 
 from ._C import Error, Group, MoeRouting, init, launched_by_mc2, world  # noqa: F401
+
+# The fused operators as differentiable torch functions, and the
+# tensor-parallel layers built on them (docs/python-ops.md).
+from . import autograd, nn  # noqa: F401,E402
+from .ops import (  # noqa: F401,E402
+    all_gather_batch_matmul,
+    all_gather_matmul,
+    all_to_all_matmul,
+    matmul_all_reduce,
+    matmul_all_to_all,
+    matmul_reduce_scatter,
+    moe_mlp,
+    moe_route,
+    npu_all_gather_base_mm,
+    npu_mm_all_reduce_base,
+    npu_mm_reduce_scatter_base,
+)

@@ -26,3 +26,7 @@ function(mc2_python_test file)
 endfunction()
 
 mc2_python_test(test_fused_bindings.py 1 2 3 4)
+# The fused operators as torch functions and the mc2.nn layers.
+mc2_python_test(test_ops.py 1 2 3 4)
+mc2_python_test(test_ops_moe.py 1 2 3 4)
+mc2_python_test(test_nn.py 1 2 3 4)
