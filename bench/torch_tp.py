@@ -4,7 +4,8 @@ parallelism and against the gloo backend, side by side.
 
 Usage: bench/torch_tp.py [--seq 512] [--batch 1] [--hidden 1024] [--heads 16]
                          [--ffn 4096] [--iters 10] [--warmup 3] [--rounds 3]
-                         [--dtype float32|bfloat16] [--build build] [--json FILE]
+                         [--dtype float32|bfloat16] [--pipeline auto] [--splits 4]
+                         [--build build] [--json FILE]
 
 One step is the forward and backward of one transformer layer
 (examples/torch/tp_model.py: pre-LayerNorm causal attention and a GELU MLP),
@@ -14,16 +15,17 @@ weights and inputs:
 
   single  the whole layer in one process, torch.nn.Linear, 2 torch threads
   mc2     TP=2 with sequence parallelism: mc2.nn layers, every TP GEMM a
-          fused mc2 operator (forward and backward), under `mc2 run -n 2`,
-          1 thread per rank (torch's and mc2's GEMMs)
+          fused mc2 operator (forward and backward; --pipeline, --splits),
+          under `mc2 run -n 2`, 1 thread per rank (torch's and mc2's GEMMs)
   gloo    TP=2, the same mc2.nn layers on a gloo process group: each TP
           GEMM a torch GEMM and a gloo collective (all-gather; all-reduce
           for the reduce-scatters, which gloo lacks), 1 thread per rank,
           rank r bound to CPU r as `mc2 run` binds its ranks
 
-The three run one after another in each round (`--rounds` rounds, so a
-change in the machine's load falls on all three), each `--warmup` untimed
-steps then `--iters` timed ones. A parallel step's time is its slowest
+The three run one after another in each round (`--rounds` rounds, each
+starting with the next of the three, so that a change in the machine's
+load falls on all of them alike), each `--warmup` untimed steps then
+`--iters` timed ones. A parallel step's time is its slowest
 rank's. Printed: the median and minimum step time of each, over every
 round, and each one's ratio to single; the sum over ranks of the layer's
 output loss of the first step must agree with single's (else the row says
@@ -54,6 +56,9 @@ def parse(argv):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--pipeline", choices=("auto", "serial", "chunked", "fused"), default="auto",
+                   help="the mc2 operators' pipeline")
+    p.add_argument("--splits", type=int, default=4, help="the mc2 operators' chunk count")
     p.add_argument("--build", default=str(REPO / "build"))
     p.add_argument("--json", dest="json_file")
     p.add_argument("--worker", choices=("single", "mc2", "gloo"), help=argparse.SUPPRESS)
@@ -94,7 +99,8 @@ def worker(a):
             tp = dist.distributed_c10d._get_default_group()
     dtype = getattr(torch, a.dtype)
     torch.manual_seed(0)
-    layer = Block(a.hidden, a.heads, a.ffn, tp=tp, tp_size=size)
+    opts = {"pipeline": a.pipeline, "splits": a.splits} if a.worker == "mc2" else {}
+    layer = Block(a.hidden, a.heads, a.ffn, tp=tp, tp_size=size, **opts)
     layer = layer.to(dtype)
     x = torch.randn(a.seq, a.batch, a.hidden).to(dtype)
     g = torch.randn(a.seq, a.batch, a.hidden).to(dtype)
@@ -129,7 +135,8 @@ def worker(a):
 
 def worker_args(a):
     args = [sys.executable, str(pathlib.Path(__file__).resolve())]
-    for name in ("seq", "batch", "hidden", "heads", "ffn", "iters", "warmup", "dtype"):
+    for name in ("seq", "batch", "hidden", "heads", "ffn", "iters", "warmup", "dtype", "pipeline",
+                 "splits"):
         args += [f"--{name}", str(getattr(a, name))]
     return args
 
@@ -184,8 +191,9 @@ def main(argv):
     modes = ("single", "mc2", "gloo")
     steps = {m: [] for m in modes}
     losses = {}
-    for _ in range(a.rounds):
-        for m in modes:
+    for i in range(a.rounds):
+        # Each round starts with another run, so that none always follows the same one.
+        for m in modes[i % 3:] + modes[:i % 3]:
             s, loss = run_mode(a, m, env)
             steps[m] += s
             losses.setdefault(m, loss)
@@ -200,7 +208,7 @@ def main(argv):
     print(f"{'run':<34}{'median ms':>11}{'min ms':>10}{'vs single':>11}  check")
     result = {"config": {k: getattr(a, k) for k in
                          ("seq", "batch", "hidden", "heads", "ffn", "iters", "warmup", "rounds",
-                          "dtype")},
+                          "dtype", "pipeline", "splits")},
               "runs": {}}
     wrong = False
     tol = 1e-3 if a.dtype == "float32" else 5e-2
