@@ -26,3 +26,5 @@ function(mc2_python_test file)
 endfunction()
 
 mc2_python_test(test_fused_bindings.py 1 2 3 4)
+mc2_python_test(test_backend.py 1 2 3 4)
+mc2_python_test(test_ddp.py 1 2 3 4)
