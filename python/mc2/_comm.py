@@ -26,6 +26,7 @@ class Comm:
     def __init__(self, group, fused):
         self.group = group  # an mc2 Group (fused) or a torch ProcessGroup
         self.fused = fused
+        self._process_group = None  # a ProcessGroupMC2 over group, made at first use
         if fused:
             self._ops = _extension()
             self.rank = group.rank()
@@ -46,6 +47,16 @@ class Comm:
 
     def all_gather_batch_matmul(self, a, b, **kw):
         return self._ops.all_gather_batch_matmul(self.group, a, b, **kw)
+
+    def all_reduce(self, tensor):
+        """Sums a contiguous tensor over the group, in place."""
+        if self.fused:
+            if self._process_group is None:
+                self._process_group = self._ops.ProcessGroupMC2(self.group)
+            from .collectives import all_reduce
+            all_reduce(tensor, group=self._process_group)
+        else:
+            dist.all_reduce(tensor, group=self.group)
 
     # The MoE operators exist for mc2 groups only.
     def _moe(self, name):
@@ -89,8 +100,9 @@ def resolve(group=None):
         else:
             return Comm(_extension().world(), fused=True)
     if _is_process_group(group):
-        if dist.get_backend(group) == "mc2":
-            return Comm(_extension().group_of(group), fused=True)
+        _C = _extension()
+        if isinstance(group, _C.ProcessGroupMC2):
+            return Comm(group.group, fused=True)
         return Comm(group, fused=False)
     _C = _extension()
     if isinstance(group, _C.Group):

@@ -178,19 +178,16 @@ def allreduce_grads(params, group=None):
     """Sums each parameter's gradient over the group, in place: for
     parameters used on sequence shards (a LayerNorm's), whose backward saw
     this rank's rows only. Every rank passes the same parameters, in the
-    same order; parameters without a gradient are skipped on every rank
-    alike only if they are on every rank alike."""
+    same order, with a gradient on every rank or on none (those without are
+    skipped)."""
     comm = resolve(group)
     grads = [p.grad for p in params if p.grad is not None]
     if not grads or comm.size == 1:
         return
-    flat = torch.cat([g.reshape(-1).float() for g in grads]).reshape(-1, 1)
-    one = torch.ones(1, 1, dtype=torch.float32)
-    # An all-reduce as a matmul by 1 (exact) keeps to the operators every
-    # group has, mc2 or not.
-    total = comm.matmul_all_reduce(flat, one, **{"pipeline": "serial", "splits": 1})
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    comm.all_reduce(flat)
     offset = 0
     for g in grads:
         n = g.numel()
-        g.copy_(total[offset:offset + n].reshape(g.shape))
+        g.copy_(flat[offset:offset + n].reshape(g.shape))
         offset += n

@@ -9,6 +9,7 @@
 namespace mc2py {
 void BindDenseOps(py::module_& m);
 void BindMoeOps(py::module_& m);
+void BindBackend(py::module_& m);
 }  // namespace mc2py
 
 namespace {
@@ -38,4 +39,5 @@ PYBIND11_MODULE(_C, m) {
   mc2py::BindGroup(m);
   mc2py::BindDenseOps(m);
   mc2py::BindMoeOps(m);
+  mc2py::BindBackend(m);
 }

@@ -8,7 +8,9 @@
 # an instrumented library into Python needs the sanitizer runtime preloaded
 # into the interpreter), so the tests carry neither "asan" nor "tsan".
 #
-# mc2_python_test(FILE RANKS...) adds python.<file>/<n> for each n.
+# mc2_python_test(FILE RANKS...) adds python.<file>/<n> for each n. Each
+# test starts N Python processes that import torch: seconds per test, most
+# of it start-up.
 function(mc2_python_test file)
   get_filename_component(name ${file} NAME_WE)
   foreach(n ${ARGN})
@@ -26,6 +28,24 @@ function(mc2_python_test file)
 endfunction()
 
 mc2_python_test(test_fused_bindings.py 1 2 3 4)
+mc2_python_test(test_backend.py 1 2 3 4)
+mc2_python_test(test_ddp.py 1 2 3)
+mc2_python_test(test_bad_input.py 1 2 3)
+# Fault tests: each breaks its world on purpose.
+mc2_python_test(test_bad_shapes.py 2)
+mc2_python_test(test_dead_rank.py 2 3)
+
+# The backend's own rendezvous (no `mc2 run`): ranks started as torchrun
+# starts them, meeting through torch's TCP store.
+add_test(NAME python.torchrun_style/2
+         COMMAND ${MC2_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/tests/torchrun_style.py 2
+                 ${MC2_PYTHON} -m pytest -x -q -p no:cacheprovider
+                 ${CMAKE_CURRENT_SOURCE_DIR}/tests/test_backend.py
+                 ${CMAKE_CURRENT_SOURCE_DIR}/tests/test_ddp.py)
+set_tests_properties(python.torchrun_style/2 PROPERTIES
+  LABELS python TIMEOUT 300
+  ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;MC2_TIMEOUT=60s;OMP_NUM_THREADS=1"
+  RESOURCE_LOCK mc2_jobs)
 # The fused operators as torch functions and the mc2.nn layers.
 mc2_python_test(test_ops.py 1 2 3 4)
 mc2_python_test(test_ops_moe.py 1 2 3 4)
