@@ -68,7 +68,7 @@ def main(argv):
         raise SystemExit(f"--tp {a.tp} must divide the {size} ranks")
     dp_size, tp_rank, replica = size // a.tp, rank % a.tp, rank // a.tp
     torch.set_num_threads(1)
-    dist.init_process_group("mc2")
+    mc2.init_process_group()  # torch.distributed on the mc2 backend, the world of `mc2 run`
     tp = world.split(replica, rank)  # this replica's TP group
     dp_groups = [dist.new_group([r for r in range(size) if r % a.tp == t]) for t in range(a.tp)]
     dp = dp_groups[tp_rank]
@@ -90,7 +90,6 @@ def main(argv):
 
     worst = 0.0
     for step in range(a.steps):
-        mc2.trace.mark_step(step)
         inputs, targets = batch(step, replica, a)
         logits = ddp(inputs[first:first + count], first)
         # This shard's part of the mean over the whole sequence: the TP
@@ -118,7 +117,6 @@ def main(argv):
             if ref is not None:
                 line += f"  unsharded {ref_loss.item():.4f}"
             print(line, flush=True)
-    mc2.trace.end_step()
     if ref is not None:
         ok = worst <= a.tolerance
         print(f"largest loss difference to the unsharded model: {worst:.2e} "

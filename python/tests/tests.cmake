@@ -50,3 +50,11 @@ set_tests_properties(python.torchrun_style/2 PROPERTIES
 mc2_python_test(test_ops.py 1 2 3 4)
 mc2_python_test(test_ops_moe.py 1 2 3 4)
 mc2_python_test(test_nn.py 1 2 3 4)
+# examples/torch: TP + SP inside DDP on 4 ranks, equal to the unsharded
+# model, and its trace read by `mc2 trace report`.
+add_test(NAME python.example_tp_dp/4
+         COMMAND ${PROJECT_SOURCE_DIR}/examples/torch/check.sh ${PROJECT_BINARY_DIR} ${MC2_PYTHON})
+set_tests_properties(python.example_tp_dp/4 PROPERTIES
+  LABELS python TIMEOUT 300
+  ENVIRONMENT "MC2_TIMEOUT=60s;OMP_NUM_THREADS=1"
+  RESOURCE_LOCK mc2_jobs)
