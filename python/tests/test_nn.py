@@ -165,3 +165,19 @@ def test_wrong_input_width_is_a_clear_error(world):
     fc1 = mnn.ColumnParallelLinear(6, 4, group=world)
     with pytest.raises(ValueError, match="6"):
         fc1(torch.ones(2, 5))
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_mlp_on_torch_process_groups(world, sp):
+    """The same layers on torch.distributed process groups: the mc2
+    backend's (the fused operators of its mc2.Group) and gloo's (the same
+    computation over gloo's collectives, unfused)."""
+    import torch.distributed as dist
+    from mc2._comm import resolve
+    mc2.init_process_group()
+    pg = dist.distributed_c10d._get_default_group()
+    assert resolve(pg).fused and resolve(None).fused
+    check_mlp(pg, world.rank(), world.size(), sp, "auto")
+    gloo = dist.new_group(backend="gloo")
+    assert not resolve(gloo).fused
+    check_mlp(gloo, world.rank(), world.size(), sp, "auto")
