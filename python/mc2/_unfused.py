@@ -10,7 +10,9 @@ tensor-parallel layer costs without mc2, and the baseline mc2's benchmarks
 compare against.
 
 The functions follow the extension's signatures (mc2._C), with a torch
-ProcessGroup in place of an mc2 Group: f32 or bf16 operands, f32 results.
+ProcessGroup in place of an mc2 Group: f32 or bf16 operands, f32 results;
+`pipeline` and `splits` are checked and otherwise ignored. Errors are
+local (ValueError, TypeError, or the backend's own).
 Reduce-scatter is an all-reduce followed by taking this rank's rows, since
 gloo in torch 1.13 has no reduce-scatter; row counts that may differ
 across ranks are exchanged with a small all-gather.

@@ -17,9 +17,9 @@ Operands: a and b of one dtype, float32 or bfloat16 (bf16 multiplies with
 f32 accumulation); the result has that dtype. Non-contiguous tensors are
 copied. a may have more than two dimensions: its leading dimensions are
 rows (a [s, batch, h] is s * batch rows, so a sequence-first activation is
-sharded and gathered along its first dimension). Shapes that disagree
-across ranks, a dtype the operators do not take, a bad pipeline name or
-split count raise mc2.Error on every rank. bias and x3 are local to the
+sharded and gathered along its first dimension). On an mc2 group, shapes
+that disagree across ranks, a dtype the operators do not take, a bad
+pipeline name or split count raise mc2.Error on every rank. bias and x3 are local to the
 rank (checked here, before any communication): a bad one raises on that
 rank only, and its peers' calls then fail with the group's timeout.
 
