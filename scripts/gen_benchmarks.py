@@ -421,7 +421,8 @@ def torch_section(results, refs):
         factor = 2 * (n - 1) / n if n > 1 else 1.0
         curves = j.get("all_reduce", {})
         names = list(curves)
-        out += [f"### torch.distributed: the mc2 backend against {', '.join(names[1:])}, {n} ranks "
+        others = [nm for nm in names if not nm.startswith("mc2")]
+        out += [f"### torch.distributed: the mc2 backend against {', '.join(others)}, {n} ranks "
                 f"[{refs[r['_file']]}]", "",
                 f"`bench/torch_compare.py`: float32 sum all_reduce, medians of {j.get('reps')} "
                 "alternated repetitions; time in us, busbw in GB/s.", ""]
