@@ -10,8 +10,7 @@ AsyncWork::AsyncWork(int rank, c10d::OpType type, std::string op, std::vector<at
     : c10d::Work(rank, type),
       op_(std::move(op)),
       result_(std::move(result)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {}
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors())) {}
 
 AsyncWork::~AsyncWork() = default;
 

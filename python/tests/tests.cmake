@@ -46,6 +46,27 @@ set_tests_properties(python.torchrun_style/2 PROPERTIES
   LABELS python TIMEOUT 300
   ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;MC2_TIMEOUT=60s;OMP_NUM_THREADS=1"
   RESOURCE_LOCK mc2_jobs)
+
+# `cmake --install` of the package alone (component mc2_python) into a
+# temporary prefix, imported from there by a job of 2 ranks that runs a
+# fused operator; the prefix is removed afterwards.
+add_test(NAME python.install
+         COMMAND bash -c [=[
+set -e
+prefix=$(mktemp -d "${TMPDIR:-/tmp}/mc2-python-install.XXXXXX")
+trap 'rm -rf "$prefix"' EXIT
+cmake --install "$1" --prefix "$prefix" --component mc2_python > /dev/null
+site="$prefix/$2"
+cd "$prefix"
+PYTHONPATH="$site" "$3" run -n 2 "$4" -c 'import mc2, torch
+assert mc2.__file__.startswith("'"$site"'"), mc2.__file__
+c = mc2._C.matmul_all_reduce(mc2.world(), torch.ones(2, 3), torch.ones(3, 4))
+assert torch.equal(c, torch.full((2, 4), 6.0)), c'
+]=] install-check ${PROJECT_BINARY_DIR} ${MC2_PYTHON_INSTALL_DIR} $<TARGET_FILE:mc2_cli>
+                 ${MC2_PYTHON})
+set_tests_properties(python.install PROPERTIES LABELS python TIMEOUT 120
+                     RESOURCE_LOCK mc2_jobs)
+
 # The fused operators as torch functions and the mc2.nn layers.
 mc2_python_test(test_ops.py 1 2 3 4)
 mc2_python_test(test_ops_moe.py 1 2 3 4)
