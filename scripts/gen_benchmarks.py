@@ -18,7 +18,7 @@ import pathlib
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-KINDS = ("compare_mpi", "bench_ops", "demo", "bench")
+KINDS = ("compare_mpi", "bench_ops", "demo", "bench", "torch_compare")
 REQUIRED = ("name", "kind", "date", "commit", "host", "command", "emulated", "result")
 # The judged figure of the all_reduce comparison.
 HEADLINE_SIZE = 16 << 20
@@ -54,6 +54,7 @@ scripts/record_bench.py ops_matmul_reduce_scatter -- build/tools/mc2 bench ops -
 scripts/record_bench.py ops_matmul_all_reduce -- build/tools/mc2 bench ops -n 2 \\
     --operator matmul_all_reduce -m 2048 -k 2048 -N 2048 --pipeline all --link auto
 scripts/record_bench.py demo -- build/tools/mc2 demo
+PYTHONPATH=build/python scripts/record_bench.py torch_vs_gloo -- bench/torch_compare.py -n 2 --reps 3
 ```
 
 Record on a quiet machine, from a Release build of a committed tree: on a
@@ -137,6 +138,18 @@ that the losses are bitwise identical across them. Per pipeline:
 - uncovered %: the share in which communication ran and no computation
   covered it;
 - tokens/s: tokens trained per second.
+
+### PyTorch: `bench/torch_compare.py`
+
+`bench/torch_compare.py -n N --reps R` (with `PYTHONPATH=build/python`)
+runs the torch.distributed backends mc2 and gloo (and MPI when torch has
+it) side by side, alternating within each repetition, on ranks started as
+torchrun starts them: `dist.all_reduce` of float32 from 8 B to 64 MiB
+(time per call of the slowest rank; busbw as nccl-tests counts it), the
+same through `mc2.all_reduce`, the 8 B all_reduce of `mc2 bench` (C++,
+private buffers) for the cost of the Python call, and the median DDP
+training step of a 50.4 M-parameter MLP on each backend and on one rank
+without DDP (docs/python.md).
 
 ### Exploring
 
@@ -280,6 +293,8 @@ def headline(results, refs):
             same = "identical" if j.get("losses_identical") else "NOT identical"
             rows.append([f"mc2 demo, {j.get('ranks')} ranks: serial step / {fastest.get('pipeline')} step",
                          f"{num(fastest.get('speedup'))}x, losses {same}", link_text(r), ref])
+        elif r["kind"] == "torch_compare":
+            rows += torch_headline(r, ref)
     if not rows:
         return []
     return ["### Summary", ""] + table(
@@ -370,6 +385,74 @@ def bench_section(results, refs):
     return out
 
 
+def torch_curve_at(j, backend, size):
+    for nbytes, t in j.get("all_reduce", {}).get(backend, []):
+        if nbytes == size:
+            return t
+    return None
+
+
+def torch_headline(r, ref):
+    j, rows = r["result"], []
+    n = j.get("ranks")
+    big, small = torch_curve_at(j, "mc2", HEADLINE_SIZE), torch_curve_at(j, "mc2", 8)
+    gbig, gsmall = torch_curve_at(j, "gloo", HEADLINE_SIZE), torch_curve_at(j, "gloo", 8)
+    if big and gbig:
+        rows.append([f"torch all_reduce {size_text(HEADLINE_SIZE)}, {n} ranks: busbw mc2 / gloo",
+                     f"{num(gbig / big)}x", link_text(r), ref])
+    if small and gsmall:
+        rows.append([f"torch all_reduce 8 B, {n} ranks: latency mc2 / gloo",
+                     f"{num(small / gsmall, '.3f')}x", link_text(r), ref])
+    steps = j.get("ddp_step_s", {})
+    if steps.get("mc2") and steps.get("gloo"):
+        rows.append([f"DDP step, {n} ranks: mc2 / gloo", f"{num(steps['mc2'] / steps['gloo'])}x",
+                     link_text(r), ref])
+    if steps.get("mc2") and steps.get("one_rank"):
+        rows.append([f"DDP step, {n} ranks: mc2 / one rank (compute alone)",
+                     f"{num(steps['mc2'] / steps['one_rank'])}x", link_text(r), ref])
+    return rows
+
+
+def torch_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        n = j.get("ranks") or 1
+        factor = 2 * (n - 1) / n if n > 1 else 1.0
+        curves = j.get("all_reduce", {})
+        names = list(curves)
+        others = [nm for nm in names if not nm.startswith("mc2")]
+        out += [f"### torch.distributed: the mc2 backend against {', '.join(others)}, {n} ranks "
+                f"[{refs[r['_file']]}]", "",
+                f"`bench/torch_compare.py`: float32 sum all_reduce, medians of {j.get('reps')} "
+                "alternated repetitions; time in us, busbw in GB/s.", ""]
+        header = [("size", True)]
+        for nm in names:
+            header += [(f"{nm} us", True), (f"{nm} busbw", True)]
+        rows = []
+        for i, (nbytes, _) in enumerate(curves.get(names[0], []) if names else []):
+            row = [size_text(nbytes)]
+            for nm in names:
+                t = curves[nm][i][1]
+                row += [num(t * 1e6, ".1f"), num(factor * nbytes / t / 1e9, ".3f")]
+            rows.append(row)
+        out += table(header, rows) + [""]
+        cxx = j.get("cxx_all_reduce_8B_us")
+        if cxx is not None:
+            out += [f"The same 8 B all_reduce from C++ (`mc2 bench`, private buffers, in the same "
+                    f"run): {num(cxx)} us.", ""]
+        steps = j.get("ddp_step_s", {})
+        if steps:
+            m = j.get("model", {})
+            out += [f"DDP training step (forward, backward, SGD) of a {m.get('layers')}-layer "
+                    f"{m.get('width')} x {m.get('width')} MLP, {num(j.get('parameters', 0) / 1e6, '.1f')} M "
+                    f"parameters, batch {m.get('batch_per_rank')} per rank, one thread per rank; "
+                    "`one_rank` is the same step without DDP on one rank (the compute alone):", ""]
+            out += table([("backend", False), ("step ms", True)],
+                         [[b, num(t * 1e3, ".1f")] for b, t in steps.items()]) + [""]
+    return out
+
+
 def render(results):
     lines = ["# Benchmarks", "",
              "<!-- Generated by scripts/gen_benchmarks.py from bench/results/*.json: edit those",
@@ -390,6 +473,7 @@ def render(results):
     lines += ops_section(by_kind["bench_ops"], refs)
     lines += demo_section(by_kind["demo"], refs)
     lines += bench_section(by_kind["bench"], refs)
+    lines += torch_section(by_kind["torch_compare"], refs)
     lines += ["### Sources", ""] + [source_line(refs[r["_file"]], r) for r in results] + [""]
     return "\n".join(lines)
 

@@ -7,7 +7,8 @@
 #   --test  also what only the test suite and the benchmark scripts use:
 #           Debian's chromium (the headless screenshot of the SVG timeline,
 #           tests/trace/render_check.sh), python3 (bench/*.sh join JSON),
-#           iproute2 and ethtool (the cluster in a box, scripts/cluster.sh)
+#           iproute2 and ethtool (the cluster in a box, scripts/cluster.sh),
+#           python3-pytest (the Python package's tests)
 set -euo pipefail
 
 with_test=0
@@ -32,9 +33,11 @@ packages=(
   procps                   # ps/pgrep used by the leak checks in tests
   clang libclang-rt-14-dev # the fuzz targets (libFuzzer) of `make test-fuzz`
   libomp-14-dev            # OpenMP for the clang (fuzz) build
+  python3-dev pybind11-dev # the Python package's extension (python/)
+  python3-torch libtorch-dev  # PyTorch: tensors and the torch.distributed backend
 )
 if (( with_test )); then
-  packages+=(chromium fonts-dejavu-core python3 iproute2 ethtool)
+  packages+=(chromium fonts-dejavu-core python3 iproute2 ethtool python3-pytest)
 fi
 
 missing=()

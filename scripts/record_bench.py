@@ -10,6 +10,7 @@ COMMAND is one of
   BUILD/tools/mc2 bench ops ...   (the recorder adds --json FILE)
   BUILD/tools/mc2 demo ...        (the recorder adds --json FILE, and --out DIR
                                    in a temporary directory unless given)
+  bench/torch_compare.py ...      (the recorder adds --json FILE)
 and must not carry those options itself. The command runs with the caller's
 environment; its standard output is shown and recorded.
 
@@ -76,7 +77,10 @@ def parse_args(argv):
 
 
 def command_kind(command):
-    """Which tool the command runs: compare_mpi, bench, bench_ops or demo."""
+    """Which tool the command runs: compare_mpi, bench, bench_ops, demo or
+    torch_compare."""
+    if "torch_compare.py" in (os.path.basename(c) for c in command[:2]):
+        return "torch_compare"
     if os.path.basename(command[0]) == "compare_mpi.sh" or (
             len(command) > 1 and os.path.basename(command[1]) == "compare_mpi.sh"):
         return "compare_mpi"
@@ -86,7 +90,7 @@ def command_kind(command):
         if command[1] == "demo":
             return "demo"
     die(f"cannot record '{shlex.join(command)}': expected bench/compare_mpi.sh, "
-        "mc2 bench, mc2 bench ops or mc2 demo")
+        "mc2 bench, mc2 bench ops, mc2 demo or bench/torch_compare.py")
 
 
 def option_value(command, name):
@@ -146,7 +150,7 @@ def main(argv):
     name, results, note, command = parse_args(argv)
     kind = command_kind(command)
     added = {"compare_mpi": ["--keep"], "bench": ["--json"], "bench_ops": ["--json"],
-             "demo": ["--json"]}[kind]
+             "demo": ["--json"], "torch_compare": ["--json"]}[kind]
     for opt in added:
         if option_value(command, opt) is not None:
             die(f"the command carries {opt}: the recorder sets it")

@@ -1,0 +1,25 @@
+"""A rank that dies makes every other rank's pending call raise mc2.Error
+(peer_died or aborted) promptly, not hang."""
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import mc2
+
+mc2.init_process_group()
+R, N = dist.get_rank(), dist.get_world_size()
+
+
+@pytest.mark.skipif(N == 1, reason="needs a peer to die")
+def test_a_dead_rank_fails_the_others():
+    dist.barrier()
+    if R == N - 1:
+        os._exit(0)  # dies without a word (exit status 0: the job goes on)
+    start = time.monotonic()
+    with pytest.raises(mc2.Error) as e:
+        dist.all_reduce(torch.ones(1 << 16))
+    assert e.value.code in ("peer_died", "aborted")
+    assert time.monotonic() - start < 30

@@ -1,0 +1,81 @@
+# The Python tests (label "python"): pytest files of python/tests run on
+# 1..4 ranks under `mc2 run`, each rank running the same tests in the same
+# order (collective calls match); -x ends a rank at its first failure, so
+# the launcher tears the job down instead of leaving the others waiting.
+# They need the built package (PYTHONPATH=build/python) and the mc2 command.
+#
+# Not run by the sanitizer stages: the extension is not built there (loading
+# an instrumented library into Python needs the sanitizer runtime preloaded
+# into the interpreter), so the tests carry neither "asan" nor "tsan".
+#
+# mc2_python_test(FILE RANKS...) adds python.<file>/<n> for each n. Each
+# test starts N Python processes that import torch: seconds per test, most
+# of it start-up.
+function(mc2_python_test file)
+  get_filename_component(name ${file} NAME_WE)
+  foreach(n ${ARGN})
+    set(test python.${name}/${n})
+    add_test(NAME ${test}
+             COMMAND $<TARGET_FILE:mc2_cli> run -n ${n}
+                     ${MC2_PYTHON} -m pytest -x -q -p no:cacheprovider
+                     ${CMAKE_CURRENT_SOURCE_DIR}/tests/${file})
+    set_tests_properties(${test} PROPERTIES
+      LABELS python TIMEOUT 300
+      ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;MC2_TIMEOUT=60s;OMP_NUM_THREADS=1"
+      # Jobs check /dev/shm and the process table for leftovers (integration tests).
+      RESOURCE_LOCK mc2_jobs)
+  endforeach()
+endfunction()
+
+mc2_python_test(test_fused_bindings.py 1 2 3 4)
+mc2_python_test(test_backend.py 1 2 3 4)
+mc2_python_test(test_ddp.py 1 2 3)
+mc2_python_test(test_bad_input.py 1 2 3)
+# Fault tests: each breaks its world on purpose.
+mc2_python_test(test_bad_shapes.py 2)
+mc2_python_test(test_dead_rank.py 2 3)
+
+# The backend's own rendezvous (no `mc2 run`): ranks started as torchrun
+# starts them, meeting through torch's TCP store.
+add_test(NAME python.torchrun_style/2
+         COMMAND ${MC2_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/tests/torchrun_style.py 2
+                 ${MC2_PYTHON} -m pytest -x -q -p no:cacheprovider
+                 ${CMAKE_CURRENT_SOURCE_DIR}/tests/test_backend.py
+                 ${CMAKE_CURRENT_SOURCE_DIR}/tests/test_ddp.py)
+set_tests_properties(python.torchrun_style/2 PROPERTIES
+  LABELS python TIMEOUT 300
+  ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;MC2_TIMEOUT=60s;OMP_NUM_THREADS=1"
+  RESOURCE_LOCK mc2_jobs)
+
+# `cmake --install` of the package alone (component mc2_python) into a
+# temporary prefix, imported from there by a job of 2 ranks that runs a
+# fused operator; the prefix is removed afterwards.
+add_test(NAME python.install
+         COMMAND bash -c [=[
+set -e
+prefix=$(mktemp -d "${TMPDIR:-/tmp}/mc2-python-install.XXXXXX")
+trap 'rm -rf "$prefix"' EXIT
+cmake --install "$1" --prefix "$prefix" --component mc2_python > /dev/null
+site="$prefix/$2"
+cd "$prefix"
+PYTHONPATH="$site" "$3" run -n 2 "$4" -c 'import mc2, torch
+assert mc2.__file__.startswith("'"$site"'"), mc2.__file__
+c = mc2._C.matmul_all_reduce(mc2.world(), torch.ones(2, 3), torch.ones(3, 4))
+assert torch.equal(c, torch.full((2, 4), 6.0)), c'
+]=] install-check ${PROJECT_BINARY_DIR} ${MC2_PYTHON_INSTALL_DIR} $<TARGET_FILE:mc2_cli>
+                 ${MC2_PYTHON})
+set_tests_properties(python.install PROPERTIES LABELS python TIMEOUT 120
+                     RESOURCE_LOCK mc2_jobs)
+
+# The fused operators as torch functions and the mc2.nn layers.
+mc2_python_test(test_ops.py 1 2 3 4)
+mc2_python_test(test_ops_moe.py 1 2 3 4)
+mc2_python_test(test_nn.py 1 2 3 4)
+# examples/torch: TP + SP inside DDP on 4 ranks, equal to the unsharded
+# model, and its trace read by `mc2 trace report`.
+add_test(NAME python.example_tp_dp/4
+         COMMAND ${PROJECT_SOURCE_DIR}/examples/torch/check.sh ${PROJECT_BINARY_DIR} ${MC2_PYTHON})
+set_tests_properties(python.example_tp_dp/4 PROPERTIES
+  LABELS python TIMEOUT 300
+  ENVIRONMENT "MC2_TIMEOUT=60s;OMP_NUM_THREADS=1"
+  RESOURCE_LOCK mc2_jobs)
