@@ -8,8 +8,8 @@ one host. new_group() gives a group of its own among its members.
 """
 import datetime
 import os
-import tempfile
 
+import torch
 import torch.distributed as dist
 
 from . import _C
@@ -28,9 +28,9 @@ def _create(opts, pg_options=None):
 def init_process_group(timeout=None):
     """torch.distributed.init_process_group("mc2") with what the launcher
     gives: under torchrun (MASTER_ADDR set) its env:// rendezvous; under
-    `mc2 run`, the rank and size of mc2's world and a file store named after
-    the job (in the temporary directory; torch's FileStore removes it when
-    the last rank is done). timeout: seconds (torch's default otherwise).
+    `mc2 run`, the rank and size of mc2's world and a TCP store that rank 0
+    opens on a free port of 127.0.0.1 (the port reaches the other ranks
+    through mc2 itself). timeout: seconds (torch's default otherwise).
     Does nothing if torch.distributed is initialised already."""
     if dist.is_initialized():
         return
@@ -40,10 +40,19 @@ def init_process_group(timeout=None):
     if "MASTER_ADDR" in os.environ or not _C.launched_by_mc2():
         dist.init_process_group("mc2", **kwargs)
         return
+    from .collectives import broadcast
     w = _C.world()
-    path = os.path.join(tempfile.gettempdir(), f"mc2-torch-store-{os.environ['MC2_JOB_ID']}")
-    dist.init_process_group("mc2", init_method=f"file://{path}", rank=w.rank(),
-                            world_size=w.size(), **kwargs)
+    rank, size = w.rank(), w.size()
+    store_timeout = kwargs.get("timeout", datetime.timedelta(seconds=300))
+    store = None
+    port = torch.zeros(1, dtype=torch.int64)
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, size, True, store_timeout, wait_for_workers=False)
+        port[0] = store.port
+    broadcast(port, src=0)
+    if rank != 0:
+        store = dist.TCPStore("127.0.0.1", int(port.item()), size, False, store_timeout)
+    dist.init_process_group("mc2", store=store, rank=rank, world_size=size, **kwargs)
 
 
 def _register():
