@@ -80,13 +80,14 @@ struct GemmOptions {
 // Threading: any thread may call Gemm, concurrently with other calls (ranks
 // that are threads of one process included). On oneDNN (bf16, or kOneDNN)
 // `threads` T cuts C into up to T row blocks of at least 16 rows, each
-// computed by one OpenMP thread with a single-threaded kernel, so the
+// computed by one thread with a single-threaded kernel, so the
 // result is bitwise the same for every T (a product of fewer than 32 rows
 // runs on one thread). On OpenBLAS `threads` is OpenBLAS's own thread
 // count, which is process-wide: concurrent f32 calls should use the same
-// value. The helper threads inherit the calling thread's CPU affinity
-// (docs/topology.md) and may spin for a while after a call, taking CPU
-// from communication; the default of 1 has no helpers.
+// value. oneDNN's helper threads belong to the calling thread, inherit its
+// CPU affinity (docs/topology.md) and sleep between calls; OpenBLAS's may
+// spin for a while after a call, taking CPU from communication. The
+// default of 1 has no helpers.
 void Gemm(size_t m, size_t n, size_t k, DType ab, const void* a, const void* b, DType c_type,
           void* c, const GemmOptions& options = {});
 

@@ -20,8 +20,8 @@
 //
 // Threads: a oneDNN call on T threads cuts C into T row blocks (fewer when
 // a block would have under kMinBlockRows rows) and computes each block on
-// its own OpenMP thread with a single-threaded primitive. A single-threaded
-// oneDNN product is row-invariant (row i is the same bits whatever rows are
+// its own thread (helper_threads.h) with a single-threaded primitive. A
+// single-threaded oneDNN product is row-invariant (row i is the same bits whatever rows are
 // computed with it), so the result is bitwise the one-thread result for
 // every T: deterministic mode needs no particular thread count. oneDNN's
 // own multi-threaded kernels would also split N and K across threads, and
@@ -50,6 +50,7 @@
 #include "core/log.h"
 #include "core/reduce.h"
 #include "core/scratch.h"
+#include "ops/helper_threads.h"
 #include "trace/recorder.h"
 
 namespace mc2::ops {
@@ -446,9 +447,10 @@ void GemmOneDNN(size_t m, size_t n, size_t k, DType ab, const void* a, const voi
   }
 }
 
-// A oneDNN call on r.threads threads: row blocks of C, each on one OpenMP
-// thread with a single-threaded primitive (see the file comment). The
-// first error of any block is rethrown once every block has finished.
+// A oneDNN call on r.threads threads: row blocks of C, each on one thread
+// (the caller's or one of its helpers, helper_threads.h) with a
+// single-threaded primitive (see the file comment). The first error of any
+// block is rethrown once every block has finished.
 void GemmOneDNNRows(size_t m, size_t n, size_t k, DType ab, const void* a, const void* b,
                     DType c_type, void* c, const GemmOptions& o, const Resolved& r,
                     const void* packed = nullptr) {
@@ -461,24 +463,13 @@ void GemmOneDNNRows(size_t m, size_t n, size_t k, DType ab, const void* a, const
   }
   const size_t a_row_bytes = (o.trans_a ? 1 : r.lda) * DTypeSize(ab);  // A^T: a column
   const size_t c_row_bytes = r.ldc * DTypeSize(c_type);
-  std::exception_ptr error;
-  std::mutex error_mu;
-#pragma omp parallel num_threads(blocks)
-  {
-    const size_t t = static_cast<size_t>(omp_get_thread_num());
-    const size_t nt = static_cast<size_t>(omp_get_num_threads());
-    const size_t r0 = t * m / nt, r1 = (t + 1) * m / nt;
+  RunBlocks(blocks, [&](int t) {
+    const size_t r0 = t * m / blocks, r1 = (t + 1) * m / blocks;
     omp_set_num_threads(1);  // the block's primitive runs on this thread alone
-    try {
-      if (r1 > r0)
-        GemmOneDNN(r1 - r0, n, k, ab, static_cast<const char*>(a) + r0 * a_row_bytes, b, c_type,
-                   static_cast<char*>(c) + r0 * c_row_bytes, o, one, packed);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mu);
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
+    if (r1 > r0)
+      GemmOneDNN(r1 - r0, n, k, ab, static_cast<const char*>(a) + r0 * a_row_bytes, b, c_type,
+                 static_cast<char*>(c) + r0 * c_row_bytes, o, one, packed);
+  });
 }
 
 }  // namespace

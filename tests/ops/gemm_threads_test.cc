@@ -11,12 +11,15 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <stdexcept>
+#include <thread>
 #include <string>
 #include <vector>
 
 #include "common/operands.h"
 #include "mc2/mc2.h"
 #include "ops/gemm.h"
+#include "ops/helper_threads.h"
 
 namespace mc2 {
 namespace {
@@ -55,6 +58,30 @@ std::string Name(const GemmCase& c) {
   return std::string(DTypeName(c.ab)) + "->" + DTypeName(c.c_type) + " m=" +
          std::to_string(c.m) + (c.trans_a ? " A^T" : "") + (c.bias ? " bias" : "") +
          (c.beta ? " beta" : "");
+}
+
+TEST(GemmThreads, HelperThreadsRunEveryBlockOnceAndRethrowTheFirstError) {
+  // Growing and shrinking teams: every block runs once per call, block 0
+  // on the caller, the others on threads of their own.
+  for (int blocks : {2, 4, 1, 3, 4, 2}) {
+    std::vector<int> runs(blocks, 0);
+    std::vector<std::thread::id> ids(blocks);
+    ops::RunBlocks(blocks, [&](int b) {
+      ++runs[b];
+      ids[b] = std::this_thread::get_id();
+    });
+    EXPECT_EQ(runs, std::vector<int>(blocks, 1)) << blocks;
+    EXPECT_EQ(ids[0], std::this_thread::get_id());
+    for (int b = 1; b < blocks; ++b) EXPECT_NE(ids[b], ids[0]);
+  }
+  std::vector<int> finished(3, 0);
+  EXPECT_THROW(ops::RunBlocks(3,
+                              [&](int b) {
+                                finished[b] = 1;
+                                if (b == 2) throw std::runtime_error("block 2");
+                              }),
+               std::runtime_error);
+  EXPECT_EQ(finished, std::vector<int>(3, 1));  // the others still ran
 }
 
 TEST(GemmThreads, RowBlocksOnSeveralThreadsGiveTheOneThreadBits) {
