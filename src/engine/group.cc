@@ -15,6 +15,7 @@
 #include "core/enforce.h"
 #include "core/env.h"
 #include "core/log.h"
+#include "core/placement.h"
 #include "engine/access.h"
 #include "engine/group_impl.h"
 #include "trace/recorder.h"
@@ -120,8 +121,14 @@ using internal::OpKind;
 
 Group Group::FromEnv(const WorldOptions& options) {
   core::ValidateEnvironment();
+  // The calling (compute) thread is bound first, so that the threads the
+  // world starts inherit its CPUs; the progress thread then moves to its
+  // own (core/placement.h).
+  const core::Placement& place = core::PlaceThisProcess();
   auto tx = transport::CreateTransportFromEnv(options.link);
-  return Group(internal::MakeWorldGroup(internal::MakeWorld(std::move(tx), options)));
+  auto world = internal::MakeWorld(std::move(tx), options);
+  if (place.bound()) world->engine->BindThread(place.progress);
+  return Group(internal::MakeWorldGroup(std::move(world)));
 }
 
 bool Group::LaunchedByMc2() { return transport::LaunchedByMc2(); }
