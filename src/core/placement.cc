@@ -164,6 +164,7 @@ Placement PlanPlacement(const Topology& t, const PlacementRequest& req) {
   } else {
     p.compute = CpusOf(core_cpus, domain);
     p.progress = p.compute;
+    p.gemm_oversubscribed = sharing * T > n;
     const std::string note = fmt::format(
         "{} rank(s) x ({} GEMM thread(s) + 1 progress thread) on {} core(s): the progress "
         "thread shares the compute cores{}",
@@ -213,6 +214,12 @@ const Placement& PlaceThisProcess() {
             topo.fallback_reason);
   MC2_LOG(kInfo, "placement on {} (local rank {} of {}{}): {}", topo.host, req.local_rank,
           req.local_size, local ? " from " + local->source : "", p->Describe());
+  // GEMM threads that cannot all run at once slow every GEMM: said once
+  // per host, whatever the log level asks.
+  if (p->gemm_oversubscribed && req.gemm_threads > 1 && req.local_rank == 0)
+    MC2_LOG(kWarn, "MC2_GEMM_THREADS={} with {} rank(s) on this host's {} core(s) runs more "
+                   "GEMM threads than cores: {}",
+            req.gemm_threads, req.local_size, topo.cores(), p->Describe());
   recorded = p;
   return *p;
 }

@@ -69,6 +69,8 @@ struct Placement {
   std::vector<int> progress;
   bool own_progress_core = false;  // progress's CPUs are not compute's
   int ranks_sharing_domain = 1;    // ranks whose domain is this one
+  // More GEMM threads (of the ranks sharing the domain) than its cores.
+  bool gemm_oversubscribed = false;
   // What was chosen where the request could not be met as asked (threads
   // beyond the cores, ranks sharing cores); empty otherwise.
   std::string notes;
@@ -89,8 +91,9 @@ bool BindThread(pthread_t thread, const std::vector<int>& cpus);
 // Plans this process's placement from the host topology, MC2_BIND,
 // MC2_GEMM_THREADS and the local rank (LocalRankFromEnv; without one the
 // policy resolves to kNone), binds the calling thread to its compute CPUs,
-// records the plan (CurrentPlacement) and logs it (info level). Later calls
-// return the recorded plan and bind nothing.
+// records the plan (CurrentPlacement) and logs it (info level; a warning
+// from local rank 0 when several GEMM threads per rank outnumber the
+// cores). Later calls return the recorded plan and bind nothing.
 const Placement& PlaceThisProcess();
 
 // The placement PlaceThisProcess recorded, or nullptr before it ran (an

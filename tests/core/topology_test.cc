@@ -175,6 +175,9 @@ TEST(Placement, SaysWhatItChoseWhenThreadsOutnumberCores) {
   EXPECT_EQ(one.progress, Range(0, 2));
   EXPECT_FALSE(one.own_progress_core);
   EXPECT_THAT(one.notes, HasSubstr("progress thread shares"));
+  EXPECT_FALSE(one.gemm_oversubscribed);
+  EXPECT_TRUE(Plan(t, 0, 1, BindPolicy::kCore, 3).gemm_oversubscribed);
+  EXPECT_TRUE(Plan(t, 0, 2, BindPolicy::kCore, 2).gemm_oversubscribed);
   // 2 ranks x 1 thread: a core each, progress on it.
   Placement r1 = Plan(t, 1, 2, BindPolicy::kCore, 1);
   EXPECT_EQ(r1.compute, Range(1, 2));
