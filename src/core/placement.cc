@@ -183,14 +183,14 @@ bool BindThread(pthread_t thread, const std::vector<int>& cpus) {
   return pthread_setaffinity_np(thread, sizeof(set), &set) == 0;
 }
 
-const Placement& PlaceThisProcess() {
+const Placement& PlaceThisProcess(const std::optional<LocalRank>& given) {
   std::lock_guard<std::mutex> lock(placement_mu);
   if (recorded) return *recorded;
   PlacementRequest req;
   req.policy = BindPolicyFromEnv();
   req.gemm_threads = static_cast<int>(EnvInt("MC2_GEMM_THREADS", 1, 1, 1024));
   const Topology& topo = HostTopology();
-  auto local = LocalRankFromEnv();
+  const std::optional<LocalRank> local = given ? given : LocalRankFromEnv();
   if (local) {
     req.local_rank = local->rank;
     req.local_size = local->size;

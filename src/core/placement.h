@@ -89,12 +89,12 @@ Placement PlanPlacement(const Topology& t, const PlacementRequest& request);
 bool BindThread(pthread_t thread, const std::vector<int>& cpus);
 
 // Plans this process's placement from the host topology, MC2_BIND,
-// MC2_GEMM_THREADS and the local rank (LocalRankFromEnv; without one the
-// policy resolves to kNone), binds the calling thread to its compute CPUs,
+// MC2_GEMM_THREADS and the local rank (`local`, else LocalRankFromEnv;
+// without one the policy resolves to kNone), binds the calling thread to its compute CPUs,
 // records the plan (CurrentPlacement) and logs it (info level; a warning
 // from local rank 0 when several GEMM threads per rank outnumber the
 // cores). Later calls return the recorded plan and bind nothing.
-const Placement& PlaceThisProcess();
+const Placement& PlaceThisProcess(const std::optional<LocalRank>& local = std::nullopt);
 
 // The placement PlaceThisProcess recorded, or nullptr before it ran (an
 // in-process world binds nothing).

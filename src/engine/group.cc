@@ -139,7 +139,13 @@ Group Group::FromRendezvous(int rank, int size, const AllGatherStrings& all_gath
   MC2_CHECK_ARG(static_cast<bool>(all_gather), "FromRendezvous needs an all_gather function");
   auto tx = transport::CreateRendezvousTransport(rank, size, options.heap_bytes, all_gather,
                                                  options.link);
-  return Group(internal::MakeWorldGroup(internal::MakeWorld(std::move(tx), options)));
+  // The ranks (checked by now) are those of one host: its local ranks.
+  // Bound as in FromEnv; a launcher that bound them already is respected.
+  const core::Placement& place =
+      core::PlaceThisProcess(core::LocalRank{rank, size, "FromRendezvous"});
+  auto world = internal::MakeWorld(std::move(tx), options);
+  if (place.bound()) world->engine->BindThread(place.progress);
+  return Group(internal::MakeWorldGroup(std::move(world)));
 }
 
 void Group::RunInProcess(int size, const std::function<void(Group&)>& body,
