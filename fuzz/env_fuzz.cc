@@ -28,7 +28,7 @@ namespace {
 const char* const kVariables[] = {
     "MC2_TIMEOUT",    "MC2_DETERMINISTIC", "MC2_SPIN_US",      "MC2_HEAP_BYTES",
     "MC2_SCRATCH_BYTES", "MC2_LINK",       "MC2_GEMM_THREADS", "MC2_KERNELS",
-    "MC2_LOG_LEVEL",
+    "MC2_LOG_LEVEL",  "MC2_BIND",
 };
 constexpr int kNumVariables = sizeof(kVariables) / sizeof(kVariables[0]);
 

@@ -34,6 +34,8 @@ void RegisterTrace(CLI::App& app);
 void RegisterSoak(CLI::App& app);
 // `mc2 demo [-n N] [--link auto|none|SPEC] [--pipelines ...]` (demo_command.cc)
 void RegisterDemo(CLI::App& app);
+// `mc2 topo [-n N] [--json]`: hosts, ranks, cores and links (topo_command.cc)
+void RegisterTopo(CLI::App& app);
 
 }  // namespace mc2::tools
 

@@ -166,25 +166,7 @@ struct ChildSetup {
   char* const* envp;
   const sigset_t* mask;
   const struct sigaction* sigpipe_action;
-  const cpu_set_t* cpus;  // null: the launcher's own
 };
-
-// Each rank's CPU set under `bind`, or none to leave every rank unbound.
-std::vector<cpu_set_t> RankBindings(Bind bind, int nranks) {
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (bind == Bind::kNone || sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return {};
-  std::vector<int> cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
-    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
-  if (cpus.empty() || (bind == Bind::kAuto && nranks < static_cast<int>(cpus.size()))) return {};
-  std::vector<cpu_set_t> sets(nranks);
-  for (int r = 0; r < nranks; ++r) {
-    CPU_ZERO(&sets[r]);
-    CPU_SET(cpus[r % cpus.size()], &sets[r]);
-  }
-  return sets;
-}
 
 [[noreturn]] void ExecRank(const ChildSetup& c) {
   // Own process group: a terminal's Ctrl-C reaches only the launcher, which
@@ -208,8 +190,6 @@ std::vector<cpu_set_t> RankBindings(Bind bind, int nranks) {
   // would both survive exec.
   sigaction(SIGPIPE, c.sigpipe_action, nullptr);
   sigprocmask(SIG_SETMASK, c.mask, nullptr);
-  // Binding is a placement hint: a rank that cannot be bound runs unbound.
-  if (c.cpus) sched_setaffinity(0, sizeof(cpu_set_t), c.cpus);
   execvpe(c.argv[0], c.argv, c.envp);
   const int err = errno;
   char message[1024];
@@ -378,7 +358,8 @@ std::vector<std::string> Launcher::ChildEnvironment(int rank) const {
     const std::string_view entry(*e);
     const bool owned = std::any_of(std::begin(kOwned), std::end(kOwned),
                                    [&](std::string_view key) { return entry.starts_with(key); });
-    if (!owned) env.emplace_back(entry);
+    const bool overridden = !options_.bind.empty() && entry.starts_with("MC2_BIND=");
+    if (!owned && !overridden) env.emplace_back(entry);
   }
   std::string fds = fmt::format("{}", segments_.control_fd);
   for (int fd : segments_.heap_fds) fds += fmt::format(",{}", fd);
@@ -389,6 +370,8 @@ std::vector<std::string> Launcher::ChildEnvironment(int rank) const {
   env.push_back(fmt::format("MC2_JOB_ID={}", job_id_));
   env.push_back(fmt::format("MC2_SHM_FDS={}", fds));
   env.push_back(fmt::format("MC2_HEAP_BYTES={}", segments_.heap_bytes));
+  // Each rank binds its own threads (core/placement.h), as under mpirun.
+  if (!options_.bind.empty()) env.push_back(fmt::format("MC2_BIND={}", options_.bind));
   // torchrun's names, so that programs written for it run unchanged.
   env.push_back(fmt::format("RANK={}", rank));
   env.push_back(fmt::format("WORLD_SIZE={}", options_.nranks));
@@ -406,8 +389,6 @@ void Launcher::StartRanks() {
   // which run in background process groups (reading it would stop them).
   const bool stdin_is_tty = isatty(STDIN_FILENO);
 
-  const std::vector<cpu_set_t> bindings = RankBindings(options_.bind, options_.nranks);
-
   ranks_.resize(options_.nranks);
   for (int r = 0; r < options_.nranks; ++r) {
     const std::vector<std::string> env = ChildEnvironment(r);
@@ -423,8 +404,7 @@ void Launcher::StartRanks() {
       break;
     }
     const ChildSetup setup{launcher_pid, out[1],      err[1],     r != 0 || stdin_is_tty,
-                           argv.data(),  envp.data(), &old_mask_, &old_sigpipe_,
-                           bindings.empty() ? nullptr : &bindings[r]};
+                           argv.data(),  envp.data(), &old_mask_, &old_sigpipe_};
     const pid_t pid = fork();
     if (pid == 0) ExecRank(setup);
     const int fork_errno = errno;

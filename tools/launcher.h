@@ -27,26 +27,12 @@ inline constexpr int kExitLaunchFailed = 1;  // e.g. /dev/shm too small
 inline constexpr int kExitUsage = 2;         // bad option or env variable
 inline constexpr int kExitCannotExecute = 127;
 
-// Where the ranks may run.
-enum class Bind {
-  // kCore when there are at least as many ranks as CPUs, else kNone. At
-  // as many ranks as CPUs too (Open MPI binds to cores at 2 ranks as well):
-  // unbound, the ranks can start on one CPU and stay there, and a small
-  // collective then costs many times its time with a CPU per rank.
-  kAuto,
-  // Anywhere the launcher may run.
-  kNone,
-  // Rank r on the (r mod C)-th of the launcher's C CPUs, so that every CPU
-  // carries the same number of ranks. Why: with more ranks than CPUs and
-  // nothing bound, the scheduler can leave most busy ranks on one CPU for
-  // the start of a job (it does not move tasks that just ran), which slows
-  // every collective of that time.
-  kCore,
-};
 
 struct LaunchOptions {
   int nranks = 0;
-  Bind bind = Bind::kAuto;
+  // The ranks' binding policy (core/placement.h), passed as MC2_BIND:
+  // auto, none, core, socket or numa; empty leaves MC2_BIND as it is.
+  std::string bind;
   // PROGRAM followed by its arguments; PROGRAM is searched in PATH.
   std::vector<std::string> argv;
   // Prefix every line of a rank's stdout/stderr with "[rank] ". When false

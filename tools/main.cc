@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
   mc2::tools::RegisterTrace(app);
   mc2::tools::RegisterSoak(app);
   mc2::tools::RegisterDemo(app);
+  mc2::tools::RegisterTopo(app);
   if (!CheckSubcommands(app, argc, argv)) return 2;
   try {
     app.parse(argc, argv);

@@ -18,7 +18,6 @@ void RegisterRun(CLI::App& app) {
   struct State {
     LaunchOptions options;
     std::string heap;
-    std::string bind = "auto";
   };
   auto state = std::make_shared<State>();
   CLI::App* run =
@@ -29,11 +28,11 @@ void RegisterRun(CLI::App& app) {
   run->add_flag("!--no-prefix", state->options.prefix_output,
                 "Pass the ranks' output through unchanged instead of "
                 "prefixing each line with \"[rank] \"");
-  run->add_option("--bind", state->bind,
-                  "Where ranks run: core (rank r on the launcher's (r mod C)-th CPU), none "
-                  "(anywhere), or auto (core when there are more ranks than CPUs)")
-      ->check(CLI::IsMember({"auto", "none", "core"}))
-      ->default_str("auto");
+  run->add_option("--bind", state->options.bind,
+                  "Where each rank binds its threads (sets MC2_BIND): core (a slice of the "
+                  "cores), socket, numa, none, or auto (core when the ranks' threads fill "
+                  "the cores); docs/topology.md")
+      ->check(CLI::IsMember({"auto", "none", "core", "socket", "numa"}));
   run->add_option("--heap", state->heap,
                   "Shared heap bytes per rank, e.g. 268435456 or 512M "
                   "(default: $MC2_HEAP_BYTES, else 256M)")
@@ -47,9 +46,6 @@ void RegisterRun(CLI::App& app) {
   run->positionals_at_end();
   run->callback([state] {
     LaunchOptions& options = state->options;
-    options.bind = state->bind == "core"   ? Bind::kCore
-                   : state->bind == "none" ? Bind::kNone
-                                           : Bind::kAuto;
     // The option's validator has checked the form and that it is positive.
     if (!state->heap.empty()) options.heap_bytes = core::ParseBytes(state->heap, "--heap");
     const int status = RunLaunch(options);

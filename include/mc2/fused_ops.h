@@ -39,9 +39,10 @@
 // f32 GEMMs run on oneDNN (GemmBackend::kOneDNN, row-block invariant) and
 // the reductions use the canonical ReduceTree order over ranks, so every
 // pipeline and every split count give the serial result bit for bit (f32
-// and bf16). This needs one GEMM thread per rank (gemm_threads 0 with
-// MC2_GEMM_THREADS unset, or 1). Outside deterministic mode f32 uses
-// OpenBLAS and results may differ in the last bits between pipelines.
+// and bf16), with any number of GEMM threads per rank (gemm_threads: each
+// thread computes its own row block, mc2/gemm.h). Outside deterministic
+// mode f32 uses OpenBLAS and results may differ in the last bits between
+// pipelines.
 #ifndef MC2_FUSED_OPS_H_
 #define MC2_FUSED_OPS_H_
 
@@ -114,7 +115,10 @@ struct FusedOptions {
   int splits = 4;
   // Timeout of the collectives involved; 0 = the group's (MC2_TIMEOUT).
   std::chrono::nanoseconds timeout{0};
-  // GemmOptions::threads for every GEMM (0 = MC2_GEMM_THREADS, default 1).
+  // GemmOptions::threads for every GEMM (0 = MC2_GEMM_THREADS, default 1):
+  // the calling thread and gemm_threads - 1 helpers, which run only during
+  // the GEMMs. With a rank per socket, the socket's cores less one (the
+  // progress thread's core) is the usual choice (docs/topology.md).
   int gemm_threads = 0;
   // Independent work to hide behind this call's communication, e.g. a
   // weight-gradient GEMM that does not depend on the call (Megatron overlaps

@@ -19,7 +19,7 @@ namespace mc2 {
 // Which library runs a GEMM. kAuto: OpenBLAS for f32, oneDNN for bf16.
 // kOneDNN also runs f32 (oneDNN's own f32 matmul, faster than OpenBLAS's
 // on AVX-512 cores) and is the one to use when results must not
-// depend on how the rows are cut: with one thread, a oneDNN product's row i
+// depend on how the rows are cut: a oneDNN product's row i
 // is bitwise the same whatever m and whichever rows are computed with it,
 // while OpenBLAS picks different kernels (and summation orders) by size.
 // kOpenBLAS with bf16 is invalid.
@@ -73,9 +73,9 @@ struct GemmOptions {
 // OpenBLAS calls go straight to the library.
 //
 // Reproducibility: the same call gives the same bits every time. Across
-// shapes see GemmBackend: with kOneDNN and one thread, computing rows
-// [r0, r1) alone gives exactly those rows of the full product (what chunked
-// pipelines need); column blocks are not invariant (oneDNN blocks K by N).
+// shapes see GemmBackend: with kOneDNN, computing rows [r0, r1) alone gives
+// exactly those rows of the full product (what chunked pipelines need), for
+// any `threads`; column blocks are not invariant (oneDNN blocks K by N).
 //
 // Errors: kInvalidArgument, before any matrix is read, for unsupported
 // types or backends, dimensions or strides above INT_MAX (the libraries'
@@ -84,11 +84,16 @@ struct GemmOptions {
 // none).
 //
 // Threading: any thread may call Gemm, concurrently with other calls (ranks
-// that are threads of one process included). `threads` sets OpenMP's thread
-// count of the calling thread for oneDNN, and OpenBLAS's thread count, which
-// is process-wide: concurrent f32 calls should use the same value. With more
-// than one thread, both libraries' helper threads may spin for a while after
-// a call, taking CPU from communication; the default of 1 has no helpers.
+// that are threads of one process included). On oneDNN (bf16, or kOneDNN)
+// `threads` T cuts C into up to T row blocks of at least 16 rows, each
+// computed by one thread with a single-threaded kernel, so the
+// result is bitwise the same for every T (a product of fewer than 32 rows
+// runs on one thread). On OpenBLAS `threads` is OpenBLAS's own thread
+// count, which is process-wide: concurrent f32 calls should use the same
+// value. oneDNN's helper threads belong to the calling thread, inherit its
+// CPU affinity (docs/topology.md) and sleep between calls; OpenBLAS's may
+// spin for a while after a call, taking CPU from communication. The
+// default of 1 has no helpers.
 void Gemm(size_t m, size_t n, size_t k, DType ab, const void* a, const void* b, DType c_type,
           void* c, const GemmOptions& options = {});
 

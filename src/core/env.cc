@@ -16,6 +16,7 @@
 
 #include "core/link_config.h"
 #include "core/log.h"
+#include "core/placement.h"
 #include "mc2/error.h"
 
 extern char** environ;
@@ -166,6 +167,7 @@ void ValidateEnvironment() {
   if (GetEnv("MC2_SCRATCH_BYTES")) EnvBytes("MC2_SCRATCH_BYTES", 0);
   LinkConfigFromEnv();
   EnvInt("MC2_GEMM_THREADS", 1, 1, 1024);
+  BindPolicyFromEnv();
   if (auto v = GetEnv("MC2_KERNELS"); v && *v != "portable" && *v != "auto")
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("MC2_KERNELS='{}' is invalid: expected auto or portable", *v));
@@ -181,7 +183,7 @@ void ValidateEnvironment() {
       "MC2_RANK", "MC2_WORLD_SIZE", "MC2_LOCAL_RANK", "MC2_LOCAL_SIZE", "MC2_JOB_ID", "MC2_SHM_FDS",
       "MC2_HEAP_BYTES", "MC2_SHM_DIR", "MC2_TIMEOUT", "MC2_ALGO", "MC2_DETERMINISTIC", "MC2_CHECK",
       "MC2_SCRATCH_BYTES", "MC2_SPIN_US", "MC2_LOG_LEVEL", "MC2_TUNING_FILE", "MC2_OPS_TUNING_FILE",
-      "MC2_KERNELS", "MC2_TRACE", "MC2_LINK", "MC2_GEMM_THREADS",
+      "MC2_KERNELS", "MC2_TRACE", "MC2_LINK", "MC2_GEMM_THREADS", "MC2_BIND",
       // Set by `mc2 bench` for its ranks (a person watches its stderr).
       "MC2_BENCH_STDERR_TTY"};
   // Under `mc2 run` the launcher has already warned, once for the job.

@@ -15,6 +15,7 @@
 #include "core/enforce.h"
 #include "core/env.h"
 #include "core/log.h"
+#include "core/placement.h"
 #include "engine/access.h"
 #include "engine/group_impl.h"
 #include "trace/recorder.h"
@@ -120,8 +121,14 @@ using internal::OpKind;
 
 Group Group::FromEnv(const WorldOptions& options) {
   core::ValidateEnvironment();
+  // The calling (compute) thread is bound first, so that the threads the
+  // world starts inherit its CPUs; the progress thread then moves to its
+  // own (core/placement.h).
+  const core::Placement& place = core::PlaceThisProcess();
   auto tx = transport::CreateTransportFromEnv(options.link);
-  return Group(internal::MakeWorldGroup(internal::MakeWorld(std::move(tx), options)));
+  auto world = internal::MakeWorld(std::move(tx), options);
+  if (place.bound()) world->engine->BindThread(place.progress);
+  return Group(internal::MakeWorldGroup(std::move(world)));
 }
 
 bool Group::LaunchedByMc2() { return transport::LaunchedByMc2(); }
@@ -132,7 +139,13 @@ Group Group::FromRendezvous(int rank, int size, const AllGatherStrings& all_gath
   MC2_CHECK_ARG(static_cast<bool>(all_gather), "FromRendezvous needs an all_gather function");
   auto tx = transport::CreateRendezvousTransport(rank, size, options.heap_bytes, all_gather,
                                                  options.link);
-  return Group(internal::MakeWorldGroup(internal::MakeWorld(std::move(tx), options)));
+  // The ranks (checked by now) are those of one host: its local ranks.
+  // Bound as in FromEnv; a launcher that bound them already is respected.
+  const core::Placement& place =
+      core::PlaceThisProcess(core::LocalRank{rank, size, "FromRendezvous"});
+  auto world = internal::MakeWorld(std::move(tx), options);
+  if (place.bound()) world->engine->BindThread(place.progress);
+  return Group(internal::MakeWorldGroup(std::move(world)));
 }
 
 void Group::RunInProcess(int size, const std::function<void(Group&)>& body,

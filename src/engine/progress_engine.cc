@@ -1,8 +1,11 @@
 #include "engine/progress_engine.h"
 
+#include <pthread.h>
+
 #include <chrono>
 
 #include "core/env.h"
+#include "core/placement.h"
 #include "mc2/error.h"
 #include "trace/recorder.h"
 
@@ -12,6 +15,10 @@ ProgressEngine::ProgressEngine(std::function<void(const std::exception_ptr&)> on
     : on_error_(std::move(on_error)) {
   spin_ns_ = core::EnvInt("MC2_SPIN_US", 20, 0, 1000000) * 1000;
   thread_ = std::thread([this] { Loop(); });
+  // The OS name, so that tools (top -H, /proc/PID/task/*/comm, `mc2 topo`)
+  // can find the thread; set here so that it is there before any caller
+  // looks.
+  pthread_setname_np(thread_.native_handle(), "mc2-progress");
 }
 
 ProgressEngine::~ProgressEngine() {
@@ -21,6 +28,10 @@ ProgressEngine::~ProgressEngine() {
   }
   cv_.notify_all();
   thread_.join();
+}
+
+bool ProgressEngine::BindThread(const std::vector<int>& cpus) {
+  return core::BindThread(thread_.native_handle(), cpus);
 }
 
 void ProgressEngine::Submit(std::shared_ptr<internal::WorkState> work, Task task) {

@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "engine/work_state.h"
 
@@ -70,6 +71,11 @@ class ProgressEngine {
 
   // Total CPU time consumed by the progress thread (for tests of idleness).
   std::thread::id thread_id() const { return thread_.get_id(); }
+
+  // Binds the progress thread to `cpus` (OS CPU numbers, core/placement.h);
+  // false when the kernel refused, and the thread then keeps the CPUs it
+  // inherited from the thread that made the engine. Any thread may call.
+  bool BindThread(const std::vector<int>& cpus);
 
  private:
   void Loop();

@@ -18,9 +18,16 @@
 // on t threads. Scratchpads are user-managed and per thread, so one primitive
 // runs concurrently on several threads (ranks of an in-process world).
 //
-// Threads: oneDNN on Debian uses OpenMP, whose thread count is per calling
-// thread (omp_set_num_threads before every call, cheap); OpenBLAS's is
-// process-wide and set only when it changes.
+// Threads: a oneDNN call on T threads cuts C into T row blocks (fewer when
+// a block would have under kMinBlockRows rows) and computes each block on
+// its own thread (helper_threads.h) with a single-threaded primitive. A
+// single-threaded oneDNN product is row-invariant (row i is the same bits whatever rows are
+// computed with it), so the result is bitwise the one-thread result for
+// every T: deterministic mode needs no particular thread count. oneDNN's
+// own multi-threaded kernels would also split N and K across threads, and
+// their sums then depend on T. OpenBLAS (f32 outside deterministic mode)
+// runs its own threads; its thread count is process-wide and set only when
+// it changes.
 #include "ops/gemm.h"
 
 #include <cblas.h>
@@ -44,6 +51,7 @@
 #include "core/log.h"
 #include "core/reduce.h"
 #include "core/scratch.h"
+#include "ops/helper_threads.h"
 #include "trace/recorder.h"
 
 namespace mc2::ops {
@@ -281,13 +289,22 @@ dnnl::stream& Stream() {
   return stream;
 }
 
-void SetThreads(int threads) {
-  omp_set_num_threads(threads);
+// OpenBLAS's thread count (process-wide), set when it changes.
+void SetBlasThreads(int threads) {
   static std::atomic<int> blas_threads{-1};
   if (blas_threads.load(std::memory_order_relaxed) != threads) {
     openblas_set_num_threads(threads);
     blas_threads.store(threads, std::memory_order_relaxed);
   }
+}
+
+// Fewer rows per block than this and a block's call overhead and the
+// kernel's efficiency loss on short blocks outweigh another thread.
+constexpr size_t kMinBlockRows = 16;
+
+// The row blocks a oneDNN call on `threads` threads computes.
+int RowBlocks(size_t m, int threads) {
+  return static_cast<int>(std::clamp<size_t>(m / kMinBlockRows, 1, static_cast<size_t>(threads)));
 }
 
 inline float Load(float v) { return v; }
@@ -447,6 +464,31 @@ void GemmOneDNN(size_t m, size_t n, size_t k, DType ab, const void* a, const voi
   }
 }
 
+// A oneDNN call on r.threads threads: row blocks of C, each on one thread
+// (the caller's or one of its helpers, helper_threads.h) with a
+// single-threaded primitive (see the file comment). The first error of any
+// block is rethrown once every block has finished.
+void GemmOneDNNRows(size_t m, size_t n, size_t k, DType ab, const void* a, const void* b,
+                    DType c_type, void* c, const GemmOptions& o, const Resolved& r,
+                    const void* packed = nullptr) {
+  Resolved one = r;
+  one.threads = 1;
+  const int blocks = RowBlocks(m, r.threads);
+  if (blocks == 1) {
+    omp_set_num_threads(1);
+    return GemmOneDNN(m, n, k, ab, a, b, c_type, c, o, one, packed);
+  }
+  const size_t a_row_bytes = (o.trans_a ? 1 : r.lda) * DTypeSize(ab);  // A^T: a column
+  const size_t c_row_bytes = r.ldc * DTypeSize(c_type);
+  RunBlocks(blocks, [&](int t) {
+    const size_t r0 = t * m / blocks, r1 = (t + 1) * m / blocks;
+    omp_set_num_threads(1);  // the block's primitive runs on this thread alone
+    if (r1 > r0)
+      GemmOneDNN(r1 - r0, n, k, ab, static_cast<const char*>(a) + r0 * a_row_bytes, b, c_type,
+                 static_cast<char*>(c) + r0 * c_row_bytes, o, one, packed);
+  });
+}
+
 }  // namespace
 
 int DefaultGemmThreads() {
@@ -463,6 +505,8 @@ size_t CachedGemmPrimitives() {
 std::string GemmImplementation(size_t m, size_t n, size_t k, DType ab, DType c_type,
                                const GemmOptions& options) {
   Resolved r = Check(m, n, k, ab, nullptr, nullptr, c_type, nullptr, options, false);
+  r.threads = 1;  // every row block runs a single-threaded primitive
+  omp_set_num_threads(1);
   try {
     return Lookup(MakeKey(m, n, k, ab, c_type, options, r))->impl;
   } catch (const dnnl::error& err) {
@@ -513,8 +557,11 @@ PackedGemmB::PackedGemmB(size_t k, size_t n, DType ab, const void* b, const Gemm
   options_.ldb = r.ldb;
   options_.threads = r.threads;
   if (k == 0 || n == 0 || !(ab == DType::kBF16 || o.backend == GemmBackend::kOneDNN)) return;
-  SetThreads(r.threads);
-  Key key = MakeKey(0, n, k, ab, DType::kF32, GemmOptions{}, r);
+  // Packed for the single-threaded primitives every row block runs.
+  Resolved one = r;
+  one.threads = 1;
+  omp_set_num_threads(1);
+  Key key = MakeKey(0, n, k, ab, DType::kF32, GemmOptions{}, one);
   key.tb = o.trans_b;
   key.packed_b = true;
   try {
@@ -548,8 +595,7 @@ void PackedGemmB::Multiply(size_t m, const void* a, DType c_type, void* c,
   if (!packed_) return Gemm(m, n_, k_, ab_, a, b_, c_type, c, opt);
   const Resolved r = Check(m, n_, k_, ab_, a, b_, c_type, c, opt);
   if (m == 0) return;
-  SetThreads(r.threads);
-  GemmOneDNN(m, n_, k_, ab_, a, b_, c_type, c, opt, r, packed_.get());
+  GemmOneDNNRows(m, n_, k_, ab_, a, b_, c_type, c, opt, r, packed_.get());
 }
 
 void PackedGemmBSet::Gemm(size_t m, size_t n, size_t k, const void* a, const void* b,
@@ -583,9 +629,9 @@ void Gemm(size_t m, size_t n, size_t k, DType ab, const void* a, const void* b, 
       ops::ScaleAddBias(m, n, static_cast<uint16_t*>(c), r.ldc, o.beta, o.bias);
     return;
   }
-  ops::SetThreads(r.threads);
   if (ab == DType::kBF16 || o.backend == GemmBackend::kOneDNN)
-    return ops::GemmOneDNN(m, n, k, ab, a, b, c_type, c, o, r);
+    return ops::GemmOneDNNRows(m, n, k, ab, a, b, c_type, c, o, r);
+  ops::SetBlasThreads(r.threads);
 
   float* cf = static_cast<float*>(c);
   float beta = o.beta;

@@ -196,49 +196,7 @@ TEST_F(LauncherTest, HeapSizeComesFromEnvironmentOptionOrDefault) {
   EXPECT_EQ(r.out, "[0] 2097152\n");
 }
 
-// The "Cpus_allowed_list" line of /proc/self/status (e.g. "0-1").
-std::string OwnCpusAllowedList() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line))
-    if (line.starts_with("Cpus_allowed_list:")) return line.substr(line.find_first_not_of(" \t", 18));
-  return "";
-}
-
-TEST_F(LauncherTest, BindPlacesRanksRoundRobinOnTheLaunchersCpus) {
-  cpu_set_t own;
-  ASSERT_EQ(sched_getaffinity(0, sizeof(own), &own), 0);
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &own)) cpus.push_back(c);
-  const std::string unbound = OwnCpusAllowedList();
-  ASSERT_FALSE(unbound.empty());
-  if (cpus.size() > 32) GTEST_SKIP() << "a rank per CPU and one more would be " << cpus.size() + 1;
-  const std::string n = std::to_string(cpus.size() + 1);
-  const std::string script = "grep Cpus_allowed_list /proc/self/status | cut -f2";
-  // Rank r prints the CPU list it runs on; `expected(r)` says which.
-  auto check = [&](const Result& r, int nranks, auto expected) {
-    ASSERT_FALSE(r.timed_out);
-    ASSERT_EQ(r.status, 0) << r.err;
-    for (int rank = 0; rank < nranks; ++rank)
-      EXPECT_THAT(LinesWithPrefix(r.out, "[" + std::to_string(rank) + "] "),
-                  ElementsAre("[" + std::to_string(rank) + "] " + expected(rank)))
-          << r.out;
-  };
-  auto round_robin = [&](int rank) { return std::to_string(cpus[rank % cpus.size()]); };
-  auto anywhere = [&](int) { return unbound; };
-  const int over = static_cast<int>(cpus.size()) + 1;
-  check(RunMc2({"run", "-n", n, "--bind", "core", "sh", "-c", script}), over, round_robin);
-  check(RunMc2({"run", "-n", n, "--bind", "none", "sh", "-c", script}), over, anywhere);
-  // auto binds only when there are at least as many ranks as CPUs.
-  check(RunMc2({"run", "-n", n, "sh", "-c", script}), over, round_robin);
-  const int as_many = static_cast<int>(cpus.size());
-  check(RunMc2({"run", "-n", std::to_string(as_many), "sh", "-c", script}), as_many, round_robin);
-  if (as_many > 1) check(RunMc2({"run", "-n", "1", "sh", "-c", script}), 1, anywhere);
-  const Result bad = RunMc2({"run", "-n", "1", "--bind", "socket", "true"});
-  EXPECT_EQ(bad.status, 2);
-  EXPECT_THAT(bad.err, HasSubstr("--bind"));
-}
+// Binding (--bind, MC2_BIND): tests/integration/placement_test.cc.
 
 TEST_F(LauncherTest, PrefixesEachLineWithTheRankOnTheSameStream) {
   const Result r = RunMc2(
