@@ -9,28 +9,15 @@
 // rank fails or succeeds alike.
 //
 // The harness computes each call's byte extents itself, in 128-bit
-// arithmetic, and picks its buffers by them:
-//   - extents within kRealBytes: real buffers; the call may succeed;
-//   - an extent above PTRDIFF_MAX (no buffer can be that large, or its size
-//     wraps): small real buffers, and the call must throw: a missing check
-//     would let the call overrun them, which ASan reports;
-//   - in between: null buffers, and the call must throw.
-// So nothing large is ever allocated.
-#include <chrono>
+// arithmetic, and picks its buffers by them (the regimes of
+// size_harness.h), so nothing large is ever allocated.
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <limits>
-#include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "engine/access.h"
-#include "engine/group_impl.h"
+#include "size_harness.h"
 #include "mc2/collectives.h"
 #include "mc2/error.h"
 #include "mc2/group.h"
@@ -39,57 +26,7 @@ namespace {
 
 using mc2::DType;
 using mc2::ErrorCode;
-using u128 = unsigned __int128;
-
-constexpr size_t kRealBytes = size_t{64} << 10;
-constexpr u128 kMaxBuffer = static_cast<u128>(std::numeric_limits<ptrdiff_t>::max());
-constexpr size_t kSmallBytes = 256;  // the "small real buffers"
-constexpr int kMaxCalls = 4;
-
-[[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "contract broken: %s\n", what.c_str());
-  std::abort();
-}
-
-class Reader {
- public:
-  Reader(const uint8_t* d, size_t n) : d_(d), n_(n) {}
-  bool empty() const { return i_ >= n_; }
-  uint8_t U8() { return i_ < n_ ? d_[i_++] : 0; }
-  uint64_t U64() {
-    uint64_t v = 0;
-    for (int k = 0; k < 8; ++k) v = v << 8 | U8();
-    return v;
-  }
-  // A size biased toward the values that break size arithmetic.
-  size_t Size() {
-    const uint8_t k = U8();
-    const size_t delta = U8() % 5;
-    switch (k % 8) {
-      case 0:
-        return k / 8;
-      case 1:
-        return U8();
-      case 2:
-        return SIZE_MAX - delta;
-      case 3:
-        return SIZE_MAX / (1 + U8() % 16) + delta - 2;
-      case 4:
-        return static_cast<size_t>(PTRDIFF_MAX) / (1 + U8() % 16) + delta - 2;
-      case 5:
-        return static_cast<size_t>(U64());
-      case 6:
-        return (size_t{1} << (U8() % 64)) + delta - 2;
-      default:
-        return U8() % 40;
-    }
-  }
-
- private:
-  const uint8_t* d_;
-  size_t n_;
-  size_t i_ = 0;
-};
+using namespace mc2::fuzz;
 
 enum class Call {
   kAllReduce,
@@ -151,8 +88,6 @@ Args Decode(Reader& in, int n) {
   a.bytes = in.Size();
   return a;
 }
-
-u128 Max(u128 a, u128 b) { return a > b ? a : b; }
 
 // The largest extent, in bytes, any buffer of the call needs.
 u128 Extent(const Args& a, int n, size_t e) {
@@ -360,50 +295,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int n = 1 + in.U8() % 2;
   std::vector<Args> calls;
   while (!in.empty() && static_cast<int>(calls.size()) < kMaxCalls) calls.push_back(Decode(in, n));
-  mc2::WorldOptions wo;
-  wo.heap_bytes = size_t{8} << 20;
-  // A rank left waiting by its peer's error shows as kTimeout, well before
-  // libFuzzer's per-input timeout.
-  wo.timeout = std::chrono::seconds(4);
-  wo.link = "none";
-  std::mutex mu;
-  std::vector<std::shared_ptr<mc2::internal::World>> worlds;  // one per rank
-  try {
-    mc2::Group::RunInProcess(
-        n,
-        [&](mc2::Group& g) {
-          {
-            std::lock_guard<std::mutex> lock(mu);
-            worlds.push_back(mc2::internal::Access::Impl(g)->world_ptr());
-          }
-          for (const Args& a : calls) {
-            try {
-              if (a.call >= Call::kAllocSymmetric)
-                RunGroupCall(g, a);
-              else
-                RunCollective(g, a);
-            } catch (const mc2::Error& e) {
-              if (e.code() != ErrorCode::kInvalidArgument)
-                Fail(std::string("unexpected error ") + e.what() + " for " + Describe(a, n));
-            }
-          }
-        },
-        wo);
-  } catch (const std::exception& e) {
-    Fail(std::string("the world failed: ") + e.what());
-  }
-  // A finished message may still hold its world for a moment on the world's
-  // own thread, and a world released there is destroyed on a thread of its
-  // own, after this input. Wait until only the reference kept here is left
-  // and release it on this thread, which destroys the world before
-  // libFuzzer's leak check runs.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  for (auto& w : worlds) {
-    while (w.use_count() > 1) {
-      if (std::chrono::steady_clock::now() > deadline) Fail("a world is still held after its run");
-      std::this_thread::yield();
-    }
-    w.reset();
-  }
+  RunCalls(
+      n, calls,
+      [](const mc2::Group& g, const Args& a) {
+        if (a.call >= Call::kAllocSymmetric)
+          RunGroupCall(g, a);
+        else
+          RunCollective(g, a);
+      },
+      Describe);
   return 0;
 }

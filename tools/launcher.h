@@ -15,10 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "transport/transport.h"
+
 namespace mc2::tools {
 
-inline constexpr size_t kDefaultHeapBytes = size_t{256} << 20;  // 256 MiB
-inline constexpr const char* kDefaultShmDir = "/dev/shm";
+inline constexpr size_t kDefaultHeapBytes = transport::kDefaultJobHeapBytes;
+inline constexpr const char* kDefaultShmDir = transport::kDefaultShmDir;
 
 // Exit statuses of RunLaunch besides the ranks' own.
 inline constexpr int kExitLaunchFailed = 1;  // e.g. /dev/shm too small

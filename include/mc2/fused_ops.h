@@ -26,7 +26,8 @@
 // all-gather of every rank's shapes and options, checked identically
 // everywhere, so a bad argument on one rank fails all ranks instead of
 // hanging them (a group of one rank runs no collective at all). Sizes whose
-// byte counts overflow size_t are invalid arguments; the error names the
+// byte counts overflow size_t or exceed PTRDIFF_MAX (the largest possible
+// buffer) are invalid arguments; the error names the
 // argument struct's fields (args.m, args.k, ...). A communication failure in
 // the middle of a call (a peer died, a timeout) throws its code on every rank
 // that meets it; the world is then aborted, so the others fail promptly too

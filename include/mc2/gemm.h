@@ -77,6 +77,12 @@ struct GemmOptions {
 // [r0, r1) alone gives exactly those rows of the full product (what chunked
 // pipelines need); column blocks are not invariant (oneDNN blocks K by N).
 //
+// Errors: kInvalidArgument, before any matrix is read, for unsupported
+// types or backends, dimensions or strides above INT_MAX (the libraries'
+// index type), a stored matrix larger than any buffer can be (PTRDIFF_MAX
+// bytes), and a null matrix when the product is not empty (m x n = 0 needs
+// none).
+//
 // Threading: any thread may call Gemm, concurrently with other calls (ranks
 // that are threads of one process included). `threads` sets OpenMP's thread
 // count of the calling thread for oneDNN, and OpenBLAS's thread count, which

@@ -27,8 +27,9 @@ class Group;
 struct WorldOptions {
   // Per-operation timeout. MC2_TIMEOUT, default 300 s.
   std::chrono::nanoseconds timeout{0};
-  // Bytes of symmetric heap per rank (in-process worlds only: under `mc2 run`
-  // the launcher's --heap / MC2_HEAP_BYTES sets it). Default 64 MiB.
+  // Bytes of symmetric heap per rank (in-process and rendezvous worlds:
+  // under `mc2 run` the launcher's --heap / MC2_HEAP_BYTES sets it).
+  // Default 64 MiB in process, 256 MiB (or MC2_HEAP_BYTES) by rendezvous.
   size_t heap_bytes = 0;
   // Deterministic reductions (bitwise identical for every algorithm):
   // -1 = MC2_DETERMINISTIC (default on), 0 = off, 1 = on.
@@ -88,6 +89,23 @@ class Group {
   static Group FromEnv(const WorldOptions& options = {});
   // True when this process was started by `mc2 run`.
   static bool LaunchedByMc2();
+
+  // Gathers one short string (under 4 KiB, no NUL) from every process that
+  // calls FromRendezvous, in rank order, over whatever channel the launcher
+  // provides (a key-value store, MPI). Collective over those processes.
+  using AllGatherStrings = std::function<std::vector<std::string>(const std::string& mine)>;
+  // The world of `size` processes on one host that call this together as
+  // ranks 0..size-1, for launchers other than `mc2 run` (torchrun, a c10d
+  // store): they make its shared memory among themselves through
+  // `all_gather` and leave nothing behind in the shared-memory directory
+  // whatever happens. Heap per rank: options.heap_bytes, else
+  // MC2_HEAP_BYTES, else 256 MiB; directory: MC2_SHM_DIR, else /dev/shm.
+  // Throws mc2::Error on every rank that can learn of a failure:
+  // kInvalidArgument when the ranks disagree on `size` or are not on one
+  // machine, kShmExhausted when the directory cannot hold the heaps, and
+  // the errors of FromEnv's start-up.
+  static Group FromRendezvous(int rank, int size, const AllGatherStrings& all_gather,
+                              const WorldOptions& options = {});
 
   // Runs `body(group)` on `size` threads, each a rank of a fresh in-process
   // world, and returns when all have returned. If any throws, the world is

@@ -139,6 +139,15 @@ Group FromMPIHandle(int64_t comm_f, const WorldOptions& options) {
 
 bool Group::LaunchedByMc2() { return transport::LaunchedByMc2(); }
 
+Group Group::FromRendezvous(int rank, int size, const AllGatherStrings& all_gather,
+                            const WorldOptions& options) {
+  core::ValidateEnvironment();
+  MC2_CHECK_ARG(static_cast<bool>(all_gather), "FromRendezvous needs an all_gather function");
+  auto tx = transport::CreateRendezvousTransport(rank, size, options.heap_bytes, all_gather,
+                                                 options.link);
+  return Group(internal::MakeWorldGroup(internal::MakeWorld(std::move(tx), options)));
+}
+
 void Group::RunInProcess(int size, const std::function<void(Group&)>& body,
                          const WorldOptions& options) {
   core::ValidateEnvironment();

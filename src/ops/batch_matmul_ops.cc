@@ -325,7 +325,18 @@ void RunFused(const Group& g, const BatchPlan& p, const BatchArgs& x, Pending& p
 
 FusedReport AllGatherBatchMatmul(const Group& g, const AllGatherBatchMatmulArgs& args,
                                  const FusedOptions& options) {
-  const auto& [a_shard, b, c, m_local, k, n, dtype, batch, b_layout, gathered_a] = args;
+  // The fields under local names (references, not a structured binding:
+  // clang 14 lets no lambda capture one).
+  const auto& a_shard = args.a;
+  const auto& b = args.b;
+  const auto& c = args.c;
+  const auto& m_local = args.m;
+  const auto& k = args.k;
+  const auto& n = args.n;
+  const auto& dtype = args.dtype;
+  const auto& batch = args.batch;
+  const auto& b_layout = args.b_layout;
+  const auto& gathered_a = args.gathered_a;
   const bool shared = b_layout == BatchB::kShared;
   const size_t es = DTypeSize(dtype);
   std::string err =

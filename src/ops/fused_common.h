@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/checked.h"
 #include "core/scratch.h"
 #include "engine/channel.h"
 #include "mc2/collectives.h"
@@ -58,9 +59,11 @@ struct Extent {
   std::initializer_list<size_t> factors;
 };
 
-// "" if every operand's byte size fits in size_t, else the reason naming the
-// first that does not (reported as kInvalidArgument). Checked before any
-// other use of the sizes, so no product below can wrap around.
+// "" if every operand's byte size can be a buffer's (at most
+// core::kMaxBufferBytes, the bound every public call checks), else the
+// reason naming the first that cannot (reported as kInvalidArgument).
+// Checked before any other use of the sizes, so no product below can wrap
+// around.
 inline std::string SizeChecks(std::initializer_list<Extent> extents) {
   for (const Extent& e : extents) {
     size_t bytes = 1;
@@ -72,6 +75,10 @@ inline std::string SizeChecks(std::initializer_list<Extent> extents) {
     }
     if (overflow) {
       return std::string(e.what) + " is too large: " + dims + " bytes overflows size_t";
+    }
+    if (bytes > core::kMaxBufferBytes) {
+      return std::string(e.what) + " is too large: " + dims + " bytes exceeds the largest " +
+             "possible buffer (PTRDIFF_MAX bytes)";
     }
   }
   return {};

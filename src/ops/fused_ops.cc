@@ -676,7 +676,16 @@ FusedReport Complete(const Group& g, const Plan& p, Body&& body) {
 FusedReport AllGatherMatmul(const Group& g, const AllGatherMatmulArgs& args,
                             const FusedOptions& options) {
   const FusedOp op = FusedOp::kAllGatherMatmul;
-  const auto& [a, b, c, m, k, n, dtype, gathered_a] = args;
+  // The fields under local names (references, not a structured binding:
+  // clang 14 lets no lambda capture one).
+  const auto& a = args.a;
+  const auto& b = args.b;
+  const auto& c = args.c;
+  const auto& m = args.m;
+  const auto& k = args.k;
+  const auto& n = args.n;
+  const auto& dtype = args.dtype;
+  const auto& gathered_a = args.gathered_a;
   const size_t es = DTypeSize(dtype);
   std::string err = fused::ArgChecks(
       dtype, options,
@@ -706,7 +715,16 @@ FusedReport AllGatherMatmul(const Group& g, const AllGatherMatmulArgs& args,
 FusedReport MatmulReduceScatter(const Group& g, const MatmulReduceScatterArgs& args,
                                 const FusedOptions& options) {
   const FusedOp op = FusedOp::kMatmulReduceScatter;
-  const auto& [a, b, c, m, k, n, dtype, m_local] = args;
+  // The fields under local names (references, not a structured binding:
+  // clang 14 lets no lambda capture one).
+  const auto& a = args.a;
+  const auto& b = args.b;
+  const auto& c = args.c;
+  const auto& m = args.m;
+  const auto& k = args.k;
+  const auto& n = args.n;
+  const auto& dtype = args.dtype;
+  const auto& m_local = args.m_local;
   const size_t es = DTypeSize(dtype);
   std::string err = fused::ArgChecks(dtype, options,
                                      {{"A (args.m x args.k)", {m, k, es}},
@@ -728,7 +746,15 @@ FusedReport MatmulReduceScatter(const Group& g, const MatmulReduceScatterArgs& a
 FusedReport MatmulAllReduce(const Group& g, const MatmulAllReduceArgs& args,
                             const FusedOptions& options) {
   const FusedOp op = FusedOp::kMatmulAllReduce;
-  const auto& [a, b, c, m, k, n, dtype] = args;
+  // The fields under local names (references, not a structured binding:
+  // clang 14 lets no lambda capture one).
+  const auto& a = args.a;
+  const auto& b = args.b;
+  const auto& c = args.c;
+  const auto& m = args.m;
+  const auto& k = args.k;
+  const auto& n = args.n;
+  const auto& dtype = args.dtype;
   const size_t es = DTypeSize(dtype);
   std::string err = fused::ArgChecks(dtype, options,
                                      {{"A (args.m x args.k)", {m, k, es}},

@@ -38,6 +38,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/checked.h"
 #include "core/enforce.h"
 #include "core/env.h"
 #include "core/log.h"
@@ -347,6 +348,22 @@ Resolved Check(size_t m, size_t n, size_t k, DType ab, const void* a, const void
   MC2_CHECK_ARG(r.ldc >= std::max<size_t>(n, 1) && r.ldc <= kMax,
                 "Gemm: ldc={} is invalid: C ({} x {}) needs a stride of at least {}", r.ldc, m, n,
                 n);
+  // Every stored matrix must fit one buffer: (rows - 1) x stride + row
+  // elements, at most core::kMaxBufferBytes (the bound of every public call).
+  const size_t ab_size = DTypeSize(ab);
+  auto fits = [](size_t rows, size_t ld, size_t row, size_t esize) {
+    if (rows == 0 || row == 0) return true;
+    using u128 = unsigned __int128;
+    return ((static_cast<u128>(rows) - 1) * ld + row) * esize <= core::kMaxBufferBytes;
+  };
+  MC2_CHECK_ARG(fits(o.trans_a ? k : m, r.lda, a_row, ab_size),
+                "Gemm: A ({} x {}, stride {}) is larger than any buffer can be",
+                o.trans_a ? k : m, a_row, r.lda);
+  MC2_CHECK_ARG(fits(o.trans_b ? n : k, r.ldb, b_row, ab_size),
+                "Gemm: B ({} x {}, stride {}) is larger than any buffer can be",
+                o.trans_b ? n : k, b_row, r.ldb);
+  MC2_CHECK_ARG(fits(m, r.ldc, n, DTypeSize(c_type)),
+                "Gemm: C ({} x {}, stride {}) is larger than any buffer can be", m, n, r.ldc);
   const bool has_c = check_pointers && m > 0 && n > 0;
   MC2_CHECK_ARG(!has_c || c != nullptr, "Gemm: C is null for a {} x {} result", m, n);
   MC2_CHECK_ARG(!has_c || k == 0 || (a != nullptr && b != nullptr),

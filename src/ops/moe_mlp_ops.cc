@@ -42,13 +42,15 @@ void Activate(const MoePlan& p, const MlpArgs& x, size_t at, size_t rows) {
   OpSpan span("moe_mlp.activation", trace::Category::kCompute, p.pipeline);
   const float* in = x.y1 + at * p.h;
   const bool f32 = p.dtype == DType::kF32;
-  float* o = f32 ? reinterpret_cast<float*>(x.hidden) + at * p.h2 : x.act_out + at * p.h2;
-  if (*x.act) {
-    (*x.act)(in, rows, o);
-  } else if (f32) {
-    std::memcpy(o, in, rows * p.h2 * sizeof(float));
+  float* o;
+  if (!*x.act && !f32) {
+    o = const_cast<float*>(in);  // identity: round y1 itself (act_out is not allocated)
   } else {
-    o = const_cast<float*>(in);  // identity: round y1 itself
+    o = f32 ? reinterpret_cast<float*>(x.hidden) + at * p.h2 : x.act_out + at * p.h2;
+    if (*x.act)
+      (*x.act)(in, rows, o);
+    else
+      std::memcpy(o, in, rows * p.h2 * sizeof(float));
   }
   if (!f32) {
     auto* b = reinterpret_cast<uint16_t*>(x.hidden) + at * p.h2;
@@ -181,7 +183,19 @@ using moe::Str;
 
 FusedReport MoeMlp(const Group& g, const MoeRouting& routing, const MoeMlpArgs& args,
                    const FusedOptions& options) {
-  const auto& [x, w1, w2, out, d, h1, h2, dtype, act, probs, saved] = args;
+  // The fields under local names (references, not a structured binding:
+  // clang 14 lets no lambda capture one).
+  const auto& x = args.a;
+  const auto& w1 = args.w1;
+  const auto& w2 = args.w2;
+  const auto& out = args.c;
+  const auto& d = args.d;
+  const auto& h1 = args.h1;
+  const auto& h2 = args.h2;
+  const auto& dtype = args.dtype;
+  const auto& act = args.act;
+  const auto& probs = args.probs;
+  const auto& saved = args.saved;
   std::string err = CheckMoeArgs(g, routing, dtype, [&](const MoeSizes& z) {
     return fused::ArgChecks(
         dtype, options,

@@ -279,7 +279,15 @@ using moe::RunMoeOp;
 
 FusedReport AllToAllMatmul(const Group& g, const MoeRouting& routing,
                            const AllToAllMatmulArgs& args, const FusedOptions& options) {
-  const auto& [x, w, y, d, h, dtype, dispatched_x] = args;
+  // The fields under local names (references, not a structured binding:
+  // clang 14 lets no lambda capture one).
+  const auto& x = args.a;
+  const auto& w = args.b;
+  const auto& y = args.c;
+  const auto& d = args.k;
+  const auto& h = args.n;
+  const auto& dtype = args.dtype;
+  const auto& dispatched_x = args.dispatched_a;
   std::string err = CheckMoeArgs(g, routing, dtype, [&](const MoeSizes& z) {
     return fused::ArgChecks(dtype, options,
                             {{"x (num_tokens x args.k)", {z.T, d, z.es}},
@@ -320,7 +328,15 @@ FusedReport AllToAllMatmul(const Group& g, const MoeRouting& routing,
 
 FusedReport MatmulAllToAll(const Group& g, const MoeRouting& routing,
                            const MatmulAllToAllArgs& args, const FusedOptions& options) {
-  const auto& [hidden, w, out, h, d, dtype, probs] = args;
+  // The fields under local names (references, not a structured binding:
+  // clang 14 lets no lambda capture one).
+  const auto& hidden = args.a;
+  const auto& w = args.b;
+  const auto& out = args.c;
+  const auto& h = args.k;
+  const auto& d = args.n;
+  const auto& dtype = args.dtype;
+  const auto& probs = args.probs;
   std::string err = CheckMoeArgs(g, routing, dtype, [&](const MoeSizes& z) {
     return fused::ArgChecks(
         dtype, options,

@@ -1,7 +1,9 @@
 // The one place that names concrete transports.
+#include "core/enforce.h"
 #include "core/env.h"
 #include "core/link_config.h"
 #include "transport/link_emulation.h"
+#include "transport/shm/rendezvous.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/transport.h"
 
@@ -31,6 +33,18 @@ bool LaunchedByMc2() { return core::GetEnv("MC2_SHM_FDS").has_value(); }
 std::unique_ptr<Transport> CreateTransportFromEnv(std::string_view link) {
   core::LinkConfig config = LinkConfigFor(link);  // invalid text fails before any set-up
   return WrapWithLinkEmulation(shm::CreateProcessTransport(), config);
+}
+
+std::unique_ptr<Transport> CreateRendezvousTransport(int rank, int size, size_t heap_bytes,
+                                                     const AllGatherStrings& all_gather,
+                                                     std::string_view link) {
+  core::LinkConfig config = LinkConfigFor(link);
+  if (heap_bytes == 0) heap_bytes = core::EnvBytes("MC2_HEAP_BYTES", kDefaultJobHeapBytes);
+  MC2_CHECK_ARG(heap_bytes > 0, "MC2_HEAP_BYTES must be a positive byte count");
+  const auto env_dir = core::GetEnv("MC2_SHM_DIR");
+  const std::string dir = env_dir && !env_dir->empty() ? *env_dir : kDefaultShmDir;
+  return WrapWithLinkEmulation(
+      shm::CreateRendezvousTransport(rank, size, heap_bytes, dir, all_gather), config);
 }
 
 std::vector<std::unique_ptr<Transport>> CreateInProcessTransports(int size, size_t heap_bytes,

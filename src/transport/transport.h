@@ -147,6 +147,23 @@ std::unique_ptr<Transport> CreateNodeTransport(int local_rank, int local_size, s
 // Whether the environment describes an mc2-launched rank (MC2_SHM_FDS set).
 bool LaunchedByMc2();
 
+// A job's heap per rank and shared-memory directory when neither an option
+// nor MC2_HEAP_BYTES / MC2_SHM_DIR says otherwise.
+inline constexpr size_t kDefaultJobHeapBytes = size_t{256} << 20;  // 256 MiB
+inline constexpr char kDefaultShmDir[] = "/dev/shm";
+
+// Gathers one short string from every rank of a world being made, in rank
+// order (shm/rendezvous.h).
+using AllGatherStrings = std::function<std::vector<std::string>(const std::string& mine)>;
+
+// Rank `rank` of a world of `size` processes on one host that make it
+// together, without `mc2 run` (shm/rendezvous.h): `heap_bytes` per rank (0 =
+// MC2_HEAP_BYTES, else kDefaultJobHeapBytes), segments in MC2_SHM_DIR (else
+// kDefaultShmDir). `link` as for CreateTransportFromEnv.
+std::unique_ptr<Transport> CreateRendezvousTransport(int rank, int size, size_t heap_bytes,
+                                                     const AllGatherStrings& all_gather,
+                                                     std::string_view link = {});
+
 }  // namespace mc2::transport
 
 #endif  // MC2_TRANSPORT_TRANSPORT_H_

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -281,6 +282,22 @@ TEST(Gemm, InvalidArguments) {
   o.threads = -1;
   EXPECT_THAT(InvalidArgument([&] { Gemm(4, 4, 4, a.data(), b.data(), c.data(), o); }),
               HasSubstr("threads"));
+}
+
+// Dimensions each within the libraries' int range whose matrices no buffer
+// can hold (found by ops_sizes_fuzz): refused before anything is read, so
+// the small buffers here are never overrun.
+TEST(Gemm, MatricesLargerThanAnyBufferAreRefused) {
+  std::vector<float> a(64), b(64), c(64);
+  const size_t big = INT_MAX;
+  EXPECT_THAT(InvalidArgument([&] { Gemm(big, 1, big, a.data(), b.data(), c.data()); }),
+              HasSubstr("A (2147483647 x 2147483647, stride 2147483647) is larger"));
+  EXPECT_THAT(InvalidArgument([&] { Gemm(1, big, big, a.data(), b.data(), c.data()); }),
+              HasSubstr("B ("));
+  GemmOptions o;
+  o.ldc = big;
+  EXPECT_THAT(InvalidArgument([&] { Gemm(big, 1, 1, a.data(), b.data(), c.data(), o); }),
+              HasSubstr("C ("));
 }
 
 TEST(Gemm, PrimitivesAreCachedPerShape) {

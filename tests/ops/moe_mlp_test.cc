@@ -447,13 +447,14 @@ TEST_P(MoeMlpSweep, MatchesReferenceAndEveryPipelineIsSerialBitwise) {
   auto [size, dtype] = GetParam();
   // Trial 0: SwiGLU, uniform, topk 2; 1: GELU, skewed, topk 1, an empty
   // rank; 2: identity, everything to one expert, topk 2; 3: SwiGLU,
-  // skewed, an empty rank, topk 1.
-  const Act acts[4] = {Act::kSwiGLU, Act::kGelu, Act::kIdentity, Act::kSwiGLU};
-  for (int trial = 0; trial < 4; ++trial) {
+  // skewed, an empty rank, topk 1; 4: identity, uniform, topk 2 (several
+  // experts' blocks, each activated at its own row offset).
+  const Act acts[5] = {Act::kSwiGLU, Act::kGelu, Act::kIdentity, Act::kSwiGLU, Act::kIdentity};
+  for (int trial = 0; trial < 5; ++trial) {
     std::mt19937_64 rng(7000 * size + trial + (dtype == DType::kBF16 ? 13 : 0));
-    const int El = 1 + rng() % 3, topk = trial % 2 == 0 ? 2 : 1;
+    const int El = (trial == 4 ? 2 : 1) + rng() % 3, topk = trial % 2 == 0 ? 2 : 1;
     const size_t d = 1 + rng() % 40, h2 = 1 + rng() % 24;
-    const int skew = trial == 0 ? 0 : trial == 2 ? 2 : 1;
+    const int skew = trial == 0 || trial == 4 ? 0 : trial == 2 ? 2 : 1;
     Problem pr =
         MakeProblem(size, El, topk, d, h2, acts[trial], dtype, rng(), skew, trial % 2 == 1);
     Counters cnt;

@@ -335,15 +335,24 @@ std::unique_ptr<transport::Transport> CreateProcessTransport() {
                 fmt::format("MC2_SHM_FDS='{}' is invalid: expected {} descriptors (control "
                             "segment and one heap per rank)", fds_text, size + 1));
 
+  return MapJobTransport(rank, size, heap_bytes, fds, "MC2_SHM_FDS");
+}
+
+std::unique_ptr<transport::Transport> MapJobTransport(int rank, int size, size_t heap_bytes,
+                                                      const std::vector<int>& fds,
+                                                      std::string_view source) {
+  MC2_CHECK_ARG(static_cast<int>(fds.size()) == size + 1,
+                "{}: expected {} descriptors (control segment and one heap per rank), got {}",
+                source, size + 1, fds.size());
   auto mem = std::make_shared<WorldMemory>();
   mem->heap_bytes = heap_bytes;
   mem->control_bytes = (sizeof(JobControl) + 4095) & ~size_t{4095};
   void* ctl = mmap(nullptr, mem->control_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
-  if (ctl == MAP_FAILED) core::ThrowSystem("mapping the job control segment (MC2_SHM_FDS)", errno);
+  if (ctl == MAP_FAILED) core::ThrowSystem(fmt::format("mapping the job control segment ({})", source), errno);
   mem->control = static_cast<JobControl*>(ctl);
   if (mem->control->magic != kJobMagic || mem->control->world_size != size)
     throw Error(ErrorCode::kInvalidArgument,
-                "MC2_SHM_FDS does not point at an mc2 job control segment for this world");
+                fmt::format("{} does not point at an mc2 job control segment for this world", source));
   mem->heaps.assign(size, nullptr);
   for (int r = 0; r < size; ++r) {
     void* p = mmap(nullptr, heap_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[r + 1], 0);

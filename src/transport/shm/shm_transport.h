@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "transport/shm/job.h"
@@ -80,6 +81,14 @@ class ShmTransport final : public transport::Transport {
 
 // Builds rank `rank`'s transport from the launcher's environment.
 std::unique_ptr<transport::Transport> CreateProcessTransport();
+// Maps a job's segments from open descriptors (the control segment, then one
+// heap per rank; each is closed once mapped) and starts rank `rank` as
+// CreateProcessTransport does: records its pid, waits until every rank has
+// (so every rank has mapped everything), then watches their processes.
+// `source` says where the descriptors came from, for errors.
+std::unique_ptr<transport::Transport> MapJobTransport(int rank, int size, size_t heap_bytes,
+                                                      const std::vector<int>& fds,
+                                                      std::string_view source);
 std::vector<std::unique_ptr<transport::Transport>> CreateThreadTransports(int size,
                                                                           size_t heap_bytes);
 
