@@ -25,10 +25,6 @@ using SteadyClock = std::chrono::steady_clock;
 
 namespace {
 
-// Heap per rank when neither WorldOptions nor MC2_HEAP_BYTES says: what
-// `mc2 run` gives its ranks.
-constexpr size_t kDefaultHeapBytes = size_t{256} << 20;
-
 std::string HostName() {
   if (auto v = core::GetEnv("MC2_HOSTNAME"); v && !v->empty()) return *v;
   char buf[256] = {};
@@ -128,15 +124,15 @@ Group MakeNetWorldGroup(int64_t comm_f, const WorldOptions& options) {
     node_comm = mpi->Split(transport::mpi::kWorldComm, host, net->local_of[net->rank]);
   else
     mpi->Split(transport::mpi::kWorldComm, -1, 0);  // collective: every rank calls it
-  const size_t heap = options.heap_bytes
-                          ? options.heap_bytes
-                          : core::EnvBytes("MC2_HEAP_BYTES", kDefaultHeapBytes);
   auto allgather = [&](const std::string& mine) {
     if (!node_comm) return std::vector<std::string>{mine};
     return mpi->AllGatherStrings(*node_comm, mine);
   };
-  auto tx = transport::CreateNodeTransport(net->local_of[net->rank], local_size, heap, allgather,
-                                           options.link);
+  // The host's ranks make their shared-memory world among themselves, as
+  // `mc2 run` would (heap: WorldOptions, else MC2_HEAP_BYTES, else its
+  // default).
+  auto tx = transport::CreateRendezvousTransport(net->local_of[net->rank], local_size,
+                                                 options.heap_bytes, allgather, options.link);
   if (node_comm) mpi->Free(*node_comm);
   std::shared_ptr<World> world = MakeWorld(std::move(tx), options);
   std::weak_ptr<World> weak_world = world;

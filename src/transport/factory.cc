@@ -7,7 +7,6 @@
 #include "transport/shm/shm_transport.h"
 #include "transport/transport.h"
 
-#include <fmt/format.h>
 #include <time.h>
 
 namespace mc2::transport {
@@ -53,23 +52,6 @@ std::vector<std::unique_ptr<Transport>> CreateInProcessTransports(int size, size
   auto txs = shm::CreateThreadTransports(size, heap_bytes);
   for (auto& tx : txs) tx = WrapWithLinkEmulation(std::move(tx), config);
   return txs;
-}
-
-std::unique_ptr<Transport> CreateNodeTransport(int local_rank, int local_size, size_t heap_bytes,
-                                               const AllGatherStringsFn& allgather,
-                                               std::string_view link) {
-  core::LinkConfig config = LinkConfigFor(link);
-  if (local_size == 1) {
-    // Alone on its host: a world of one, with no segment to share.
-    auto txs = shm::CreateThreadTransports(1, heap_bytes);
-    return WrapWithLinkEmulation(std::move(txs[0]), config);
-  }
-  (void)local_rank;
-  (void)allgather;
-  throw Error(ErrorCode::kInvalidArgument,
-              fmt::format("{} ranks on one host: this build makes a host's shared-memory world "
-                          "only for one rank per host",
-                          local_size));
 }
 
 }  // namespace mc2::transport

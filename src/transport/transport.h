@@ -134,16 +134,6 @@ std::unique_ptr<Transport> CreateTransportFromEnv(std::string_view link = {});
 std::vector<std::unique_ptr<Transport>> CreateInProcessTransports(int size, size_t heap_bytes,
                                                                   std::string_view link = {});
 
-// The shared-memory world of the `local_size` ranks of one host, made by
-// those ranks themselves (a job started by mpirun, not by `mc2 run`):
-// `allgather` exchanges small strings among exactly those ranks, in local
-// rank order (e.g. MPI_Allgather on the host's communicator). Every rank
-// gets `heap_bytes` of heap. `link` as for CreateTransportFromEnv.
-using AllGatherStringsFn = std::function<std::vector<std::string>(const std::string&)>;
-std::unique_ptr<Transport> CreateNodeTransport(int local_rank, int local_size, size_t heap_bytes,
-                                               const AllGatherStringsFn& allgather,
-                                               std::string_view link = {});
-
 // Whether the environment describes an mc2-launched rank (MC2_SHM_FDS set).
 bool LaunchedByMc2();
 
