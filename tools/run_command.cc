@@ -8,6 +8,7 @@
 #include "cli_validators.h"
 #include "commands.h"
 #include "core/env.h"
+#include "hosts_launch.h"
 #include "launcher.h"
 #include "mc2/error.h"
 
@@ -19,13 +20,22 @@ void RegisterRun(CLI::App& app) {
     LaunchOptions options;
     std::string heap;
     std::string bind = "auto";
+    HostsLaunch hosts;
   };
   auto state = std::make_shared<State>();
   CLI::App* run =
-      app.add_subcommand("run", "Run N ranks of PROGRAM on this host with shared memory");
-  run->add_option("-n,--nranks", state->options.nranks, "Number of ranks")
-      ->required()
+      app.add_subcommand(
+          "run", "Run N ranks of PROGRAM on this host with shared memory (or across hosts: --hosts)");
+  run->add_option("-n,--nranks", state->options.nranks,
+                  "Number of ranks (required unless --hosts gives them)")
       ->check(CLI::Range(1, 256));
+  run->add_option("--hosts", state->hosts.hosts,
+                  "Run across hosts: HOST:RANKS,HOST:RANKS,... (execs the mpirun line of "
+                  "docs/multi-host.md)");
+  run->add_option("--mpirun-args", state->hosts.mpirun_args,
+                  "With --hosts: more mpirun options, e.g. \"--mca btl_tcp_if_include eth0\"");
+  run->add_flag("--dry-run", state->hosts.dry_run,
+                "With --hosts: print the mpirun line instead of running it");
   run->add_flag("!--no-prefix", state->options.prefix_output,
                 "Pass the ranks' output through unchanged instead of "
                 "prefixing each line with \"[rank] \"");
@@ -47,6 +57,23 @@ void RegisterRun(CLI::App& app) {
   run->positionals_at_end();
   run->callback([state] {
     LaunchOptions& options = state->options;
+    if (!state->hosts.hosts.empty()) {
+      HostsLaunch& h = state->hosts;
+      h.nranks = options.nranks;
+      h.argv = options.argv;
+      if (!state->heap.empty()) h.heap_bytes = core::ParseBytes(state->heap, "--heap");
+      const int status = RunOnHosts(h);
+      if (status != 0) throw CLI::RuntimeError(status);
+      return;
+    }
+    if (options.nranks == 0) {
+      fmt::print(stderr, "mc2 run: -n N is required (or --hosts HOST:RANKS,...)\n");
+      throw CLI::RuntimeError(kExitUsage);
+    }
+    if (!state->hosts.mpirun_args.empty() || state->hosts.dry_run) {
+      fmt::print(stderr, "mc2 run: --mpirun-args and --dry-run go with --hosts\n");
+      throw CLI::RuntimeError(kExitUsage);
+    }
     options.bind = state->bind == "core"   ? Bind::kCore
                    : state->bind == "none" ? Bind::kNone
                                            : Bind::kAuto;

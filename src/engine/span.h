@@ -50,6 +50,9 @@ struct NetWorld {
   std::vector<std::string> host_names;       // per host, in order of first rank
   std::vector<int> host_of, local_of;        // per global rank
   std::vector<std::vector<int>> host_ranks;  // per host: its global ranks, ascending
+  // "host NAME (its ranks 0..L-1 are global ranks ...)": added to errors,
+  // whose node-level parts name node ranks.
+  std::string where;
   // Runs the operations of span groups. Declared last: destroyed first.
   std::unique_ptr<engine::ProgressEngine> engine;
 };

@@ -137,7 +137,7 @@ Group MakeNetWorldGroup(int64_t comm_f, const WorldOptions& options) {
   std::shared_ptr<World> world = MakeWorld(std::move(tx), options);
   std::weak_ptr<World> weak_world = world;
   std::weak_ptr<NetWorld> weak_net = net;
-  const std::string where =
+  net->where =
       fmt::format("host {} (its ranks {} are global ranks {})", me,
                   local_size == 1 ? "0" : fmt::format("0..{}", local_size - 1),
                   fmt::join(net->host_ranks[host], ","));
@@ -147,7 +147,7 @@ Group MakeNetWorldGroup(int64_t comm_f, const WorldOptions& options) {
       [weak_world](const Error& e) {
         if (auto w = weak_world.lock()) w->transport->Abort(e);
       },
-      [weak_world, where, rank = net->rank] {
+      [weak_world, where = net->where, rank = net->rank] {
         auto w = weak_world.lock();
         if (!w) return;
         try {
@@ -194,9 +194,19 @@ Work SpanSubmit(GroupImpl& g, const char* name, std::chrono::nanoseconds timeout
       work, [self = g.shared_from_this(), body = std::move(body), to]() mutable {
         std::shared_ptr<GroupImpl> keep = std::move(self);
         SpanGroup& s = *keep->span;
-        s.net->mpi->CheckHealth();
-        keep->tx().CheckHealth(/*thorough=*/false);
-        body(s, SteadyClock::now() + to);
+        try {
+          s.net->mpi->CheckHealth();
+          keep->tx().CheckHealth(/*thorough=*/false);
+          body(s, SteadyClock::now() + to);
+        } catch (const Error& e) {
+          // Node-level failures name node ranks: say which host's. A
+          // failure from another host says so already.
+          if (e.code() == ErrorCode::kInvalidArgument || e.message().find("on host ") !=
+                                                             std::string::npos)
+            throw;
+          throw Error(e.code(), fmt::format("{} (on {})", e.message(), s.net->where),
+                      s.net->rank, e.op(), e.seq());
+        }
       });
   return Access::MakeWork(work);
 }

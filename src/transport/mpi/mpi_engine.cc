@@ -258,7 +258,12 @@ std::vector<std::string> MpiEngine::AllGatherStrings(CommId comm, const std::str
   return out;
 }
 
-void MpiEngine::Abort(const Error& error) { Record(error, /*send_to_peers=*/true); }
+void MpiEngine::Abort(const Error& error) {
+  Record(error, /*send_to_peers=*/true);
+  if (std::this_thread::get_id() == thread_.get_id()) return;
+  std::unique_lock<std::mutex> lock(fail_mu_);
+  announced_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return announced_; });
+}
 
 void MpiEngine::Record(const Error& error, bool send_to_peers) {
   {
@@ -303,6 +308,12 @@ void MpiEngine::Loop() {
     }
     if (now_done && c.on_done_) c.on_done_(c.error_);
   };
+  auto set_announced = [&] {
+    std::lock_guard<std::mutex> lock(fail_mu_);
+    announced_ = true;
+    announced_cv_.notify_all();
+  };
+  Clock::time_point announce_start{};
   auto last_probe = Clock::now();
   auto last_progress = Clock::now();
   std::vector<int> indices;
@@ -444,13 +455,19 @@ void MpiEngine::Loop() {
         cb = on_failure_;
       }
       if (cb) cb(e);
+      announce_start = Clock::now();
+      if (m.ctl_out_reqs.empty()) set_announced();
     }
     // Drive the control sends out (best effort: a peer may be dead).
     if (!m.ctl_out_reqs.empty()) {
       int all = 0;
       MPI_Testall(static_cast<int>(m.ctl_out_reqs.size()), m.ctl_out_reqs.data(), &all,
                   MPI_STATUSES_IGNORE);
-      if (all) m.ctl_out_reqs.clear();
+      // A dead peer may never take its message: give up after 1 s.
+      if (all || Clock::now() - announce_start > std::chrono::seconds(1)) {
+        m.ctl_out_reqs.clear();
+        set_announced();
+      }
     }
     auto now = Clock::now();
     if (now - last_probe > std::chrono::milliseconds(50)) {

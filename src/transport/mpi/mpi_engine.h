@@ -118,7 +118,9 @@ class MpiEngine {
   std::vector<std::string> AllGatherStrings(CommId comm, const std::string& mine);
 
   // Records `error` as the failure of every rank and sends it to every
-  // other rank over the control communicator. First failure wins.
+  // other rank over the control communicator. First failure wins. Called
+  // off the MPI thread, returns once the messages left (at most 1 s), so
+  // that a process that exits right after still warns the other hosts.
   void Abort(const Error& error);
   // Throws the recorded failure, if any.
   void CheckHealth() const;
@@ -161,7 +163,10 @@ class MpiEngine {
   std::deque<Request> queue_;  // guarded by mu_
   bool stop_ = false;          // guarded by mu_
   std::atomic<bool> failed_{false};
-  std::atomic<bool> send_to_peers_{false};  // the recorded failure is ours to announce
+  std::atomic<bool> send_to_peers_{false};
+  // The recorded failure was announced (its messages left or gave up).
+  bool announced_ = false;  // guarded by fail_mu_
+  std::condition_variable announced_cv_;  // the recorded failure is ours to announce
   mutable std::mutex fail_mu_;
   std::optional<Error> failure_;  // guarded by fail_mu_
   std::function<void(const Error&)> on_failure_;
