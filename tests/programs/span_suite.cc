@@ -262,7 +262,7 @@ int Fault(int kill_rank) {
   } catch (const mc2::Error& e) {
     std::printf("rank %d error: %s\n", world.rank(), e.what());
     std::fflush(stdout);
-    _exit(3);
+    std::exit(3);
   }
   return 0;
 }

@@ -545,7 +545,12 @@ void MpiEngine::FinalizeAtExit(std::shared_ptr<MpiEngine> engine) {
     if (e->thread_.joinable()) e->thread_.join();
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!failed && !finalized) MPI_Finalize();
+    if (finalized) return;
+    // After a failure MPI_Finalize would wait for the dead peer: the job
+    // is aborted instead, so that mpirun ends it (and exits non-zero) even
+    // when it was told to outlive a dead rank (--enable-recovery).
+    if (failed) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Finalize();
   });
 }
 
