@@ -89,6 +89,9 @@ class Group {
   static Group FromEnv(const WorldOptions& options = {});
   // True when this process was started by `mc2 run`.
   static bool LaunchedByMc2();
+  // True when it was started by mpirun or srun instead (and not by `mc2 run`):
+  // FromEnv then builds the job's world over MPI.
+  static bool LaunchedByMpi();
 
   // Gathers one short string (under 4 KiB, no NUL) from every process that
   // calls FromRendezvous, in rank order, over whatever channel the launcher

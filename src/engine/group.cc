@@ -137,6 +137,8 @@ Group FromMPIHandle(int64_t comm_f, const WorldOptions& options) {
 }
 }  // namespace internal
 
+bool Group::LaunchedByMpi() { return !transport::LaunchedByMc2() && internal::LaunchedByMpi(); }
+
 bool Group::LaunchedByMc2() { return transport::LaunchedByMc2(); }
 
 Group Group::FromRendezvous(int rank, int size, const AllGatherStrings& all_gather,
