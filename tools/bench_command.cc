@@ -218,7 +218,7 @@ void RegisterBench(CLI::App& app) {
   cmd->add_option("--root", a->root, "Root of broadcast and reduce")
       ->capture_default_str()
       ->check(CLI::Range(0, 255));
-  cmd->add_option("--json", a->json, "Also write every row to this JSON file");
+  cmd->add_option("--json", a->json, "Also write every row to this JSON file (- for standard output)");
   cmd->add_flag("--tune", a->tune,
                 "Time every algorithm of all_reduce, all_gather, reduce_scatter, broadcast and "
                 "reduce from 8 B to 64 MiB and write the selector's tuning table");

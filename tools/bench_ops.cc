@@ -412,7 +412,7 @@ void RegisterBenchOps(CLI::App& bench) {
                   "best of many noisy medians is biased low")
       ->check(CLI::Range(0, kMaxIters));
   cmd->add_option("--json", a->json,
-                  "Also write the rows to this JSON file (checked writable before the run)");
+                  "Also write the rows to this JSON file (- for standard output; checked writable before the run)");
   cmd->add_option("--trace-ab", a->trace_ab,
                   "Measure tracing's cost: time every configuration traced (into this "
                   "directory) and untraced in each iteration, alternating, and print both");

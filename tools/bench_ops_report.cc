@@ -13,6 +13,7 @@
 
 #include "bench.h"
 #include "bench_ops.h"
+#include "output_paths.h"
 
 namespace mc2::tools::bench_ops {
 
@@ -191,18 +192,10 @@ bool WriteJson(const OpsConfig& cfg, const Results& res) {
   }
   if (res.confirmed) j["confirm"] = ConfirmedJson(cfg, res);
   const std::string text = j.dump(2) + "\n";
-  std::FILE* f = std::fopen(cfg.json_path.c_str(), "w");
-  int err = f ? 0 : errno;
-  if (f) {
-    if (std::fwrite(text.data(), 1, text.size(), f) != text.size()) err = errno != 0 ? errno : EIO;
-    if (std::fclose(f) != 0 && err == 0) err = errno != 0 ? errno : EIO;
-  }
-  if (err != 0) {
-    fmt::print(stderr, "mc2 bench ops: cannot write --json {}: {}\n", cfg.json_path,
-               std::strerror(err));
-    return false;
-  }
-  return true;
+  const std::string err = WriteOutputFile(cfg.json_path, text);
+  if (err.empty()) return true;
+  fmt::print(stderr, "mc2 bench ops: cannot write --json {}: {}\n", cfg.json_path, err);
+  return false;
 }
 
 }  // namespace mc2::tools::bench_ops

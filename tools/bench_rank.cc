@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -16,6 +15,7 @@
 
 #include "bench.h"
 #include "mc2/mc2.h"
+#include "output_paths.h"
 
 namespace mc2::tools::bench {
 
@@ -402,12 +402,9 @@ bool Sweep::WriteJson(const std::vector<Row>& rows, int64_t wrong, double avg_bu
   j["wrong_total"] = cfg_.check ? json(wrong) : json(nullptr);
   j["avg_busbw_gbs"] = avg_busbw;
   j["ok"] = wrong == 0;
-  std::ofstream out(cfg_.json_path);
-  out << j.dump(1) << "\n";
-  out.close();
-  if (out) return true;
-  fmt::print(stderr, "mc2 bench: cannot write --json {}: {}\n", cfg_.json_path,
-             std::strerror(errno));
+  const std::string err = WriteOutputFile(cfg_.json_path, j.dump(1) + "\n");
+  if (err.empty()) return true;
+  fmt::print(stderr, "mc2 bench: cannot write --json {}: {}\n", cfg_.json_path, err);
   return false;
 }
 

@@ -499,12 +499,9 @@ void Conduct(const DemoArgs& a) {
                            {"compute_pct", r.b.Pct(r.b.compute_ns)},
                            {"speedup", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0},
                            {"losses", r.losses}});
-    std::ofstream f(a.json_path);
-    f << j.dump(1) << "\n";
-    f.close();
-    if (!f) {
-      fmt::print(stderr, "mc2 demo: cannot write --json {}: {}\n", a.json_path,
-                 std::strerror(errno));
+    const std::string err = WriteOutputFile(a.json_path, j.dump(1) + "\n");
+    if (!err.empty()) {
+      fmt::print(stderr, "mc2 demo: cannot write --json {}: {}\n", a.json_path, err);
       throw CLI::RuntimeError(kExitFailed);
     }
   }
@@ -584,7 +581,7 @@ void RegisterDemo(CLI::App& app) {
                   "Directory for traces, timelines and results: a new or empty one, or one "
                   "an earlier `mc2 demo` wrote (only the files it writes are replaced)")
       ->capture_default_str();
-  cmd->add_option("--json", a->json_path, "Also write the table to this JSON file");
+  cmd->add_option("--json", a->json_path, "Also write the table to this JSON file (- for standard output)");
   cmd->add_flag("--rank-job", a->rank_job)->group("");  // internal
   cmd->add_option("--results", a->results)->group("");  // internal
   cmd->callback([a] {

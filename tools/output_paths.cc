@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -58,6 +59,18 @@ void CheckWritableFile(const std::string& path, std::string_view flag) {
   if (fd < 0) Refuse(flag, path, fmt::format("cannot create it: {}", std::strerror(errno)));
   close(fd);
   unlink(path.c_str());
+}
+
+std::string WriteOutputFile(const std::string& path, std::string_view text) {
+  const bool out = path == "-";
+  std::FILE* f = out ? stdout : std::fopen(path.c_str(), "w");
+  int err = f != nullptr ? 0 : errno;
+  if (f != nullptr) {
+    if (std::fwrite(text.data(), 1, text.size(), f) != text.size()) err = errno != 0 ? errno : EIO;
+    const int closed = out ? std::fflush(f) : std::fclose(f);
+    if (closed != 0 && err == 0) err = errno != 0 ? errno : EIO;
+  }
+  return err == 0 ? std::string() : std::strerror(err);
 }
 
 void PrepareOutputDir(const std::string& dir, std::string_view flag) {

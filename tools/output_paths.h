@@ -28,6 +28,11 @@ inline constexpr const char* kOutputMarker = ".mc2-output";
 // creatable (it is created and removed again). "-" (stdout) always passes.
 void CheckWritableFile(const std::string& path, std::string_view flag);
 
+// Writes `text` to the file `path` (replacing what it held), or to
+// standard output when `path` is "-". Returns "" on success, else the
+// operating system's reason.
+std::string WriteOutputFile(const std::string& path, std::string_view text);
+
 // Makes `dir` ready to receive a command's output: creates it (and its
 // parents) when missing, and accepts an existing directory only when it is
 // empty or carries kOutputMarker. Refuses a file, a non-empty directory

@@ -5,6 +5,7 @@
 // say what to type instead.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -154,6 +155,22 @@ TEST_F(CliTest, BenchJsonCheckLeavesAnExistingFileUntilWritten) {
   const Result bad = RunMc2({"bench", "all_reduce", "-n", "0", "--json", unused.string()});
   EXPECT_EQ(bad.status, 2);
   EXPECT_FALSE(fs::exists(unused));
+}
+
+TEST_F(CliTest, JsonToADashGoesToStandardOutput) {
+  // "-" is standard output, as for every other output option; no file of
+  // that name appears in the working directory.
+  ASSERT_FALSE(fs::exists("-"));
+  const Result r = RunMc2({"bench", "all_reduce", "-n", "2", "-b", "8", "-e", "8", "-i", "1", "-w",
+                           "0", "--json", "-"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const size_t open = r.out.find("{\n");
+  ASSERT_NE(open, std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(open, r.out.rfind('}') - open + 1),
+                                       nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["wrong_total"], 0);
+  EXPECT_FALSE(fs::exists("-"));
 }
 
 TEST_F(CliTest, BenchFailsFastOnAReadOnlyDirectory) {
