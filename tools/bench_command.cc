@@ -117,7 +117,9 @@ bench::Config Validate(const BenchArgs& a) {
   cfg.check = a.check == 1;
   cfg.symmetric = a.buffers == "symmetric";
   // Inside a job the job's size is checked by the ranks.
-  const int n = a.nranks ? a.nranks : (Group::LaunchedByMc2() ? 0 : kDefaultRanks);
+  // Inside a job started by `mc2 run` or by mpirun (across hosts).
+  const bool in_job = Group::LaunchedByMc2() || Group::LaunchedByMpi();
+  const int n = a.nranks ? a.nranks : (in_job ? 0 : kDefaultRanks);
   if (n > 0 && a.root >= n) Usage(fmt::format("--root {} is out of range for {} ranks", a.root, n));
   cfg.root = a.root;
   cfg.json_path = a.json;
@@ -143,10 +145,12 @@ void RunCallback(const BenchArgs& a) {
   if (!a.output.empty()) Usage("--output goes with --tune (use --json for a sweep's rows)");
   bench::Config cfg = Validate(a);
   // Rank 0 writes the rows; inside a job the other ranks leave the check to it.
-  const auto rank = core::GetEnv("MC2_RANK");
-  if (!cfg.json_path.empty() && (!Group::LaunchedByMc2() || rank == "0"))
+  const bool in_job = Group::LaunchedByMc2() || Group::LaunchedByMpi();
+  const auto rank = Group::LaunchedByMc2() ? core::GetEnv("MC2_RANK")
+                                           : core::GetEnv("OMPI_COMM_WORLD_RANK");
+  if (!cfg.json_path.empty() && (!in_job || rank == "0"))
     CheckOutput(cfg.json_path, "--json");
-  if (Group::LaunchedByMc2()) {
+  if (in_job) {
     const int status = bench::RunBenchRank(cfg);
     if (status != 0) throw CLI::RuntimeError(status);
     return;

@@ -20,7 +20,8 @@
 
 namespace mc2::tools {
 
-// `mc2 run -n N [--no-prefix] [--heap BYTES] [--] PROGRAM [ARGS...]`
+// `mc2 run -n N [--no-prefix] [--heap BYTES] [--] PROGRAM [ARGS...]`, and
+// `mc2 run --hosts a:2,b:2 [--mpirun-args ARGS] PROGRAM [ARGS...]` (hosts_launch.h)
 void RegisterRun(CLI::App& app);
 // `mc2 bench COLLECTIVE -n N -b MIN -e MAX ...` and `mc2 bench --tune`
 void RegisterBench(CLI::App& app);

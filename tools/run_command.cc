@@ -1,6 +1,7 @@
 // `mc2 run`: the command-line front end of the launcher (launcher.h).
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "cli_validators.h"
 #include "commands.h"
 #include "core/env.h"
+#include "hosts_launch.h"
 #include "launcher.h"
 #include "mc2/error.h"
 
@@ -18,13 +20,22 @@ void RegisterRun(CLI::App& app) {
   struct State {
     LaunchOptions options;
     std::string heap;
+    HostsLaunch hosts;
   };
   auto state = std::make_shared<State>();
   CLI::App* run =
-      app.add_subcommand("run", "Run N ranks of PROGRAM on this host with shared memory");
-  run->add_option("-n,--nranks", state->options.nranks, "Number of ranks")
-      ->required()
+      app.add_subcommand(
+          "run", "Run N ranks of PROGRAM on this host with shared memory (or across hosts: --hosts)");
+  run->add_option("-n,--nranks", state->options.nranks,
+                  "Number of ranks (required unless --hosts gives them)")
       ->check(CLI::Range(1, 256));
+  run->add_option("--hosts", state->hosts.hosts,
+                  "Run across hosts: HOST:RANKS,HOST:RANKS,... (execs the mpirun line of "
+                  "docs/multi-host.md)");
+  run->add_option("--mpirun-args", state->hosts.mpirun_args,
+                  "With --hosts: more mpirun options, e.g. \"--mca btl_tcp_if_include eth0\"");
+  run->add_flag("--dry-run", state->hosts.dry_run,
+                "With --hosts: print the mpirun line instead of running it");
   run->add_flag("!--no-prefix", state->options.prefix_output,
                 "Pass the ranks' output through unchanged instead of "
                 "prefixing each line with \"[rank] \"");
@@ -44,8 +55,27 @@ void RegisterRun(CLI::App& app) {
   // Once PROGRAM is seen, every later argument belongs to it, even if it
   // looks like one of our options (`mc2 run -n 2 prog -n 5`).
   run->positionals_at_end();
-  run->callback([state] {
+  run->callback([state, run] {
     LaunchOptions& options = state->options;
+    if (!state->hosts.hosts.empty()) {
+      HostsLaunch& h = state->hosts;
+      h.nranks = options.nranks;
+      h.argv = options.argv;
+      if (!state->heap.empty()) h.heap_bytes = core::ParseBytes(state->heap, "--heap");
+      // Every MC2_* variable travels with the mpirun line (-x).
+      if (run->count("--bind") > 0) setenv("MC2_BIND", options.bind.c_str(), 1);
+      const int status = RunOnHosts(h);
+      if (status != 0) throw CLI::RuntimeError(status);
+      return;
+    }
+    if (options.nranks == 0) {
+      fmt::print(stderr, "mc2 run: -n N is required (or --hosts HOST:RANKS,...)\n");
+      throw CLI::RuntimeError(kExitUsage);
+    }
+    if (!state->hosts.mpirun_args.empty() || state->hosts.dry_run) {
+      fmt::print(stderr, "mc2 run: --mpirun-args and --dry-run go with --hosts\n");
+      throw CLI::RuntimeError(kExitUsage);
+    }
     // The option's validator has checked the form and that it is positive.
     if (!state->heap.empty()) options.heap_bytes = core::ParseBytes(state->heap, "--heap");
     const int status = RunLaunch(options);

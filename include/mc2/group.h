@@ -75,12 +75,23 @@ class Group {
  public:
   Group() = default;
 
-  // The world of this process as set up by `mc2 run` (MC2_* environment).
-  // Throws mc2::Error(kInvalidArgument) when not launched by mc2, and the
-  // error of a failed set-up (kShmExhausted, kTimeout, kPeerDied) otherwise.
+  // The world of this process. Started by `mc2 run`: its ranks, over shared
+  // memory (MC2_* environment). Started by mpirun or srun instead (no
+  // `mc2 run`; OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_RANK set): mc2
+  // initialises MPI (MPI_THREAD_SERIALIZED; MPI_Finalize runs at exit), and
+  // the world is MPI_COMM_WORLD's ranks: those on one host (by hostname,
+  // MC2_HOSTNAME overrides it) share memory, hosts talk over MPI
+  // (docs/multi-host.md). A program that uses MPI itself calls
+  // mc2::FromMPI (<mc2/mpi.h>) instead. Collective over the job.
+  // Throws mc2::Error(kInvalidArgument) when launched by neither, kMpi when
+  // MPI cannot start, and the error of a failed set-up (kShmExhausted,
+  // kTimeout, kPeerDied) otherwise.
   static Group FromEnv(const WorldOptions& options = {});
   // True when this process was started by `mc2 run`.
   static bool LaunchedByMc2();
+  // True when it was started by mpirun or srun instead (and not by `mc2 run`):
+  // FromEnv then builds the job's world over MPI.
+  static bool LaunchedByMpi();
 
   // Gathers one short string (under 4 KiB, no NUL) from every process that
   // calls FromRendezvous, in rank order, over whatever channel the launcher

@@ -10,6 +10,7 @@
 
 #include "collectives/algorithm.h"
 #include "collectives/selector.h"
+#include "collectives/span_algorithms.h"
 #include "core/checked.h"
 #include "core/enforce.h"
 #include "core/log.h"
@@ -184,6 +185,8 @@ void RunBody(OpContext& ctx, const CollArgs& a, const Plan& p) {
 // (only a queued one moves them into its task).
 Work Launch(const Group& g, CollArgs&& a, const CollectiveOptions& opts, size_t select_bytes) {
   GroupImpl* gi = internal::Access::Impl(g);
+  // A group that spans hosts has algorithms of its own (span_algorithms.h).
+  if (gi->span) return LaunchSpan(g, std::move(a), opts);
   const int n = gi->size();
   a.esize = DTypeSize(a.dtype);
   a.deterministic = gi->world().deterministic;
@@ -284,7 +287,7 @@ std::optional<Work> TryEagerAllReduce(const Group& g, const void* send, void* re
                                       DType dtype, ReduceOp op, const CollectiveOptions& opts,
                                       size_t bytes) {
   GroupImpl* gi = internal::Access::Impl(g);
-  if (bytes > GroupImpl::kInlineBytes || !opts.may_run_inline || gi->strict_check())
+  if (gi->span || bytes > GroupImpl::kInlineBytes || !opts.may_run_inline || gi->strict_check())
     return std::nullopt;
   const int n = gi->size();
   const Algorithm algo = SelectAlgorithm(OpKind::kAllReduce, opts.algorithm, n, bytes);

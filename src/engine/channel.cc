@@ -42,6 +42,9 @@ std::vector<uint64_t> ExchangeOffsets(GroupImpl* g, const SymmetricBuffer& buf) 
 Channel& Channel::Of(const Group& g) {
   MC2_CHECK_ARG(g.valid(), "channel of an invalid (empty) group");
   GroupImpl* gi = Access::Impl(g);
+  MC2_CHECK_ARG(!gi->span,
+                "the fused operators do not run on a group that spans hosts; run them on a "
+                "group within one host (e.g. a Split by host)");
   if (!gi->channel) gi->channel = std::make_unique<Channel>(gi);
   return *gi->channel;
 }

@@ -18,6 +18,7 @@
 #include "core/placement.h"
 #include "engine/access.h"
 #include "engine/group_impl.h"
+#include "engine/span.h"
 #include "trace/recorder.h"
 
 namespace mc2 {
@@ -31,8 +32,6 @@ struct SymmetricAllocation {
   size_t bytes = 0;
   ~SymmetricAllocation() { world->heap->Free(offsets[rank]); }
 };
-
-namespace {
 
 std::shared_ptr<World> MakeWorld(std::unique_ptr<transport::Transport> tx,
                                  const WorldOptions& options) {
@@ -103,6 +102,8 @@ std::shared_ptr<GroupImpl> MakeWorldGroup(std::shared_ptr<World> world) {
   return g;
 }
 
+namespace {
+
 Fingerprint ExchangeFingerprint(uint64_t what, uint64_t count) {
   Fingerprint fp;
   fp.kind = static_cast<uint16_t>(OpKind::kExchange);
@@ -125,11 +126,25 @@ Group Group::FromEnv(const WorldOptions& options) {
   // world starts inherit its CPUs; the progress thread then moves to its
   // own (core/placement.h).
   const core::Placement& place = core::PlaceThisProcess();
+  // Started by mpirun or srun rather than `mc2 run`: the job's world over
+  // MPI between hosts and shared memory within each (engine/span.h).
+  if (!transport::LaunchedByMc2() && internal::LaunchedByMpi())
+    return internal::MakeNetWorldGroup(-1, options);
   auto tx = transport::CreateTransportFromEnv(options.link);
   auto world = internal::MakeWorld(std::move(tx), options);
   if (place.bound()) world->engine->BindThread(place.progress);
   return Group(internal::MakeWorldGroup(std::move(world)));
 }
+
+namespace internal {
+Group FromMPIHandle(int64_t comm_f, const WorldOptions& options) {
+  core::ValidateEnvironment();
+  MC2_CHECK_ARG(comm_f >= 0, "FromMPI: invalid communicator handle {}", comm_f);
+  return MakeNetWorldGroup(comm_f, options);
+}
+}  // namespace internal
+
+bool Group::LaunchedByMpi() { return !transport::LaunchedByMc2() && internal::LaunchedByMpi(); }
 
 bool Group::LaunchedByMc2() { return transport::LaunchedByMc2(); }
 
@@ -192,6 +207,7 @@ bool Group::deterministic() const { return impl_->world().deterministic; }
 
 Group Group::Split(int color, int key) const {
   MC2_CHECK_ARG(impl_, "Split on an invalid (empty) group");
+  if (impl_->span) return internal::SpanSplit(*impl_, color, key);
   GroupImpl* g = impl_.get();
   int n = g->size();
   struct Entry {
@@ -265,6 +281,9 @@ SymmetricBuffer Group::AllocSymmetric(size_t bytes) const {
   // the exchange. Within this bound the heap's rounding up to its alignment
   // cannot wrap to a small block.
   core::CheckBufferBytes("AllocSymmetric", "a request", bytes);
+  // Across hosts the buffer is symmetric within each host: collectives use
+  // it in place inside the node; Put, Get and signals are not offered.
+  if (impl_->span) return internal::Access::MakeGroup(impl_->span->node).AllocSymmetric(bytes);
   GroupImpl* g = impl_.get();
   auto off = g->world().heap->Allocate(bytes);
   uint64_t mine = off ? *off : internal::kPrivate;
@@ -305,6 +324,7 @@ SymmetricBuffer Group::AllocSymmetric(size_t bytes) const {
 }
 
 bool Group::IsSymmetric(const void* ptr, size_t bytes) const {
+  if (impl_->span) return impl_->span->node->HeapOffset(ptr, bytes) != internal::kPrivate;
   return impl_->HeapOffset(ptr, bytes) != internal::kPrivate;
 }
 
@@ -312,6 +332,11 @@ namespace {
 char* PeerAddress(const Group& g, const SymmetricBuffer& b,
                   const std::shared_ptr<internal::SymmetricAllocation>& a, int peer,
                   size_t offset, size_t bytes, const char* what) {
+  MC2_CHECK_ARG(!internal::Access::Impl(g)->span,
+                "{}: one-sided access is not available on a group that spans hosts (its "
+                "members on other hosts share no memory with this rank); use Send/Recv or a "
+                "collective",
+                what);
   MC2_CHECK_ARG(a && a->group == internal::Access::Impl(g),
                 "{}: the buffer was not allocated by this group", what);
   MC2_CHECK_ARG(peer >= 0 && peer < g.size(), "{}: peer {} out of range [0, {})", what, peer,
@@ -342,7 +367,17 @@ void Group::Get(const SymmetricBuffer& buffer, int peer, size_t offset, void* ds
   if (bytes) std::memcpy(dst, at, bytes);
 }
 
+namespace {
+void CheckNotSpan(const GroupImpl* g, const char* what) {
+  MC2_CHECK_ARG(!g->span,
+                "{}: signals are not available on a group that spans hosts (its members on other "
+                "hosts share no memory with this rank); use Send/Recv or a collective",
+                what);
+}
+}  // namespace
+
 void Group::SignalAdd(int peer, int slot, uint64_t value) const {
+  CheckNotSpan(impl_.get(), "SignalAdd");
   MC2_CHECK_ARG(peer >= 0 && peer < size(), "SignalAdd: peer {} out of range [0, {})", peer,
                 size());
   MC2_CHECK_ARG(slot >= 0 && slot < kNumSignals, "SignalAdd: slot {} out of range [0, {})", slot,
@@ -352,6 +387,7 @@ void Group::SignalAdd(int peer, int slot, uint64_t value) const {
 }
 
 void Group::WaitSignal(int slot, uint64_t value) const {
+  CheckNotSpan(impl_.get(), "WaitSignal");
   MC2_CHECK_ARG(slot >= 0 && slot < kNumSignals, "WaitSignal: slot {} out of range [0, {})",
                 slot, kNumSignals);
   transport::WaitContext wc;
@@ -366,6 +402,7 @@ void Group::WaitSignal(int slot, uint64_t value) const {
 }
 
 uint64_t Group::ReadSignal(int slot) const {
+  CheckNotSpan(impl_.get(), "ReadSignal");
   MC2_CHECK_ARG(slot >= 0 && slot < kNumSignals, "ReadSignal: slot {} out of range [0, {})",
                 slot, kNumSignals);
   return impl_->tx().Peek(world_rank(), impl_->Abs(rank(), GroupImpl::SignalOff(slot)));
@@ -381,6 +418,9 @@ Work Group::Send(const void* data, size_t bytes, int peer, int tag) const {
                 "Send: peer {} must be another rank in [0, {})", peer, size());
   MC2_CHECK_ARG(data || bytes == 0, "Send: null buffer with {} bytes", bytes);
   core::CheckBufferRange("Send", "data", data, bytes);
+  if (impl_->span)
+    return internal::SpanSendRecv(*impl_, true, static_cast<char*>(const_cast<void*>(data)), bytes,
+                                  peer, tag);
   return impl_->world().P2P().Post(impl_, true, static_cast<char*>(const_cast<void*>(data)),
                                    bytes, peer, tag);
 }
@@ -392,6 +432,8 @@ Work Group::Recv(void* data, size_t bytes, int peer, int tag) const {
                 "Recv: peer {} must be another rank in [0, {})", peer, size());
   MC2_CHECK_ARG(data || bytes == 0, "Recv: null buffer with {} bytes", bytes);
   core::CheckBufferRange("Recv", "data", data, bytes);
+  if (impl_->span)
+    return internal::SpanSendRecv(*impl_, false, static_cast<char*>(data), bytes, peer, tag);
   return impl_->world().P2P().Post(impl_, false, static_cast<char*>(data), bytes, peer, tag);
 }
 

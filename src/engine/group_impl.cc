@@ -1,4 +1,5 @@
 #include "engine/group_impl.h"
+#include "engine/span.h"
 
 #include <fmt/format.h>
 
@@ -99,7 +100,8 @@ DeferredWorlds& Deferred() {
 void DestroyWorld(World* world) {
   auto self = std::this_thread::get_id();
   bool own_thread = (world->engine && world->engine->thread_id() == self) ||
-                    (world->p2p && world->p2p->thread_id() == self);
+                    (world->p2p && world->p2p->thread_id() == self) ||
+                    (world->net && world->net->engine && world->net->engine->thread_id() == self);
   if (!own_thread) {
     delete world;
     return;
@@ -133,6 +135,7 @@ void WaitForDeferredWorlds() {
 }
 
 World::~World() {
+  net.reset();
   engine.reset();
   p2p.reset();
   // Every thread of the world has stopped: its spans are final.
@@ -216,7 +219,15 @@ GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int
   }
 }
 
+GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int rank,
+                     std::shared_ptr<SpanGroup> span_group)
+    : world_(std::move(world)), members_(std::move(members)), rank_(rank),
+      size_(static_cast<int>(members_.size())), heap_bytes_(0), scratch_bytes_(0),
+      inline_off_(0), scratch_off_(0), hint_polls_(0), arrive_slot_stage_bytes_(0),
+      slots_(world_->slots), slot_mask_(world_->slots - 1), span(std::move(span_group)) {}
+
 GroupImpl::~GroupImpl() {
+  if (span) return;  // no control area, no channel buffers of its own
   // Channel buffers and the control area are returned to the heap. Peers
   // may not use them any more: a group is destroyed only when its last
   // handle goes, after its last operation completed on this rank; any peer

@@ -15,9 +15,13 @@
 #include "engine/heap_allocator.h"
 #include "engine/p2p_engine.h"
 #include "engine/progress_engine.h"
+#include "mc2/group.h"
 #include "transport/transport.h"
 
 namespace mc2::internal {
+
+struct NetWorld;  // engine/span.h
+class GroupImpl;
 
 struct World {
   std::unique_ptr<transport::Transport> transport;
@@ -38,8 +42,17 @@ struct World {
   std::unique_ptr<P2PEngine> p2p;
   // Last so that it is destroyed first: its thread may still use the rest.
   std::unique_ptr<engine::ProgressEngine> engine;
+  // The net world (engine/span.h) of a rank whose job spans hosts; its
+  // engine runs tasks that use this world's groups, so it goes first.
+  std::shared_ptr<NetWorld> net;
   ~World();
 };
+
+// A world over `tx` with `options` (group.cc), and its world group (the
+// first operation doubles as the start-up barrier).
+std::shared_ptr<World> MakeWorld(std::unique_ptr<transport::Transport> tx,
+                                 const WorldOptions& options);
+std::shared_ptr<GroupImpl> MakeWorldGroup(std::shared_ptr<World> world);
 
 // The deleter of every World's shared_ptr. The last reference may go on the
 // world's own progress or point-to-point thread: a task or message that

@@ -1,0 +1,284 @@
+// The collective suite for groups that span hosts, run as one job (under
+// `mc2 run -n N` on one host, or under mpirun across the cluster in a box).
+//
+//   test_prog_span_suite suite OUTDIR   every collective, Split, Send/Recv;
+//                                       each rank writes OUTDIR/rank<R>.txt
+//   test_prog_span_suite fault KILLRANK all_reduce in a loop; KILLRANK dies
+//                                       by SIGKILL after a few calls
+//
+// suite: inputs are a pure function of (rank, case, index), so every rank
+// knows every rank's input. Integer cases are checked exactly here against
+// that reference (a wrong byte anywhere is reported, exit 1); every case's
+// output bytes are hashed into the rank's file, and the test compares the
+// files of a run across hosts with those of a run on one host: in
+// deterministic mode floating-point results must match bit for bit.
+//
+// fault: the other ranks must raise an mc2::Error; each prints
+// "rank R error: WHAT" and exits 3.
+#include <mc2/mc2.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace {
+
+int g_failures = 0;
+
+uint64_t Hash(const void* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= b[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Values of varied magnitude, so that the order of a floating-point sum
+// shows in its last bits.
+float FloatInput(int rank, int kase, size_t i) {
+  double x = std::sin(0.37 * static_cast<double>(i) + 1.7 * rank + 0.11 * kase);
+  return static_cast<float>(x * std::pow(10.0, (rank * 3 + i) % 7 - 3));
+}
+int32_t IntInput(int rank, int kase, size_t i) {
+  return static_cast<int32_t>((rank + 1) * 1000003 + kase * 7919 + static_cast<int64_t>(i) * 31);
+}
+
+struct Out {
+  std::ofstream file;
+  void Record(const std::string& name, const void* p, size_t bytes) {
+    file << name << " " << std::hex << Hash(p, bytes) << std::dec << "\n";
+  }
+  void Check(const std::string& name, bool ok, const std::string& detail) {
+    if (!ok) {
+      ++g_failures;
+      std::fprintf(stderr, "FAILED %s: %s\n", name.c_str(), detail.c_str());
+    }
+  }
+};
+
+std::vector<uint16_t> ToBf16(const std::vector<float>& f) {
+  std::vector<uint16_t> out(f.size());
+  for (size_t i = 0; i < f.size(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, &f[i], 4);
+    out[i] = static_cast<uint16_t>(u >> 16);
+  }
+  return out;
+}
+
+void AllReduceCases(const mc2::Group& g, Out& out, const std::string& prefix) {
+  const int n = g.size(), r = g.rank();
+  const size_t sizes[] = {1, 7, 1000, 65537, (size_t{1} << 20) + 3};
+  int kase = 0;
+  for (size_t count : sizes) {
+    ++kase;
+    // f32 sum, out of place and in place.
+    std::vector<float> in(count), res(count);
+    for (size_t i = 0; i < count; ++i) in[i] = FloatInput(r, kase, i);
+    mc2::AllReduce(g, in.data(), res.data(), count, mc2::DType::kF32, mc2::ReduceOp::kSum).Wait();
+    out.Record(prefix + "all_reduce_f32_sum_" + std::to_string(count), res.data(), count * 4);
+    std::vector<float> inplace = in;
+    mc2::AllReduce(g, inplace.data(), inplace.data(), count, mc2::DType::kF32,
+                   mc2::ReduceOp::kSum)
+        .Wait();
+    out.Check(prefix + "all_reduce_in_place_" + std::to_string(count),
+              std::memcmp(inplace.data(), res.data(), count * 4) == 0,
+              "in place differs from out of place");
+    // f32 average and max, bf16 sum.
+    mc2::AllReduce(g, in.data(), res.data(), count, mc2::DType::kF32, mc2::ReduceOp::kAvg).Wait();
+    out.Record(prefix + "all_reduce_f32_avg_" + std::to_string(count), res.data(), count * 4);
+    mc2::AllReduce(g, in.data(), res.data(), count, mc2::DType::kF32, mc2::ReduceOp::kMax).Wait();
+    out.Record(prefix + "all_reduce_f32_max_" + std::to_string(count), res.data(), count * 4);
+    std::vector<uint16_t> b = ToBf16(in), bres(count);
+    mc2::AllReduce(g, b.data(), bres.data(), count, mc2::DType::kBF16, mc2::ReduceOp::kSum).Wait();
+    out.Record(prefix + "all_reduce_bf16_sum_" + std::to_string(count), bres.data(), count * 2);
+    // i32 sum: exact, checked against the reference.
+    std::vector<int32_t> iin(count), ires(count);
+    for (size_t i = 0; i < count; ++i) iin[i] = IntInput(r, kase, i);
+    mc2::AllReduce(g, iin.data(), ires.data(), count, mc2::DType::kI32, mc2::ReduceOp::kSum).Wait();
+    bool ok = true;
+    for (size_t i = 0; i < count && ok; ++i) {
+      uint32_t want = 0;  // integers wrap
+      for (int p = 0; p < n; ++p) want += static_cast<uint32_t>(IntInput(p, kase, i));
+      ok = static_cast<uint32_t>(ires[i]) == want;
+    }
+    out.Check(prefix + "all_reduce_i32_" + std::to_string(count), ok, "wrong sum");
+  }
+}
+
+void OtherCases(const mc2::Group& g, Out& out) {
+  const int n = g.size(), r = g.rank();
+  for (size_t count : {size_t{3}, size_t{70001}}) {
+    const std::string c = "_" + std::to_string(count);
+    // reduce (f32, root 1) and reduce_scatter (f32): hashed.
+    std::vector<float> in(count * n), res(count * n, 0.f);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = FloatInput(r, 40, i);
+    mc2::Reduce(g, in.data(), res.data(), count, mc2::DType::kF32, mc2::ReduceOp::kSum, 1 % n)
+        .Wait();
+    if (r == 1 % n) out.Record("reduce" + c, res.data(), count * 4);
+    mc2::ReduceScatter(g, in.data(), res.data(), count, mc2::DType::kF32, mc2::ReduceOp::kSum)
+        .Wait();
+    out.Record("reduce_scatter" + c, res.data(), count * 4);
+    // reduce_scatterv: rank p gets count + p elements.
+    std::vector<size_t> counts(n);
+    for (int p = 0; p < n; ++p) counts[p] = count + p;
+    std::vector<float> vin(std::accumulate(counts.begin(), counts.end(), size_t{0}));
+    for (size_t i = 0; i < vin.size(); ++i) vin[i] = FloatInput(r, 41, i);
+    std::vector<float> vres(counts[r]);
+    mc2::ReduceScatterV(g, vin.data(), vres.data(), counts, mc2::DType::kF32,
+                        mc2::ReduceOp::kSum)
+        .Wait();
+    out.Record("reduce_scatterv" + c, vres.data(), vres.size() * 4);
+
+    // The data movers, on i32, checked exactly.
+    std::vector<int32_t> mine(count), all(count * n), want(count * n);
+    for (size_t i = 0; i < count; ++i) mine[i] = IntInput(r, 50, i);
+    for (int p = 0; p < n; ++p)
+      for (size_t i = 0; i < count; ++i) want[p * count + i] = IntInput(p, 50, i);
+    mc2::AllGather(g, mine.data(), all.data(), count, mc2::DType::kI32).Wait();
+    out.Check("all_gather" + c, all == want, "wrong blocks");
+    std::vector<int32_t> ip(count * n, 0);
+    std::memcpy(ip.data() + r * count, mine.data(), count * 4);
+    mc2::AllGather(g, ip.data() + r * count, ip.data(), count, mc2::DType::kI32).Wait();
+    out.Check("all_gather_in_place" + c, ip == want, "wrong blocks");
+    std::fill(all.begin(), all.end(), 0);
+    mc2::Gather(g, mine.data(), all.data(), count, mc2::DType::kI32, 0).Wait();
+    if (r == 0) out.Check("gather" + c, all == want, "wrong blocks");
+    // broadcast from the last rank.
+    std::vector<int32_t> bc(count);
+    if (r == n - 1) bc = mine;
+    mc2::Broadcast(g, bc.data(), bc.data(), count, mc2::DType::kI32, n - 1).Wait();
+    bool ok = true;
+    for (size_t i = 0; i < count; ++i) ok = ok && bc[i] == IntInput(n - 1, 50, i);
+    out.Check("broadcast" + c, ok, "wrong data");
+    // scatter from rank 0: rank p gets rank 0's block p.
+    std::vector<int32_t> src(count * n), got(count);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = IntInput(0, 51, i);
+    mc2::Scatter(g, src.data(), got.data(), count, mc2::DType::kI32, 0).Wait();
+    ok = true;
+    for (size_t i = 0; i < count; ++i) ok = ok && got[i] == IntInput(0, 51, r * count + i);
+    out.Check("scatter" + c, ok, "wrong block");
+    // all_to_all: block p of rank s is IntInput(s, 52, p * count + i).
+    std::vector<int32_t> a2a(count * n), a2r(count * n);
+    for (size_t i = 0; i < a2a.size(); ++i) a2a[i] = IntInput(r, 52, i);
+    mc2::AllToAll(g, a2a.data(), a2r.data(), count, mc2::DType::kI32).Wait();
+    ok = true;
+    for (int s = 0; s < n; ++s)
+      for (size_t i = 0; i < count; ++i)
+        ok = ok && a2r[s * count + i] == IntInput(s, 52, r * count + i);
+    out.Check("all_to_all" + c, ok, "wrong blocks");
+    mc2::AllToAll(g, a2a.data(), a2a.data(), count, mc2::DType::kI32).Wait();
+    out.Check("all_to_all_in_place" + c, a2a == a2r, "in place differs");
+    // all_gatherv: rank p contributes count + p elements.
+    std::vector<int32_t> gv(std::accumulate(counts.begin(), counts.end(), size_t{0}));
+    std::vector<int32_t> mv(counts[r]);
+    for (size_t i = 0; i < mv.size(); ++i) mv[i] = IntInput(r, 53, i);
+    mc2::AllGatherV(g, mv.data(), gv.data(), counts, {}, mc2::DType::kI32).Wait();
+    ok = true;
+    size_t at = 0;
+    for (int p = 0; p < n; ++p)
+      for (size_t i = 0; i < counts[p]; ++i) ok = ok && gv[at++] == IntInput(p, 53, i);
+    out.Check("all_gatherv" + c, ok, "wrong blocks");
+  }
+  mc2::Barrier(g).Wait();
+}
+
+void PointToPoint(const mc2::Group& g, Out& out) {
+  const int n = g.size(), r = g.rank();
+  if (n < 2) return;
+  // A ring, with a message larger than the MPI engine's piece.
+  for (size_t count : {size_t{5}, (size_t{5} << 20) / 4 + 1}) {
+    std::vector<int32_t> s(count), d(count, 0);
+    for (size_t i = 0; i < count; ++i) s[i] = IntInput(r, 60, i);
+    mc2::Work rw = g.Recv(d.data(), count * 4, (r + n - 1) % n, 7);
+    mc2::Work sw = g.Send(s.data(), count * 4, (r + 1) % n, 7);
+    sw.Wait();
+    rw.Wait();
+    bool ok = true;
+    for (size_t i = 0; i < count; ++i) ok = ok && d[i] == IntInput((r + n - 1) % n, 60, i);
+    out.Check("send_recv_" + std::to_string(count), ok, "wrong message");
+  }
+}
+
+int Suite(const char* dir) {
+  mc2::Group world = mc2::Group::FromEnv();
+  Out out;
+  out.file.open(std::string(dir) + "/rank" + std::to_string(world.rank()) + ".txt");
+  AllReduceCases(world, out, "world_");
+  OtherCases(world, out);
+  PointToPoint(world, out);
+  // Symmetric memory in a collective.
+  {
+    const size_t count = 4099;
+    mc2::SymmetricBuffer buf = world.AllocSymmetric(count * 4);
+    for (size_t i = 0; i < count; ++i) buf.as<float>()[i] = FloatInput(world.rank(), 70, i);
+    mc2::AllReduce(world, buf.data(), buf.data(), count, mc2::DType::kF32, mc2::ReduceOp::kSum)
+        .Wait();
+    out.Record("symmetric_all_reduce", buf.data(), count * 4);
+    mc2::Barrier(world).Wait();
+  }
+  // Subgroups: by parity (across hosts in the box) and by halves (one host
+  // each with 2 ranks per host).
+  for (int mode = 0; mode < 2; ++mode) {
+    int color = mode == 0 ? world.rank() % 2 : world.rank() / 2;
+    mc2::Group sub = world.Split(color, world.rank());
+    std::string prefix = (mode == 0 ? "split_parity" : "split_halves") + std::to_string(color) +
+                         "_";
+    AllReduceCases(sub, out, prefix);
+    PointToPoint(sub, out);
+    mc2::Barrier(sub).Wait();
+  }
+  // Nobody leaves while a peer still runs (a rank that exits is a dead
+  // peer to the others).
+  mc2::Barrier(world).Wait();
+  out.file.close();
+  std::printf("rank %d: %s\n", world.rank(), g_failures ? "FAILED" : "ok");
+  return g_failures ? 1 : 0;
+}
+
+int Fault(int kill_rank) {
+  mc2::Group world = mc2::Group::FromEnv();
+  std::vector<float> v(1 << 16, 1.f);
+  try {
+    for (int it = 0; it < 1000000; ++it) {
+      if (world.rank() == kill_rank && it == 20) {
+        std::fflush(stdout);
+        raise(SIGKILL);
+      }
+      mc2::AllReduce(world, v.data(), v.data(), v.size(), mc2::DType::kF32, mc2::ReduceOp::kMax)
+          .Wait();
+    }
+  } catch (const mc2::Error& e) {
+    std::printf("rank %d error: %s\n", world.rank(), e.what());
+    std::fflush(stdout);
+    std::exit(3);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "suite") {
+    try {
+      return Suite(argv[2]);
+    } catch (const mc2::Error& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    }
+  }
+  if (argc == 3 && std::string(argv[1]) == "fault") return Fault(std::atoi(argv[2]));
+  std::fprintf(stderr, "usage: %s suite OUTDIR | fault KILLRANK\n", argv[0]);
+  return 2;
+}
