@@ -179,5 +179,12 @@ def test_mlp_on_torch_process_groups(world, sp):
     assert resolve(pg).fused and resolve(None).fused
     check_mlp(pg, world.rank(), world.size(), sp, "auto")
     gloo = dist.new_group(backend="gloo")
-    assert not resolve(gloo).fused
-    check_mlp(gloo, world.rank(), world.size(), sp, "auto")
+    try:
+        assert not resolve(gloo).fused
+        check_mlp(gloo, world.rank(), world.size(), sp, "auto")
+    finally:
+        # Gloo's threads must stop before the interpreter exits: a group
+        # left to the process's end can abort it ("terminate called
+        # without an active exception").
+        dist.barrier(group=gloo)
+        dist.destroy_process_group(gloo)

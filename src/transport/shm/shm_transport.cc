@@ -392,6 +392,12 @@ std::unique_ptr<transport::Transport> MapJobTransport(int rank, int size, size_t
     int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
     if (fd < 0) {
       if (errno == ESRCH) {
+        // Gone already. A launcher that reaped it records how it ended
+        // (its signal or status) a moment later: give it that moment, so
+        // that the error says more than "has exited".
+        const auto until = transport::Clock::now() + std::chrono::milliseconds(200);
+        while (!jc->aborted.load(std::memory_order_acquire) && transport::Clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
         RecordFailure(jc, r, FailureKind::kSignal, 0, "");
         throw Error(ErrorCode::kPeerDied, DescribeFailure(jc), rank, "init");
       }
