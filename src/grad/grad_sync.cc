@@ -386,6 +386,7 @@ class GradSync::Impl {
         auto [ob, os] = where_[p];
         auto [nb, ns] = where[p];
         const size_t esz = DTypeSize(params_[p].dtype);
+        if (params_[p].count == 0) continue;  // no storage to carry (maybe null)
         std::memcpy(static_cast<char*>(ex[nb]->data()) + plan[nb].offsets[ns] * esz,
                     static_cast<char*>(ex_[ob]->data()) + plan_[ob].offsets[os] * esz,
                     params_[p].count * esz);

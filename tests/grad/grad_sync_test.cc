@@ -104,7 +104,10 @@ TEST(GradSync, BucketedEqualsOneAllReducePerTensorBitwise) {
           AllReduce(g, ref[p].data(), ref[p].data(), kSizes[p], c.dtype,
                     c.average ? ReduceOp::kAvg : ReduceOp::kSum)
               .Wait();
-          ASSERT_EQ(std::memcmp(ref[p].data(), sync.Grad(static_cast<int>(p)), kSizes[p] * esz), 0)
+          // (An empty parameter has no storage: memcmp may not see its null.)
+          ASSERT_TRUE(kSizes[p] == 0 ||
+                      std::memcmp(ref[p].data(), sync.Grad(static_cast<int>(p)),
+                                  kSizes[p] * esz) == 0)
               << "param " << p << " step " << step;
         }
         if (c.dtype == DType::kF32) {  // and against the canonical order itself
