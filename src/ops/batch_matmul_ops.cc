@@ -372,6 +372,10 @@ FusedReport AllGatherBatchMatmul(const Group& g, const AllGatherBatchMatmulArgs&
         fused::Scratch<char> own_ag, own_g;
         BatchArgs x{static_cast<const char*>(a_shard), static_cast<const char*>(b), c,
                     static_cast<char*>(gathered_a), nullptr};
+        // Nothing to multiply or to gather on any rank (the plan is agreed):
+        // done at once, however many empty entries the batch has.
+        const bool no_rows = p.batch == 0 || p.M == 0;
+        if (no_rows || (p.n == 0 && p.k == 0)) return;
         if (p.size == 1) {  // the shard is the whole A: no communication
           MultiplyRows(p, x, 0, x.a_shard, 0, p.batch * p.rows[0]);
           return;

@@ -226,6 +226,28 @@ TEST(BatchMatmulOps, EmptyInnerDimensionGivesZeros) {
   EXPECT_EQ(bad.load(), 0);
 }
 
+// A batch of 2^62 empty products (k = n = 0) has nothing to do and must
+// return at once on every pipeline (found by ops_sizes_fuzz: it looped over
+// the entries).
+TEST(BatchMatmulOps, AHugeBatchOfEmptyProductsReturnsAtOnce) {
+  Group::RunInProcess(2, [&](Group& g) {
+    float a = 1, b = 1, c = 1;
+    for (const FusedOptions& o : AllPipelines()) {
+      AllGatherBatchMatmul(g,
+                           {.a = &a,
+                            .b = &b,
+                            .c = &c,
+                            .m = 1,
+                            .k = 0,
+                            .n = 0,
+                            .dtype = DType::kF32,
+                            .batch = size_t{1} << 62,
+                            .b_layout = BatchB::kPerBatch},
+                           o);
+    }
+  });
+}
+
 TEST(BatchMatmulOps, InconsistentArgumentsFailEverywhere) {
   const std::vector<int> mis(3, static_cast<int>(ErrorCode::kMismatch));
   const std::vector<int> inv(3, static_cast<int>(ErrorCode::kInvalidArgument));
