@@ -265,6 +265,11 @@ void RunMoe(const mc2::Group& g, const Args& a) {
     }
     default: {  // kMoeMlp: d = k, h1 = n, h2; the identity activation
       const u128 h2 = a.h2;
+      // The hidden rows (received rows x h1, x h2, f32) are scratch the
+      // operator allocates itself, beyond the caller's buffers: kept small
+      // here like those, as an allocation the size of the machine would
+      // only fail in the allocator (std::bad_alloc), not in the checks.
+      if (got * nn * 4 > kRealBytes || got * h2 * 4 > kRealBytes) return;
       Buffers buf({tokens * k * e, local_experts * k * nn * e, local_experts * h2 * k * e,
                    tokens * k * 4});
       mc2::MoeMlp(g, routing,
