@@ -365,7 +365,7 @@ FusedReport AllGatherBatchMatmul(const Group& g, const AllGatherBatchMatmulArgs&
   }
   BatchPlan p = MakeBatchPlan(g, mine, err, options);
   fused::OverlapWork overlap(options.overlap_work);
-  const auto flops = static_cast<uint64_t>(GemmFlops(p.batch * p.M, p.n, p.k));
+  const auto flops = fused::FlopCount(GemmFlops(p.batch, p.M, 1) * p.n * p.k);
   return fused::CompleteOp(
       g, kOpName, p.pipeline, p.splits, flops, overlap, [&](Pending& pend) {
         const size_t total_bytes = p.batch * p.M * p.k * p.esize;

@@ -123,6 +123,12 @@ inline std::string ArgChecks(DType dtype, const FusedOptions& o,
   return err;
 }
 
+// An operator's FLOP count for its trace span, saturated: the shapes of a
+// call that does little (empty rows) may still multiply out beyond uint64.
+inline uint64_t FlopCount(double flops) {
+  return flops >= 18446744073709549568.0 ? UINT64_MAX : static_cast<uint64_t>(flops);
+}
+
 // pipeline << 32 | splits, the form the agreement messages carry.
 inline uint64_t PackPipelineSplits(const FusedOptions& o) {
   return (uint64_t(static_cast<uint8_t>(o.pipeline)) << 32) |

@@ -667,7 +667,7 @@ void RunMatmulAllReduce(const Group& g, const Plan& p, const char* a, const char
 template <typename Body>
 FusedReport Complete(const Group& g, const Plan& p, Body&& body) {
   return fused::CompleteOp(g, p.name, p.pipeline, p.splits,
-                           static_cast<uint64_t>(GemmFlops(p.M, p.n, p.k)), *p.overlap,
+                           fused::FlopCount(GemmFlops(p.M, p.n, p.k)), *p.overlap,
                            std::forward<Body>(body));
 }
 

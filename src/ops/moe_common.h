@@ -188,7 +188,7 @@ FusedReport RunMoeOp(const Group& g, const char* op, const MoeRouting& routing, 
   const double flops = op == kDispatchName  ? GemmFlops(p.R, p.h, p.d)
                        : op == kCombineName ? GemmFlops(p.R, p.d, p.h)
                                             : GemmFlops(p.R, p.h, p.d) + GemmFlops(p.R, p.d, p.h2);
-  return fused::CompleteOp(g, op, p.pipeline, p.splits, static_cast<uint64_t>(flops), overlap,
+  return fused::CompleteOp(g, op, p.pipeline, p.splits, fused::FlopCount(flops), overlap,
                            [&](Pending& pend) { body(p, overlap, pend); });
 }
 
