@@ -164,6 +164,11 @@ void RunDense(const mc2::Group& g, const Args& a) {
   const DType t = TypeOf(a.dtype);
   const size_t e = a.dtype < 4 ? mc2::DTypeSize(t) : 1;
   const u128 m = a.m, k = a.k, nn = a.n, rows = m * static_cast<u128>(n);
+  // The gathered A (M x k, times the batch) is scratch the gathering
+  // operators allocate themselves when the caller passes none: kept small
+  // here like the caller's buffers (see kMoeMlp below).
+  const u128 batch_rows = a.call == Call::kAllGatherBatchMatmul ? rows * a.batch : rows;
+  if (batch_rows * k * e > kRealBytes) return;
   switch (a.call) {
     case Call::kAllGatherMatmul: {
       Buffers buf({m * k * e, k * nn * e, rows * nn * 4, a.flag ? rows * k * e : 0});

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdint>
 #include <new>
 #include <utility>
 #include <vector>
@@ -16,6 +17,7 @@ constexpr std::align_val_t kAlign{64};
 // wasting at most 1/8.
 size_t RoundUp(size_t bytes) {
   if (bytes <= 4096) return 4096;
+  if (bytes > (SIZE_MAX >> 2)) return bytes;  // no power of two above it: the allocation fails
   const size_t step = std::bit_ceil(bytes) / 8;
   return (bytes + step - 1) / step * step;
 }
