@@ -69,6 +69,7 @@ struct MpiEngine::Impl {
     std::shared_ptr<Completion> done;
     int peer;
     bool send;
+    bool standing;  // IrecvStanding: cancelled at stop
   };
   std::vector<Slot> slots;
   MPI_Request ctl_req = MPI_REQUEST_NULL;
@@ -197,6 +198,29 @@ std::shared_ptr<Completion> MpiEngine::Irecv(CommId comm, int peer, int tag, voi
   return Post(std::move(r), std::move(on_done));
 }
 
+std::shared_ptr<Completion> MpiEngine::IrecvStanding(CommId comm, int peer, int tag, void* data,
+                                                     size_t bytes, OnDone on_done) {
+  Request r;
+  r.kind = Request::kRecv;
+  r.standing = true;
+  r.comm = comm;
+  r.peer = peer;
+  r.tag = tag;
+  r.data = static_cast<char*>(data);
+  r.bytes = bytes;
+  return Post(std::move(r), std::move(on_done));
+}
+
+void MpiEngine::Cancel(const std::shared_ptr<Completion>& standing) {
+  Request r;
+  r.kind = Request::kCancel;
+  r.done = standing;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return;  // the stop cancels every standing receive
+  queue_.push_back(std::move(r));
+  cv_.notify_all();
+}
+
 void MpiEngine::RunCall(std::function<void()> fn) {
   Request r;
   r.kind = Request::kCall;
@@ -308,6 +332,29 @@ void MpiEngine::Loop() {
     }
     if (now_done && c.on_done_) c.on_done_(c.error_);
   };
+  // Cancels the standing receive in slot i (MPI thread): it fails with
+  // kAborted unless it had matched already (then it completes normally).
+  auto cancel_slot = [&](size_t i) {
+    MPI_Cancel(&m.reqs[i]);
+    MPI_Status st;
+    int cancelled = 1;
+    if (!failed() && MPI_Wait(&m.reqs[i], &st) == MPI_SUCCESS) MPI_Test_cancelled(&st, &cancelled);
+    finish(*m.slots[i].done,
+           cancelled ? std::make_exception_ptr(Error(ErrorCode::kAborted, "receive cancelled"))
+                     : nullptr);
+    m.slots[i].done.reset();
+  };
+  auto compact = [&] {
+    size_t w = 0;
+    for (size_t i = 0; i < m.reqs.size(); ++i)
+      if (m.slots[i].done) {
+        m.reqs[w] = m.reqs[i];
+        m.slots[w] = std::move(m.slots[i]);
+        ++w;
+      }
+    m.reqs.resize(w);
+    m.slots.resize(w);
+  };
   auto set_announced = [&] {
     std::lock_guard<std::mutex> lock(fail_mu_);
     announced_ = true;
@@ -342,6 +389,12 @@ void MpiEngine::Loop() {
         finish(*r.done, err);
         continue;
       }
+      if (r.kind == Request::kCancel) {
+        for (size_t i = 0; i < m.reqs.size(); ++i)
+          if (m.slots[i].done == r.done && m.slots[i].standing) cancel_slot(i);
+        compact();
+        continue;
+      }
       if (failed()) {
         finish(*r.done, fail_error());
         continue;
@@ -368,7 +421,7 @@ void MpiEngine::Loop() {
           break;
         }
         m.reqs.push_back(req);
-        m.slots.push_back({r.done, r.peer, r.kind == Request::kSend});
+        m.slots.push_back({r.done, r.peer, r.kind == Request::kSend, r.standing});
       }
     }
     if (!m.reqs.empty()) {
@@ -398,15 +451,7 @@ void MpiEngine::Loop() {
                true);
       if (outcount > 0) {
         progress = true;
-        size_t w = 0;
-        for (size_t i = 0; i < m.reqs.size(); ++i)
-          if (m.slots[i].done) {
-            m.reqs[w] = m.reqs[i];
-            m.slots[w] = std::move(m.slots[i]);
-            ++w;
-          }
-        m.reqs.resize(w);
-        m.slots.resize(w);
+        compact();
       }
     }
     // A failure sent by a peer.
@@ -485,7 +530,13 @@ void MpiEngine::Loop() {
         }
       }
     }
-    if (stopping && (m.reqs.empty() || failed())) break;
+    // Standing receives do not keep the engine alive: they are cancelled
+    // once every other request completed.
+    if (stopping) {
+      bool only_standing = true;
+      for (const auto& slot : m.slots) only_standing = only_standing && slot.standing;
+      if (only_standing || failed()) break;
+    }
     if (progress) {
       last_progress = now;
       continue;
@@ -506,8 +557,12 @@ void MpiEngine::Loop() {
       cv_.wait_for(lock, std::chrono::milliseconds(5));
     }
   }
-  // Stop: the receive of the control channel is cancelled, the
+  // Stop: standing receives are cancelled (their owners see kAborted), as
+  // is the receive of the control channel; the
   // communicators freed (not after a failure: freeing may wait for peers).
+  if (!failed())  // after a failure every request was cancelled and failed
+    for (size_t i = 0; i < m.reqs.size(); ++i)
+      if (m.slots[i].done && m.slots[i].standing) cancel_slot(i);
   if (m.ctl_req != MPI_REQUEST_NULL) {
     MPI_Cancel(&m.ctl_req);
     if (!failed()) MPI_Wait(&m.ctl_req, MPI_STATUS_IGNORE);
