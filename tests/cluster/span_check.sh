@@ -3,7 +3,10 @@
 # collective suite (tests/programs/span_suite.cc) on 2 hosts x 2 ranks
 # (started by `mc2 run --hosts`) and on 4 hosts x 1 rank (by mpirun) must
 # write, rank by rank, the very bytes of the same suite run by
-# `mc2 run -n 4` on one host; the bytes must cross the hosts' links; a rank
+# `mc2 run -n 4` on one host; so must the fused-operator suite
+# (tests/programs/span_ops.cc: every operator, every pipeline), and a bad
+# shape on one rank must raise an mc2::Error on every rank of every host
+# (no hang); the bytes must cross the hosts' links; a rank
 # killed on one host must make mpirun exit non-zero within the timeout + 2
 # s naming it, and any mc2 error printed must name the dead rank's host;
 # nothing may be left behind (processes, shared memory, namespaces).
@@ -24,8 +27,9 @@ fail() { echo "FAILED: $*"; exit 1; }
 [[ $(id -u) -eq 0 ]] || skip "needs root (network namespaces, veth, tc)"
 command -v mpirun >/dev/null || skip "mpirun is missing (Debian package openmpi-bin)"
 prog=$build/tests/test_prog_span_suite
+ops=$build/tests/test_prog_span_ops
 mc2=$build/tools/mc2
-[[ -x $prog && -x $mc2 ]] || fail "$prog or $mc2 was not built"
+[[ -x $prog && -x $ops && -x $mc2 ]] || fail "$prog, $ops or $mc2 was not built"
 
 name=mc2s
 cluster=(bash "$src/scripts/cluster.sh" --name $name --subnet 10.217.0)
@@ -41,10 +45,11 @@ shm_before=$(ls /dev/shm | sort)
 "${cluster[@]}" up 4 --rate 1gbit >/dev/null
 read -r -a margs <<<"$("${cluster[@]}" mpirun-args)"
 
-compare() {  # DIR: every rank's file equals the one-host run's
+compare() {  # DIR [ONE]: every rank's file equals the one-host run's (in ONE)
+  local one=${2:-$work/one}
   for r in 0 1 2 3; do
-    cmp -s "$work/one/rank$r.txt" "$1/rank$r.txt" ||
-      { diff "$work/one/rank$r.txt" "$1/rank$r.txt" | head -5; fail "$1: rank $r differs from one host"; }
+    cmp -s "$one/rank$r.txt" "$1/rank$r.txt" ||
+      { diff "$one/rank$r.txt" "$1/rank$r.txt" | head -5; fail "$1: rank $r differs from one host"; }
   done
 }
 
@@ -71,6 +76,43 @@ timeout 120 mpirun "${margs[@]}" -np 4 -H "$("${cluster[@]}" hosts 1)" \
   { cat "$work/x41.log"; fail "the suite failed on 4 hosts x 1 rank"; }
 compare "$work/x41"
 echo "4x1: bitwise equal to one host"
+
+# The fused operators: one host, then 2 hosts x 2 ranks and 4 hosts x 1
+# rank (the latter with 4 KiB MPI pieces, so chunks travel in many).
+mkdir -p "$work/ops1" "$work/ops22" "$work/ops41"
+"$mc2" run -n 4 "$ops" suite "$work/ops1" >"$work/ops1.log" 2>&1 ||
+  { cat "$work/ops1.log"; fail "the operator suite failed on one host"; }
+[[ $(wc -l <"$work/ops1/rank0.txt") -ge 40 ]] || fail "the one-host operator run recorded too few cases"
+read -r _ sent0 _ recv0 < <("${cluster[@]}" counters | head -1 | awk '{print $1, $3, $4, $5}')
+timeout 120 "$mc2" run --hosts ${name}h0:2,${name}h1:2 --mpirun-args "${margs[*]}" \
+    "$ops" suite "$work/ops22" >"$work/ops22.log" 2>&1 ||
+  { cat "$work/ops22.log"; fail "the operator suite failed on 2 hosts x 2 ranks"; }
+compare "$work/ops22" "$work/ops1"
+read -r _ sent1 _ recv1 < <("${cluster[@]}" counters | head -1 | awk '{print $1, $3, $4, $5}')
+# Host 0's ranks hand host 1 about 300 KB of operands and partial sums.
+(( sent1 - sent0 >= 300000 && recv1 - recv0 >= 300000 )) ||
+  fail "operators: host 0's link carried only $((sent1 - sent0)) B out, $((recv1 - recv0)) B in"
+echo "operators 2x2: bitwise equal to one host; host 0 link sent $((sent1 - sent0)) B, received $((recv1 - recv0)) B"
+timeout 120 mpirun "${margs[@]}" -x MC2_MPI_PIECE_BYTES=4096 -np 4 -H "$("${cluster[@]}" hosts 1)" \
+    "$ops" suite "$work/ops41" >"$work/ops41.log" 2>&1 ||
+  { cat "$work/ops41.log"; fail "the operator suite failed on 4 hosts x 1 rank"; }
+compare "$work/ops41" "$work/ops1"
+echo "operators 4x1: bitwise equal to one host"
+# A bad shape on one rank: every rank raises it (a mismatch, then an
+# invalid argument), and the group still works after.
+set +e
+timeout 60 mpirun "${margs[@]}" -x MC2_TIMEOUT=10s -np 4 -H ${name}h0:2,${name}h1:2 \
+    "$ops" bad >"$work/bad.log" 2>&1
+status=$?
+set -e
+[[ $status -eq 0 ]] || { cat "$work/bad.log"; fail "the bad-shape run exited $status"; }
+for r in 0 1 2 3; do
+  grep -q "^rank $r error: .*\[mismatch\].*args.k differs" "$work/bad.log" &&
+    grep -q "^rank $r error: .*\[invalid_argument\]" "$work/bad.log" &&
+    grep -q "^rank $r: bad ok" "$work/bad.log" ||
+    { cat "$work/bad.log"; fail "rank $r did not raise both errors and recover"; }
+done
+echo "operators: a bad shape on one rank raised an error on every rank"
 
 # A rank killed on host 1 (global rank 3): mpirun must end non-zero within
 # MC2_TIMEOUT + 2 s (plus the job's start-up), naming rank 3. Open MPI's
@@ -100,7 +142,9 @@ echo "fault: mpirun exited $status in ${elapsed_ms} ms; $(grep -c '^rank . error
 
 "${cluster[@]}" down >/dev/null
 sleep 1
-if pgrep -f test_prog_span_suite >/dev/null; then fail "processes left behind: $(pgrep -af test_prog_span_suite)"; fi
+if pgrep -f "test_prog_span_(suite|ops)" >/dev/null; then
+  fail "processes left behind: $(pgrep -af "test_prog_span_(suite|ops)")"
+fi
 if pgrep -f "orted.*${name}h" >/dev/null; then fail "orted left behind"; fi
 if ip netns list | grep -q "^${name}h"; then fail "namespaces left behind"; fi
 [[ "$(ls /dev/shm | sort)" == "$shm_before" ]] ||
