@@ -6,7 +6,8 @@
 # `mc2 run -n 4` on one host; so must the fused-operator suite
 # (tests/programs/span_ops.cc: every operator, every pipeline), and a bad
 # shape on one rank must raise an mc2::Error on every rank of every host
-# (no hang); the bytes must cross the hosts' links; a rank
+# (no hang); a few training steps of the reference transformer on 4 hosts
+# x 1 rank must give the losses and weights of one host; the bytes must cross the hosts' links; a rank
 # killed on one host must make mpirun exit non-zero within the timeout + 2
 # s naming it, and any mc2 error printed must name the dead rank's host;
 # nothing may be left behind (processes, shared memory, namespaces).
@@ -113,6 +114,17 @@ for r in 0 1 2 3; do
     { cat "$work/bad.log"; fail "rank $r did not raise both errors and recover"; }
 done
 echo "operators: a bad shape on one rank raised an error on every rank"
+
+# Training steps of the reference transformer (TP over the 4 hosts; TP 2 x
+# DP 2 with MoE over EP 2), against one host.
+mkdir -p "$work/train1" "$work/train41"
+"$mc2" run -n 4 "$ops" train "$work/train1" >"$work/train1.log" 2>&1 ||
+  { cat "$work/train1.log"; fail "training failed on one host"; }
+timeout 120 mpirun "${margs[@]}" -np 4 -H "$("${cluster[@]}" hosts 1)" \
+    "$ops" train "$work/train41" >"$work/train41.log" 2>&1 ||
+  { cat "$work/train41.log"; fail "training failed on 4 hosts x 1 rank"; }
+compare "$work/train41" "$work/train1"
+echo "training 4x1: losses and weights bitwise equal to one host"
 
 # A rank killed on host 1 (global rank 3): mpirun must end non-zero within
 # MC2_TIMEOUT + 2 s (plus the job's start-up), naming rank 3. Open MPI's

@@ -4,6 +4,11 @@
 //
 //   test_prog_span_ops suite OUTDIR   every fused operator, every pipeline;
 //                                     each rank writes OUTDIR/rank<R>.txt
+//   test_prog_span_ops train OUTDIR   a few training steps of the reference
+//                                     transformer (TP over 4 ranks; TP 2 x
+//                                     DP 2 with MoE over EP 2): each rank
+//                                     writes its losses and a hash of its
+//                                     parameters to OUTDIR/rank<R>.txt
 //   test_prog_span_ops bad            a bad shape on one rank: every rank
 //                                     must raise an mc2::Error, then the
 //                                     group must still work
@@ -16,6 +21,7 @@
 // hashed into the rank's file, and the test compares the files of a run
 // across hosts with those of a run on one host: bit for bit.
 #include <mc2/mc2.h>
+#include <mc2/models.h>
 
 #include <cmath>
 #include <cstdint>
@@ -354,6 +360,42 @@ int Suite(const char* dir) {
   return g_failures ? 1 : 0;
 }
 
+int Train(const char* dir) {
+  mc2::Group world = mc2::Group::FromEnv();
+  Out out;
+  out.file.open(std::string(dir) + "/rank" + std::to_string(world.rank()) + ".txt");
+  for (int moe = 0; moe < 2; ++moe) {
+    mc2::models::TransformerConfig cfg;
+    cfg.seed = 7;
+    cfg.fused.pipeline = mc2::Pipeline::kFused;
+    cfg.fused.splits = 2;
+    const int tp = moe ? 2 : world.size(), ep = moe ? 2 : 1;
+    if (moe) {
+      cfg.moe_experts = 4;
+      cfg.fused.pipeline = mc2::Pipeline::kAuto;
+    }
+    mc2::models::ProcessGrid grid = mc2::models::MakeGrid(world, tp, ep);
+    mc2::models::Transformer model(grid, cfg);
+    const std::string name = moe ? "train_moe_" : "train_dense_";
+    double first = 0, last = 0;
+    for (int step = 0; step < 3; ++step) {
+      mc2::models::StepStats st = model.TrainStep(step);
+      out.Record(name + "loss" + std::to_string(step), &st.loss, sizeof(st.loss));
+      (step == 0 ? first : last) = st.loss;
+    }
+    out.Check(name + "loss", std::isfinite(last) && last < first,
+              "loss went from " + std::to_string(first) + " to " + std::to_string(last));
+    uint64_t h = 0;
+    for (const mc2::models::ParamView& p : model.Parameters())
+      h = h * 31 + Hash(p.value, p.rows * p.cols * sizeof(float));
+    out.Record(name + "params", &h, sizeof(h));
+  }
+  mc2::Barrier(world).Wait();
+  out.file.close();
+  std::printf("rank %d: train %s\n", world.rank(), g_failures ? "FAILED" : "ok");
+  return g_failures ? 1 : 0;
+}
+
 // A bad shape on one rank: rank 1 gives k + 1 (a mismatch), then rank 2 a
 // null C (invalid). Every rank must raise the error; the group stays usable.
 int Bad() {
@@ -407,11 +449,12 @@ int Bad() {
 int main(int argc, char** argv) {
   try {
     if (argc == 3 && std::string(argv[1]) == "suite") return Suite(argv[2]);
+    if (argc == 3 && std::string(argv[1]) == "train") return Train(argv[2]);
     if (argc == 2 && std::string(argv[1]) == "bad") return Bad();
   } catch (const mc2::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: %s suite OUTDIR | bad\n", argv[0]);
+  std::fprintf(stderr, "usage: %s suite OUTDIR | train OUTDIR | bad\n", argv[0]);
   return 2;
 }
