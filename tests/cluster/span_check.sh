@@ -9,7 +9,8 @@
 # (no hang); a few training steps of the reference transformer on 4 hosts
 # x 1 rank must give the losses and weights of one host; the bytes must cross the hosts' links; a rank
 # killed on one host must make mpirun exit non-zero within the timeout + 2
-# s naming it, and any mc2 error printed must name the dead rank's host;
+# s naming it, and any mc2 error printed must name the dead rank's host
+# (in a collective loop, and in a loop of fused operator calls);
 # nothing may be left behind (processes, shared memory, namespaces).
 # Needs root; without it the check is skipped (exit 77) with the reason.
 #
@@ -152,11 +153,37 @@ if [[ -n $errors ]] && { grep -vqE "\[(peer_died|aborted)\]" <<<"$errors" ||
 fi
 echo "fault: mpirun exited $status in ${elapsed_ms} ms; $(grep -c '^rank . error' "$work/fault.log" || true) rank(s) printed the mc2 error first"
 
+# The same inside a fused operator: rank 1 (host 0) dies in the middle of
+# fused MatmulAllReduce calls over both hosts (tests/programs/
+# fused_fault_probe.cc); whoever reports must name host 0's death.
+fprog=$build/tests/test_prog_fused_fault_probe
+[[ -x $fprog ]] || fail "$fprog was not built"
+start=$(date +%s%N)
+set +e
+timeout 60 mpirun "${margs[@]}" -x MC2_TIMEOUT=5s -np 4 -H ${name}h0:2,${name}h1:2 \
+    "$fprog" kill >"$work/ffault.log" 2>&1
+status=$?
+set -e
+elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+[[ $status -ne 0 && $status -ne 124 ]] || { cat "$work/ffault.log"; fail "mpirun exited $status after a rank died in a fused call"; }
+(( elapsed_ms < 5000 + 2000 + 6000 )) || fail "the fused job took ${elapsed_ms} ms to end after the kill"
+grep -q "mpirun noticed that process rank 1" "$work/ffault.log" ||
+  { cat "$work/ffault.log"; fail "mpirun did not name rank 1"; }
+! grep -q "^rank .: finished\|wrong result" "$work/ffault.log" ||
+  { cat "$work/ffault.log"; fail "a rank finished or computed a wrong result after the kill"; }
+errors=$(grep -E "^rank [0-3]: failed" "$work/ffault.log" || true)
+if [[ -n $errors ]] && { grep -vqE "(peer_died|aborted):" <<<"$errors" ||
+                         grep -vq "global ranks 0,1" <<<"$errors" ||
+                         grep -vqE "has exited|was killed" <<<"$errors"; }; then
+  cat "$work/ffault.log"; fail "a rank reported another error than the death of a rank of host 0"
+fi
+echo "fused fault: mpirun exited $status in ${elapsed_ms} ms; $(grep -c '^rank .: failed' "$work/ffault.log" || true) rank(s) printed the mc2 error first"
+
 "${cluster[@]}" down >/dev/null
 sleep 1
-if pgrep -f "test_prog_span_(suite|ops)" >/dev/null; then
-  fail "processes left behind: $(pgrep -af "test_prog_span_(suite|ops)")"
-fi
+# The programs themselves (their path), not e.g. a build naming them.
+left="/tests/test_prog_(span_suite|span_ops|fused_fault_probe)( |$)"
+if pgrep -f "$left" >/dev/null; then fail "processes left behind: $(pgrep -af "$left")"; fi
 if pgrep -f "orted.*${name}h" >/dev/null; then fail "orted left behind"; fi
 if ip netns list | grep -q "^${name}h"; then fail "namespaces left behind"; fi
 [[ "$(ls /dev/shm | sort)" == "$shm_before" ]] ||
