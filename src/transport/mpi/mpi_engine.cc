@@ -543,16 +543,25 @@ void MpiEngine::Loop() {
     }
     // Requests in flight: poll, yielding, for a while after the last
     // progress (a reply is often microseconds away), then in short sleeps.
+    // Only standing receives (a channel waiting for its next call): the
+    // same for 10 ms after the last progress (a call's next chunk), then
+    // every millisecond, so that an idle job costs no CPU to speak of.
     // Idle: sleep until a request arrives, at most until the next probe.
+    bool standing_only = !m.reqs.empty();
+    for (const auto& slot : m.slots) standing_only = standing_only && slot.standing;
+    const bool busy = (!m.reqs.empty() && !standing_only) || !m.ctl_out_reqs.empty() ||
+                      (standing_only && now - last_progress < std::chrono::milliseconds(10));
     std::unique_lock<std::mutex> lock(mu_);
     if (!queue_.empty() || stop_) continue;
-    if (!m.reqs.empty() || !m.ctl_out_reqs.empty()) {
+    if (busy) {
       if (now - last_progress < std::chrono::microseconds(200)) {
         lock.unlock();
         sched_yield();
       } else {
         cv_.wait_for(lock, std::chrono::microseconds(100));
       }
+    } else if (standing_only) {
+      cv_.wait_for(lock, std::chrono::milliseconds(1));
     } else {
       cv_.wait_for(lock, std::chrono::milliseconds(5));
     }
