@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -46,9 +47,12 @@ struct Buffer {
   void Resize(size_t n) {
     n = (std::max<size_t>(n, 64) + 63) & ~size_t{63};
     char* p = static_cast<char*>(std::aligned_alloc(64, n));
+    // kSystem, not an agreed error: the call fails on this rank alone, so
+    // the operator aborts the job and the peers fail at once.
     if (!p)
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("the fused operator's channel cannot allocate {} bytes", n));
+      throw Error(ErrorCode::kSystem,
+                  fmt::format("the fused operator's channel cannot allocate {} bytes: {}", n,
+                              std::strerror(ENOMEM)));
     data.reset(p);
     bytes = n;
   }
@@ -214,6 +218,9 @@ void SpanChannel::Begin(size_t window_bytes, std::chrono::nanoseconds timeout, c
       s.wait_cv.wait_for(lock, std::chrono::milliseconds(1));
     }
   }
+  // At least a page, as over shared memory: every window and mirror has an
+  // address even in a call that moves nothing.
+  window_bytes = std::max<size_t>(window_bytes, 4096);
   if (s.window.bytes < window_bytes)
     s.window.Resize(std::max(window_bytes, std::min(s.window.bytes * 2, window_bytes * 2)));
 }
