@@ -170,7 +170,7 @@ class Channel {
   uint64_t CounterOff(int owner, int phase, int src) const;
   void Grow(size_t bytes);
 
-  GroupImpl* const g_;  // owns this channel
+  GroupImpl* const g_;                 // owns this channel
   std::unique_ptr<SpanChannel> span_;  // a group that spans hosts: the MPI backend
   CallInfo call_;
   SymmetricBuffer counters_, window_;

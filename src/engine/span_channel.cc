@@ -65,8 +65,8 @@ struct SpanChannel::State {
   transport::mpi::CommId comm;
   int n, me, phases;
   Buffer window;
-  std::vector<Buffer> mirror;                     // per source; MPI thread writes
-  std::vector<Header> header_in;                  // per source
+  std::vector<Buffer> mirror;                      // per source; MPI thread writes
+  std::vector<Header> header_in;                   // per source
   std::unique_ptr<std::atomic<uint64_t>[]> count;  // [phase * n + src]
   // Per source, the phases of the notifications whose bytes are still on
   // their way, in order, and whether each landed (MPI thread only).
@@ -77,11 +77,11 @@ struct SpanChannel::State {
   std::vector<std::deque<InFlight>> inflight;
   std::vector<uint64_t> inflight_base;  // sequence number of inflight.front()
 
-  std::mutex send_mu;              // orders header + data pairs
-  std::atomic<int64_t> sends{0};   // Isends not completed yet
-  std::mutex wait_mu;              // waiters sleep on wait_cv
+  std::mutex send_mu;             // orders header + data pairs
+  std::atomic<int64_t> sends{0};  // Isends not completed yet
+  std::mutex wait_mu;             // waiters sleep on wait_cv
   std::condition_variable wait_cv;
-  std::mutex standing_mu;          // guards closing and standing
+  std::mutex standing_mu;  // guards closing and standing
   bool closing = false;
   std::vector<std::shared_ptr<Completion>> standing;  // per source
 
@@ -113,13 +113,13 @@ struct SpanChannel::State {
       // The callback holds the state (the receive writes into it); the
       // cycle through `standing` ends when the receive completes or the
       // destructor takes `standing`.
-      st->standing[src] = st->mpi->IrecvStanding(
-          st->comm, src, kHeaderTag, &st->header_in[src], sizeof(Header),
-          [st, src](std::exception_ptr ep) {
-            // Cancelled (closing, engine stopping) or failed: the engine has
-            // recorded any failure, which every waiter checks.
-            if (!ep) OnHeader(st, src);
-          });
+      st->standing[src] = st->mpi->IrecvStanding(st->comm, src, kHeaderTag, &st->header_in[src],
+                                                 sizeof(Header), [st, src](std::exception_ptr ep) {
+                                                   // Cancelled (closing, engine stopping) or
+                                                   // failed: the engine has recorded any failure,
+                                                   // which every waiter checks.
+                                                   if (!ep) OnHeader(st, src);
+                                                 });
     } catch (const Error&) {
       // The engine stopped (process exit): nothing more will arrive.
     }
@@ -241,8 +241,8 @@ void SpanChannel::Notify(int dst, int phase, size_t offset, size_t bytes) const 
   State& s = *st_;
   MC2_ENFORCE(offset + bytes <= s.window.bytes, "notify [{}, {}) of a {}-byte window", offset,
               offset + bytes, s.window.bytes);
-  auto h = std::make_shared<Header>(
-      Header{static_cast<uint64_t>(phase), offset, bytes, s.window.bytes});
+  auto h =
+      std::make_shared<Header>(Header{static_cast<uint64_t>(phase), offset, bytes, s.window.bytes});
   // The callbacks keep the state (the window) until the send completed.
   auto done = [st = st_](std::exception_ptr) {
     st->sends.fetch_sub(1, std::memory_order_acq_rel);
@@ -298,8 +298,6 @@ Work SpanChannel::SendRecv(bool send, char* data, size_t bytes, int peer, int ta
   return SpanSendRecv(*g_, send, data, bytes, peer, kSendRecvTag + tag, /*internal=*/true);
 }
 
-void SpanChannel::Abort(const Error& error) const {
-  SpanAbort(g_->span->net, &g_->world(), error);
-}
+void SpanChannel::Abort(const Error& error) const { SpanAbort(g_->span->net, &g_->world(), error); }
 
 }  // namespace mc2::internal
