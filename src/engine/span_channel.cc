@@ -281,8 +281,7 @@ void SpanChannel::Wait(int src, int phase, uint64_t total, const char* op,
     sg.node->tx().CheckHealth(/*thorough=*/false);
     if (SteadyClock::now() > deadline)
       throw Error(ErrorCode::kTimeout,
-                  fmt::format("{} did not arrive within the timeout (from global rank {}, over "
-                              "MPI)",
+                  fmt::format("timed out waiting for {} (global rank {}, over MPI)",
                               describe_missing ? describe_missing() : std::string("a chunk"),
                               sg.members[src]),
                   g_->rank(), op);

@@ -6,7 +6,8 @@
 # `mc2 run -n 4` on one host; so must the fused-operator suite
 # (tests/programs/span_ops.cc: every operator, every pipeline), and a bad
 # shape on one rank must raise an mc2::Error on every rank of every host
-# (no hang); a few training steps of the reference transformer on 4 hosts
+# (no hang), and a stalled producer must time out naming the missing
+# chunk; a few training steps of the reference transformer on 4 hosts
 # x 1 rank must give the losses and weights of one host; the bytes must cross the hosts' links; a rank
 # killed on one host must make mpirun exit non-zero within the timeout + 2
 # s naming it, and any mc2 error printed must name the dead rank's host
@@ -115,6 +116,25 @@ for r in 0 1 2 3; do
     { cat "$work/bad.log"; fail "rank $r did not raise both errors and recover"; }
 done
 echo "operators: a bad shape on one rank raised an error on every rank"
+
+# A stalled producer: rank 1 (host 0) sleeps in the middle of a fused
+# MatmulAllReduce whose timeout is 1 s; the ranks waiting for its chunks
+# must raise kTimeout naming the missing chunk (or kAborted carrying it),
+# and the job must end.
+start=$(date +%s%N)
+set +e
+timeout 60 mpirun "${margs[@]}" -np 4 -H ${name}h0:2,${name}h1:2 "$ops" stall >"$work/stall.log" 2>&1
+status=$?
+set -e
+elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+[[ $status -ne 0 && $status -ne 124 ]] || { cat "$work/stall.log"; fail "the stalled job exited $status"; }
+(( elapsed_ms < 15000 )) || fail "the stalled job took ${elapsed_ms} ms to end"
+grep -qE "^rank [023] error: .*\[timeout\].*timed out waiting for chunk [0-9]+ of 4 from rank 1" "$work/stall.log" ||
+  { cat "$work/stall.log"; fail "no rank reported the timeout naming rank 1's chunk"; }
+if grep -E "^rank [0-3] error" "$work/stall.log" | grep -vqE "\[(timeout|aborted)\].*from rank 1"; then
+  cat "$work/stall.log"; fail "a rank reported another error than the stalled chunk"
+fi
+echo "operators: a stalled producer across hosts timed out naming its chunk (${elapsed_ms} ms)"
 
 # Training steps of the reference transformer (TP over the 4 hosts; TP 2 x
 # DP 2 with MoE over EP 2), against one host.

@@ -9,6 +9,12 @@
 //                                     DP 2 with MoE over EP 2): each rank
 //                                     writes its losses and a hash of its
 //                                     parameters to OUTDIR/rank<R>.txt
+//   test_prog_span_ops stall          rank 1 stops producing in the middle
+//                                     of a fused MatmulAllReduce (its
+//                                     overlap work sleeps 5 s); the others
+//                                     must fail with the call's 1 s timeout
+//                                     naming the missing chunk; each rank
+//                                     prints "rank R error: WHAT", exits 3
 //   test_prog_span_ops bad            a bad shape on one rank: every rank
 //                                     must raise an mc2::Error, then the
 //                                     group must still work
@@ -29,6 +35,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -396,6 +403,38 @@ int Train(const char* dir) {
   return g_failures ? 1 : 0;
 }
 
+int Stall() {
+  mc2::Group g = mc2::Group::FromEnv();
+  const int r = g.rank();
+  // Rank 1's slice is one column: its partials are ready long before the
+  // others', so it blocks waiting for theirs (and runs its overlap work).
+  const size_t m = 64 * g.size(), k = r == 1 ? 1 : 8192, n = 64;
+  std::vector<float> a(m * k, 1.f), b(k * n, 1.f), c(m * n);
+  mc2::MatmulAllReduceArgs args;
+  args.a = a.data();
+  args.b = b.data();
+  args.c = c.data();
+  args.m = m;
+  args.k = k;
+  args.n = n;
+  mc2::FusedOptions o = Options(mc2::Pipeline::kFused);
+  o.splits = 4;
+  o.timeout = std::chrono::seconds(1);
+  try {
+    mc2::MatmulAllReduce(g, args, o);  // a good call first
+    // Rank 1's overlap work then runs before it reduces and hands out its
+    // block's chunks, which the others wait for.
+    if (r == 1) o.overlap_work = [] { std::this_thread::sleep_for(std::chrono::seconds(5)); };
+    mc2::MatmulAllReduce(g, args, o);
+  } catch (const mc2::Error& e) {
+    std::printf("rank %d error: %s\n", r, e.what());
+    std::fflush(stdout);
+    std::exit(3);
+  }
+  std::printf("rank %d: stall finished\n", r);
+  return 0;
+}
+
 // A bad shape on one rank: rank 1 gives k + 1 (a mismatch), then rank 2 a
 // null C (invalid). Every rank must raise the error; the group stays usable.
 int Bad() {
@@ -451,10 +490,11 @@ int main(int argc, char** argv) {
     if (argc == 3 && std::string(argv[1]) == "suite") return Suite(argv[2]);
     if (argc == 3 && std::string(argv[1]) == "train") return Train(argv[2]);
     if (argc == 2 && std::string(argv[1]) == "bad") return Bad();
+    if (argc == 2 && std::string(argv[1]) == "stall") return Stall();
   } catch (const mc2::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: %s suite OUTDIR | train OUTDIR | bad\n", argv[0]);
+  std::fprintf(stderr, "usage: %s suite OUTDIR | train OUTDIR | bad | stall\n", argv[0]);
   return 2;
 }
