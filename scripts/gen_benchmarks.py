@@ -95,7 +95,14 @@ alternating mc2 and MPI `REPS` times. Per size it reports the median over
 the repetitions of each side's time and busbw, `ratio` = busbw mc2 / busbw
 MPI (> 1: mc2 faster) and `paired` = the median over repetitions of MPI
 time / mc2 time of two runs made back to back, which cancels the host's
-slow phases.
+slow phases. With `--floor` (all_reduce, f32) it also runs
+`bench/all_reduce_floor` in every repetition: N threads that do only the
+data movement of an all_reduce (each input read once, each reduced element
+read once per other rank, each output written once, spinning barriers in
+between, mc2's kernels or plain loops, whichever is faster). No all_reduce
+moves less data, so MPI / floor is the largest ratio any implementation
+could reach against Open MPI on this host. The floor needs a quiet machine:
+its spinning threads lose their cores to any other load.
 
 ### Fused operators: `mc2 bench ops`
 
