@@ -46,7 +46,7 @@ null) and the tool's JSON. The generator then rewrites this page; the
 the project's claims are recorded with:
 
 ```
-scripts/record_bench.py all_reduce_vs_openmpi -- bench/compare_mpi.sh -n 2 -b 8 -e 256M -r 5 all_reduce
+scripts/record_bench.py all_reduce_vs_openmpi -- bench/compare_mpi.sh -n 2 -b 1M -e 64M -f 4 -r 5 --floor all_reduce
 scripts/record_bench.py ops_all_gather_matmul -- build/tools/mc2 bench ops -n 2 --operator all_gather_matmul \\
     -m 2048 -k 2048 -N 2048 --pipeline all --link auto
 scripts/record_bench.py ops_matmul_reduce_scatter -- build/tools/mc2 bench ops -n 2 \\
@@ -95,7 +95,14 @@ alternating mc2 and MPI `REPS` times. Per size it reports the median over
 the repetitions of each side's time and busbw, `ratio` = busbw mc2 / busbw
 MPI (> 1: mc2 faster) and `paired` = the median over repetitions of MPI
 time / mc2 time of two runs made back to back, which cancels the host's
-slow phases.
+slow phases. With `--floor` (all_reduce, f32) it also runs
+`bench/all_reduce_floor` in every repetition: N threads that do only the
+data movement of an all_reduce (each input read once, each reduced element
+read once per other rank, each output written once, spinning barriers in
+between, mc2's kernels or plain loops, whichever is faster). No all_reduce
+moves less data, so MPI / floor is the largest ratio any implementation
+could reach against Open MPI on this host. The floor needs a quiet machine:
+its spinning threads lose their cores to any other load.
 
 ### Fused operators: `mc2 bench ops`
 
@@ -276,10 +283,12 @@ def headline(results, refs):
         if r["kind"] == "compare_mpi":
             for coll, row in compare_rows(r):
                 if coll.get("collective") == "all_reduce" and row.get("size") == HEADLINE_SIZE:
+                    bound = (f"; at most {num(row['max_ratio'])}x possible (MPI / floor)"
+                             if row.get("max_ratio") else "")
                     rows.append([f"all_reduce {size_text(HEADLINE_SIZE)}, {coll.get('ranks')} ranks, "
                                  f"{coll.get('buffers')} buffers: busbw mc2 / Open MPI",
-                                 f"{num(row.get('ratio'))}x (paired {num(row.get('paired'))}x)",
-                                 link_text(r), ref])
+                                 f"{num(row.get('ratio'))}x (paired {num(row.get('paired'))}x)"
+                                 f"{bound}", link_text(r), ref])
         elif r["kind"] == "bench_ops":
             j = r["result"]
             s = ops_summary(j)
@@ -317,6 +326,16 @@ def compare_section(results, refs):
                      num(row.get("mc2_busbw_gbs")), num(row.get("mpi_busbw_gbs")),
                      num(row.get("ratio")), num(row.get("paired")), num(row.get("ratio_in_place")),
                      row.get("mc2_algo", "")] for row in coll.get("rows", [])]
+            if any("floor_us" in row for row in coll.get("rows", [])):
+                header += [("floor us", True), ("mc2 / floor", True), ("MPI / floor", True)]
+                for cells, row in zip(rows, coll.get("rows", [])):
+                    cells += [num(row.get("floor_us")), num(row.get("mc2_over_floor")),
+                              num(row.get("max_ratio"))]
+                out[-1:-1] = ["The floor is the data movement alone (`bench/all_reduce_floor`: "
+                              "each input read once, each reduced element read once per other "
+                              "rank, each output written once, no synchronisation but barriers); "
+                              "MPI / floor is the largest ratio any all_reduce could reach "
+                              "against Open MPI on this host.", ""]
             out += table(header, rows) + [""]
     return out
 

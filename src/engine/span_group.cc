@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "engine/access.h"
 #include "engine/group_impl.h"
+#include "engine/termination.h"
 #include "engine/world.h"
 
 namespace mc2::internal {
@@ -98,7 +99,10 @@ void SpanAbort(const std::shared_ptr<NetWorld>& net, World* node_world, const Er
 
 Group MakeNetWorldGroup(int64_t comm_f, const WorldOptions& options) {
   auto mpi = MpiEngine::Start(comm_f);
-  if (mpi->initialized_mpi()) MpiEngine::FinalizeAtExit(mpi);
+  if (mpi->initialized_mpi()) {
+    MpiEngine::FinalizeAtExit(mpi);
+    InstallTerminationGrace(mpi);
+  }
   auto net = std::make_shared<NetWorld>();
   net->mpi = mpi;
   net->rank = mpi->rank();

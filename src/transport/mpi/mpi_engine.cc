@@ -284,7 +284,9 @@ std::vector<std::string> MpiEngine::AllGatherStrings(CommId comm, const std::str
 
 void MpiEngine::Abort(const Error& error) {
   Record(error, /*send_to_peers=*/true);
-  if (std::this_thread::get_id() == thread_.get_id()) return;
+  // Where mc2 owns MPI, the exit handler waits for the messages instead
+  // (FinalizeAtExit): the caller raises the failure at once.
+  if (initialized_mpi_ || std::this_thread::get_id() == thread_.get_id()) return;
   std::unique_lock<std::mutex> lock(fail_mu_);
   announced_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return announced_; });
 }
@@ -599,6 +601,12 @@ void MpiEngine::FinalizeAtExit(std::shared_ptr<MpiEngine> engine) {
       e = std::move(*g_final);
     }
     bool failed = e->failed();
+    // The failure goes to every other rank before MPI ends (at most 1 s:
+    // a dead peer never takes its message).
+    if (failed) {
+      std::unique_lock<std::mutex> lock(e->fail_mu_);
+      e->announced_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return e->announced_; });
+    }
     // Other references (a world the program never released) keep the
     // object, but its thread stops here: MPI ends now.
     {

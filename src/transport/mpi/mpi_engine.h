@@ -129,9 +129,11 @@ class MpiEngine {
   std::vector<std::string> AllGatherStrings(CommId comm, const std::string& mine);
 
   // Records `error` as the failure of every rank and sends it to every
-  // other rank over the control communicator. First failure wins. Called
-  // off the MPI thread, returns once the messages left (at most 1 s), so
-  // that a process that exits right after still warns the other hosts.
+  // other rank over the control communicator. First failure wins. When the
+  // program initialised MPI, returns once the messages left (at most 1 s),
+  // so that a process that exits right after still warns the other hosts;
+  // when mc2 did, returns at once and the exit handler (FinalizeAtExit)
+  // waits for them before MPI ends.
   void Abort(const Error& error);
   // Throws the recorded failure, if any.
   void CheckHealth() const;
