@@ -1,0 +1,558 @@
+// `mc2 demo infer`: tensor-parallel inference of the reference transformer
+// (models::InferenceModel, include/mc2/models.h) on N local ranks: a batch
+// of prompts prefilled, then greedy decoding token by token with a KV cache
+// per rank, once per pipeline of the fused operators (serial, then the
+// overlapped ones, from the same weights), side by side: time to first
+// token, per-token latency (p50, p99), tokens/s, the communication share
+// and uncovered communication of each phase, the pipeline the fused
+// operators ran in each phase, and whether the generated tokens (and the
+// logits they came from) are bitwise identical. Writes each run's trace
+// and an SVG timeline.
+//
+// Outside a job the command is the conductor: it checks the options,
+// optionally calibrates the emulated link (--link auto: one traced serial
+// run without emulation gives the compute time and the bytes a rank
+// communicates; the bandwidth is set so that the communication would take
+// --comm-ratio times the compute), launches the job (re-executing itself
+// with --rank-job) and analyses the traces. Inside the job each rank
+// generates with every pipeline in turn; rank 0 writes the results.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "core/link_config.h"
+#include "launcher.h"
+#include "mc2/mc2.h"
+#include "mc2/models.h"
+#include "output_paths.h"
+#include "trace/analysis.h"
+#include "trace/timeline_svg.h"
+#include "trace/trace_file.h"
+
+namespace mc2::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr int kExitFailed = 1;
+constexpr int kExitUsageDemo = 2;
+
+struct InferArgs {
+  int nranks = 2;
+  int tp = 0;  // 0: every rank in one TP group
+  std::string link = "auto";
+  double comm_ratio = 0.75;
+  std::string pipelines = "serial,chunked,fused,auto";
+  int splits = 4;
+  int iters = 3;   // timed generations per pipeline
+  int warmup = 1;  // untimed generations first
+  int layers = 2, hidden = 1024, heads = 16, ffn = 2048, vocab = 64;
+  int batch = 4, prompt_len = 128, new_tokens = 32;
+  bool no_sp = false;
+  std::string dtype = "f32";
+  uint64_t seed = 1;
+  std::string out = "mc2-demo-infer";
+  std::string json_path;
+  bool rank_job = false;
+  std::string results;
+};
+
+[[noreturn]] void Usage(const std::string& message) {
+  fmt::print(stderr, "mc2 demo infer: {}\n", message);
+  throw CLI::RuntimeError(kExitUsageDemo);
+}
+
+std::vector<Pipeline> ParsePipelines(const std::string& text) {
+  std::vector<Pipeline> out;
+  std::stringstream in(text);
+  for (std::string name; std::getline(in, name, ',');) {
+    if (name.empty()) continue;
+    auto p = ParsePipeline(name);
+    if (!p) Usage(fmt::format("--pipelines: unknown pipeline '{}': expected serial, chunked, "
+                              "fused or auto, comma-separated", name));
+    if (std::find(out.begin(), out.end(), *p) != out.end())
+      Usage(fmt::format("--pipelines: '{}' is listed twice", name));
+    out.push_back(*p);
+  }
+  if (out.empty()) Usage("--pipelines is empty");
+  if (out.front() != Pipeline::kSerial) out.insert(out.begin(), Pipeline::kSerial);
+  return out;
+}
+
+int TpOf(const InferArgs& a) { return a.tp ? a.tp : a.nranks; }
+
+models::TransformerConfig ModelConfig(const InferArgs& a) {
+  models::TransformerConfig c;
+  c.layers = a.layers;
+  c.hidden = a.hidden;
+  c.heads = a.heads;
+  c.ffn = a.ffn;
+  c.vocab = a.vocab;
+  c.batch = a.batch;
+  c.seq_len = TpOf(a);  // not used by inference; valid for the grid
+  c.seed = a.seed;
+  c.gemm_dtype = a.dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  c.fused.splits = a.splits;
+  return c;
+}
+
+models::InferenceConfig InferConfig(const InferArgs& a) {
+  models::InferenceConfig in;
+  in.prompt_len = a.prompt_len;
+  in.new_tokens = a.new_tokens;
+  in.sequence_parallel = !a.no_sp;
+  in.keep_logits = true;  // compared across pipelines
+  return in;
+}
+
+// FNV-1a of the bytes: the logits compared across pipelines without
+// shipping them.
+std::string Fingerprint(const void* data, size_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return fmt::format("{:016x}", h);
+}
+
+json Counts(const std::map<std::string, int>& m) {
+  json j = json::object();
+  for (const auto& [k, v] : m) j[k] = v;
+  return j;
+}
+
+// ---------------------------------------------------------------------------
+// The rank side.
+
+int RunRankJob(const InferArgs& a) {
+  Group world = Group::FromEnv();
+  const bool root = world.rank() == 0;
+  const int tp = TpOf(a);
+  models::ProcessGrid grid = models::MakeGrid(world, tp);
+  json runs = json::array();
+  for (Pipeline p : ParsePipelines(a.pipelines)) {
+    models::TransformerConfig c = ModelConfig(a);
+    c.fused.pipeline = p;
+    models::InferenceModel model(grid, c, InferConfig(a));
+    const std::string dir = (fs::path(a.out) / PipelineName(p)).string();
+    json prefill_s = json::array(), token_s = json::array(), decode_s = json::array();
+    models::Generation g;
+    for (int it = 0; it < a.warmup + a.iters; ++it) {
+      // The warm-up pays for first-call set-up; only the last timed
+      // generation is traced (its steps: 0 the prefill, 1.. the decode).
+      if (it == a.warmup + a.iters - 1) trace::Enable(dir);
+      g = model.Generate();
+      if (it < a.warmup) continue;
+      prefill_s.push_back(g.prefill_seconds);
+      double decode = 0;
+      for (double s : g.token_seconds) {
+        token_s.push_back(s);
+        decode += s;
+      }
+      decode_s.push_back(decode);
+    }
+    trace::Flush();
+    trace::Disable();
+    if (root) {
+      fmt::print(stderr, "  {:>8}  time to first token {:.1f} ms, {} decode steps\n",
+                 PipelineName(p), g.prefill_seconds * 1e3, g.token_seconds.size());
+    }
+    runs.push_back({{"pipeline", PipelineName(p)},
+                    {"prefill_seconds", prefill_s},
+                    {"token_seconds", token_s},
+                    {"decode_seconds", decode_s},
+                    {"tokens", g.tokens},
+                    {"logits_fingerprint",
+                     Fingerprint(g.logits.data(), g.logits.size() * sizeof(float))},
+                    {"prefill_pipelines", Counts(g.prefill_pipelines)},
+                    {"decode_pipelines", Counts(g.decode_pipelines)},
+                    {"trace_dir", dir}});
+  }
+  if (root) {
+    std::ofstream f(a.results);
+    f << json{{"ranks", world.size()}, {"tp", tp}, {"runs", runs}}.dump(1) << "\n";
+    if (!f) {
+      fmt::print(stderr, "mc2 demo infer: cannot write {}\n", a.results);
+      return kExitFailed;
+    }
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// The conductor.
+
+std::vector<std::string> RankArgv(const InferArgs& a, const std::string& pipelines, int iters,
+                                  int warmup, const std::string& out, const std::string& results) {
+  std::vector<std::string> v = {SelfExe(), "demo", "infer", "--rank-job", "--results", results};
+  auto add = [&v](const char* flag, std::string value) {
+    v.push_back(flag);
+    v.push_back(std::move(value));
+  };
+  add("--out", out);
+  add("--pipelines", pipelines);
+  add("--iters", std::to_string(iters));
+  add("--warmup", std::to_string(warmup));
+  add("--splits", std::to_string(a.splits));
+  add("--layers", std::to_string(a.layers));
+  add("--hidden", std::to_string(a.hidden));
+  add("--heads", std::to_string(a.heads));
+  add("--ffn", std::to_string(a.ffn));
+  add("--vocab", std::to_string(a.vocab));
+  add("--batch", std::to_string(a.batch));
+  add("--prompt-len", std::to_string(a.prompt_len));
+  add("--new-tokens", std::to_string(a.new_tokens));
+  add("--seed", std::to_string(a.seed));
+  add("--tp", std::to_string(a.tp));
+  add("--dtype", a.dtype);
+  if (a.no_sp) v.push_back("--no-sp");
+  return v;
+}
+
+int Launch(const InferArgs& a, std::vector<std::string> argv, const std::string& link) {
+  LaunchOptions lo;
+  lo.nranks = a.nranks;
+  lo.argv = std::move(argv);
+  lo.prefix_output = false;
+  lo.heap_bytes = size_t{512} << 20;
+  if (link.empty()) unsetenv("MC2_LINK");
+  else setenv("MC2_LINK", link.c_str(), 1);
+  setenv("MC2_DETERMINISTIC", "1", 1);  // the tokens and logits are compared bit for bit
+  unsetenv("MC2_TRACE");                // each run traces into its own directory
+  return RunLaunch(lo);
+}
+
+json ReadJson(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw Error(ErrorCode::kSystem, fmt::format("mc2 demo infer: the job left no {}", path));
+  return json::parse(f);
+}
+
+// Bandwidth at which one generation's communication takes comm_ratio
+// times its compute, from one traced serial run on raw shared memory (a
+// first-order calibration: the decode's calls are latency-bound, so it is
+// the prefill's bytes that set it).
+std::string CalibrateLink(const InferArgs& a, const fs::path& out) {
+  fmt::print(stderr, "calibrating the emulated link (one serial run)...\n");
+  const fs::path dir = out / "calibrate";
+  fs::create_directories(dir);
+  const std::string results = (dir / "results.json").string();
+  int status = Launch(a, RankArgv(a, "serial", 1, 1, dir.string(), results), "");
+  if (status != 0) throw CLI::RuntimeError(status);
+  trace::Report r = trace::Analyze(trace::LoadTrace((dir / "serial").string()));
+  double bytes = 0;
+  for (const auto& op : r.operators)
+    if (op.cat == trace::Category::kComm) bytes += static_cast<double>(op.bytes);
+  bytes /= std::max<size_t>(r.ranks.size(), 1);
+  const double compute_s = r.overall.compute_ns * 1e-9;
+  const int n = TpOf(a) > 1 ? TpOf(a) : a.nranks;
+  const double bw = bytes * (n - 1) / n / (a.comm_ratio * compute_s);
+  if (!(bw > 0) || !std::isfinite(bw))
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("mc2 demo infer: --link auto cannot calibrate: {:.0f} bytes per rank "
+                            "over {} ranks give no bandwidth; give a link spec or none",
+                            bytes, a.nranks));
+  return bw >= 1e7 ? fmt::format("bw={:.0f}MB/s,lat=5us", bw / 1e6)
+                   : fmt::format("bw={:.0f}KB/s,lat=5us", std::max(1.0, bw / 1e3));
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+// The nearest-rank percentile q (0..100).
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t rank = static_cast<size_t>(std::ceil(q / 100.0 * static_cast<double>(v.size())));
+  return v[std::min(v.size() - 1, rank > 0 ? rank - 1 : 0)];
+}
+
+struct RunSummary {
+  std::string pipeline;
+  double ttft_ms = 0, p50_ms = 0, p99_ms = 0, decode_tps = 0, e2e_tps = 0;
+  trace::Breakdown prefill, decode;
+  std::string prefill_ran, decode_ran;
+  std::vector<int> tokens;
+  std::string fingerprint;
+  std::string trace_json, svg;
+};
+
+std::string RanText(const json& counts) {
+  std::string s;
+  for (const auto& [name, calls] : counts.items())
+    s += fmt::format("{}{} ({} calls)", s.empty() ? "" : ", ", name, calls.get<int>());
+  return s.empty() ? "-" : s;
+}
+
+void CheckArgs(const InferArgs& a) {
+  const int tp = TpOf(a);
+  auto need = [](bool ok, const std::string& what) {
+    if (!ok) Usage(what);
+  };
+  need(a.nranks % tp == 0, fmt::format("--tp {} must divide -n {}", tp, a.nranks));
+  need(a.hidden % a.heads == 0, fmt::format("--heads {} must divide --hidden {}", a.heads, a.hidden));
+  need((a.hidden / a.heads) % 2 == 0,
+       fmt::format("--hidden {} / --heads {} = {} must be even (rotary embeddings rotate pairs)",
+                   a.hidden, a.heads, a.hidden / a.heads));
+  need(a.heads % tp == 0, fmt::format("--tp {} must divide --heads {} (each TP rank holds its "
+                                      "heads and their KV cache)", tp, a.heads));
+  need(a.ffn % tp == 0, fmt::format("--tp {} must divide --ffn {}", tp, a.ffn));
+  const int dp = a.nranks / tp;
+  need(a.batch % dp == 0, fmt::format("the data-parallel size -n {} / --tp {} = {} must divide "
+                                      "--batch {}", a.nranks, tp, dp, a.batch));
+  models::ValidateConfig(ModelConfig(a), tp, dp);
+  ParsePipelines(a.pipelines);
+  if (a.link != "auto" && a.link != "none" && a.link != "off")
+    core::ParseLinkConfig(a.link, "--link");
+}
+
+std::vector<std::string> OwnOutputs() {
+  std::vector<std::string> names = {"results.json", "calibrate/results.json", "calibrate/serial/",
+                                    "calibrate/"};
+  for (const char* p : {"serial", "chunked", "fused", "auto"}) {
+    names.push_back(fmt::format("trace-{}.json", p));
+    names.push_back(fmt::format("timeline-{}.svg", p));
+    names.push_back(fmt::format("{}/", p));
+  }
+  return names;
+}
+
+void Conduct(const InferArgs& a) {
+  const auto t_start = std::chrono::steady_clock::now();
+  CheckArgs(a);
+  if (!a.json_path.empty()) CheckWritableFile(a.json_path, "--json");
+  PrepareOutputDir(a.out, "--out");
+  const fs::path out = fs::absolute(a.out);
+  RemoveOwnOutputs(out.string(), OwnOutputs());
+  const int tp = TpOf(a);
+  const auto pipelines = ParsePipelines(a.pipelines);
+
+  std::string link = a.link;
+  bool calibrated = false;
+  if (link == "auto") {
+    link = CalibrateLink(a, out);
+    calibrated = true;
+  } else if (link == "none" || link == "off") {
+    link.clear();
+  }
+  const std::string link_label =
+      link.empty() ? "raw shared memory (no link emulation)"
+                   : fmt::format("emulated link {}{}", link,
+                                 calibrated ? fmt::format(" (calibrated: communication = {:.2f} x "
+                                                          "compute of a serial generation)",
+                                                          a.comm_ratio)
+                                            : std::string());
+  fmt::print(stderr, "inference on {} ranks (tp {}), {}\n", a.nranks, tp, link_label);
+
+  std::string names;
+  for (Pipeline p : pipelines) names += fmt::format("{}{}", names.empty() ? "" : ",", PipelineName(p));
+  const std::string results = (out / "results.json").string();
+  int status = Launch(a, RankArgv(a, names, a.iters, a.warmup, out.string(), results), link);
+  if (status != 0) {
+    fmt::print(stderr, "mc2 demo infer: the inference job failed (status {})\n", status);
+    throw CLI::RuntimeError(status);
+  }
+  json res = ReadJson(results);
+
+  std::vector<RunSummary> runs;
+  for (const auto& run : res["runs"]) {
+    RunSummary s;
+    s.pipeline = run["pipeline"].get<std::string>();
+    const auto prefill = run["prefill_seconds"].get<std::vector<double>>();
+    const auto tokens = run["token_seconds"].get<std::vector<double>>();
+    const auto decode = run["decode_seconds"].get<std::vector<double>>();
+    s.ttft_ms = Median(prefill) * 1e3;
+    s.p50_ms = Percentile(tokens, 50) * 1e3;
+    s.p99_ms = Percentile(tokens, 99) * 1e3;
+    const double decode_s = Median(decode);
+    s.decode_tps = decode_s > 0 ? a.batch * (a.new_tokens - 1) / decode_s : 0;
+    s.e2e_tps = a.batch * a.new_tokens / (Median(prefill) + decode_s);
+    s.tokens = run["tokens"].get<std::vector<int>>();
+    s.fingerprint = run["logits_fingerprint"].get<std::string>();
+    s.prefill_ran = RanText(run["prefill_pipelines"]);
+    s.decode_ran = RanText(run["decode_pipelines"]);
+    const std::string dir = run["trace_dir"].get<std::string>();
+    trace::TraceData t = trace::LoadTrace(dir);
+    trace::Report r = trace::Analyze(t);
+    for (const auto& st : r.steps) (st.step == 0 ? s.prefill : s.decode) += st.b;
+    s.trace_json = (out / fmt::format("trace-{}.json", s.pipeline)).string();
+    trace::WriteChromeTrace(s.trace_json, t);
+    trace::PlotOptions po;
+    po.title = fmt::format("mc2 demo infer: {} pipeline, {} ranks, {}", s.pipeline, a.nranks,
+                           link.empty() ? "raw shm" : "emulated link " + link);
+    s.svg = (out / fmt::format("timeline-{}.svg", s.pipeline)).string();
+    std::ofstream(s.svg) << trace::RenderTimelineSvg(t, po);
+    runs.push_back(std::move(s));
+  }
+
+  const RunSummary& base = runs.front();
+  auto row = [&](const std::string& label, auto cell) {
+    std::string line = fmt::format("{:<34}", label);
+    for (const auto& r : runs) line += fmt::format("{:>14}", cell(r));
+    fmt::print("{}\n", line);
+  };
+  auto pct = [](const trace::Breakdown& b, int64_t ns) { return fmt::format("{:.1f}", b.Pct(ns)); };
+  fmt::print("\nmc2 demo infer: {} layers, hidden {}, {} heads, ffn {}, vocab {}, {} GEMMs; {} "
+             "prompts of {} tokens, {} new tokens each; {} ranks (tp {}, dp {}), prefill {}\n"
+             "{}; {} timed generations after {} warm-up, medians\n\n",
+             a.layers, a.hidden, a.heads, a.ffn, a.vocab, a.dtype, a.batch, a.prompt_len,
+             a.new_tokens, a.nranks, tp, a.nranks / tp,
+             a.no_sp ? "without sequence parallelism" : "sequence-parallel", link_label, a.iters,
+             a.warmup);
+  row("", [](const RunSummary& r) { return r.pipeline; });
+  row("time to first token (ms)", [](const RunSummary& r) { return fmt::format("{:.2f}", r.ttft_ms); });
+  row("per-token latency p50 (ms)", [](const RunSummary& r) { return fmt::format("{:.3f}", r.p50_ms); });
+  row("per-token latency p99 (ms)", [](const RunSummary& r) { return fmt::format("{:.3f}", r.p99_ms); });
+  row("decode tokens/s", [](const RunSummary& r) { return fmt::format("{:.0f}", r.decode_tps); });
+  row("end-to-end tokens/s", [](const RunSummary& r) { return fmt::format("{:.0f}", r.e2e_tps); });
+  row("prefill: communication (%)", [&](const RunSummary& r) { return pct(r.prefill, r.prefill.comm_ns); });
+  row("prefill: uncovered comm (%)", [&](const RunSummary& r) {
+    return fmt::format("{} {}", pct(r.prefill, r.prefill.uncovered_ns),
+                       trace::VerdictName(r.prefill.UncoveredVerdict()));
+  });
+  row("prefill: free time (%)", [&](const RunSummary& r) { return pct(r.prefill, r.prefill.free_ns); });
+  row("decode: communication (%)", [&](const RunSummary& r) { return pct(r.decode, r.decode.comm_ns); });
+  row("decode: uncovered comm (%)", [&](const RunSummary& r) { return pct(r.decode, r.decode.uncovered_ns); });
+  row("decode: free time (%)", [&](const RunSummary& r) { return pct(r.decode, r.decode.free_ns); });
+  row("TTFT speedup vs serial", [&](const RunSummary& r) {
+    return fmt::format("{:.2f}x", r.ttft_ms > 0 ? base.ttft_ms / r.ttft_ms : 0.0);
+  });
+  row("decode speedup vs serial", [&](const RunSummary& r) {
+    return fmt::format("{:.2f}x", r.decode_tps > 0 ? r.decode_tps / base.decode_tps : 0.0);
+  });
+  bool identical = true;
+  for (const auto& r : runs)
+    identical = identical && r.tokens == base.tokens && r.fingerprint == base.fingerprint;
+  fmt::print("\ngenerated tokens identical across pipelines (and their logits, bitwise): {}\n",
+             identical ? "yes" : "NO");
+  fmt::print("\nWhat the fused operators ran, per phase:\n");
+  for (const auto& r : runs)
+    fmt::print("{:>8}: prefill {}\n          decode  {}\n", r.pipeline, r.prefill_ran, r.decode_ran);
+  fmt::print("\nPhases: the traced generation's step 0 (prefill) and steps 1.. (decode), mean over "
+             "ranks.\n");
+  for (const auto& r : runs)
+    fmt::print("{:>8}: trace {}\n          timeline {}\n", r.pipeline, r.trace_json, r.svg);
+  fmt::print("finished in {:.0f} s\n",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+
+  if (!a.json_path.empty()) {
+    json j = {{"mode", "infer"},     {"ranks", a.nranks},         {"tp", tp},
+              {"link", link},        {"batch", a.batch},          {"prompt_len", a.prompt_len},
+              {"new_tokens", a.new_tokens}, {"sequence_parallel", !a.no_sp},
+              {"tokens_identical", identical}};
+    for (const auto& r : runs) {
+      j["runs"].push_back(
+          {{"pipeline", r.pipeline},
+           {"ttft_ms", r.ttft_ms},
+           {"token_p50_ms", r.p50_ms},
+           {"token_p99_ms", r.p99_ms},
+           {"decode_tokens_per_s", r.decode_tps},
+           {"tokens_per_s", r.e2e_tps},
+           {"prefill_comm_pct", r.prefill.Pct(r.prefill.comm_ns)},
+           {"prefill_uncovered_pct", r.prefill.Pct(r.prefill.uncovered_ns)},
+           {"decode_comm_pct", r.decode.Pct(r.decode.comm_ns)},
+           {"decode_uncovered_pct", r.decode.Pct(r.decode.uncovered_ns)},
+           {"prefill_ran", r.prefill_ran},
+           {"decode_ran", r.decode_ran},
+           {"ttft_speedup", r.ttft_ms > 0 ? base.ttft_ms / r.ttft_ms : 0.0},
+           {"decode_speedup", base.decode_tps > 0 ? r.decode_tps / base.decode_tps : 0.0}});
+    }
+    const std::string err = WriteOutputFile(a.json_path, j.dump(1) + "\n");
+    if (!err.empty()) {
+      fmt::print(stderr, "mc2 demo infer: cannot write --json {}: {}\n", a.json_path, err);
+      throw CLI::RuntimeError(kExitFailed);
+    }
+  }
+  if (!identical) throw CLI::RuntimeError(kExitFailed);
+}
+
+}  // namespace
+
+void RegisterDemoInfer(CLI::App& demo) {
+  auto a = std::make_shared<InferArgs>();
+  CLI::App* cmd = demo.add_subcommand(
+      "infer",
+      "Tensor-parallel inference: prefill a batch of prompts, then greedy decoding with a KV "
+      "cache, once per pipeline; time to first token, per-token latency, tokens/s");
+  cmd->add_option("-n,--nranks", a->nranks, "Ranks to launch")->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--tp", a->tp, "Tensor-parallel group size (default: all ranks; the others "
+                                 "are data-parallel replicas)")->check(CLI::Range(0, 64));
+  cmd->add_option("--link", a->link,
+                  "Emulated link: auto (calibrated from a serial run: communication = "
+                  "--comm-ratio x compute), none (raw shared memory), or a spec such as "
+                  "bw=10GB/s,lat=5us (docs/link-emulation.md)")->capture_default_str();
+  cmd->add_option("--comm-ratio", a->comm_ratio, "--link auto: communication over compute")
+      ->capture_default_str()->check(CLI::Range(0.05, 20.0));
+  cmd->add_option("--pipelines", a->pipelines,
+                  "Pipelines to compare, comma-separated: serial, chunked, fused, auto (serial "
+                  "always runs first, as the baseline)")->capture_default_str();
+  cmd->add_option("--splits", a->splits, "Chunks of the chunked and fused pipelines (1-16)")
+      ->capture_default_str()->check(CLI::Range(1, 16));
+  cmd->add_option("-i,--iters", a->iters, "Timed generations per pipeline")
+      ->capture_default_str()->check(CLI::Range(1, 10000));
+  cmd->add_option("-w,--warmup", a->warmup, "Untimed generations first")
+      ->capture_default_str()->check(CLI::Range(0, 100));
+  cmd->add_option("--layers", a->layers, "Transformer blocks")->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--hidden", a->hidden, "Hidden size")->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--heads", a->heads, "Attention heads (the TP size must divide it)")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--ffn", a->ffn, "SwiGLU inner width")->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--vocab", a->vocab, "Vocabulary")->capture_default_str()
+      ->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--batch", a->batch, "Prompts (global)")->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--prompt-len", a->prompt_len, "Tokens per prompt")->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--new-tokens", a->new_tokens, "Tokens generated per prompt")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  cmd->add_flag("--no-sp", a->no_sp,
+                "Prefill without sequence parallelism (o and down end in MatmulAllReduce, as "
+                "in decode)");
+  cmd->add_option("-d,--dtype", a->dtype, "GEMM inputs: f32 or bf16")->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--seed", a->seed, "Seed of the weights and the prompts")->capture_default_str();
+  cmd->add_option("--out", a->out,
+                  "Directory for traces, timelines and results: a new or empty one, or one an "
+                  "earlier `mc2 demo infer` wrote (only the files it writes are replaced)")
+      ->capture_default_str();
+  cmd->add_option("--json", a->json_path, "Also write the table to this JSON file (- for standard output)");
+  cmd->add_flag("--rank-job", a->rank_job)->group("");  // internal
+  cmd->add_option("--results", a->results)->group("");  // internal
+  cmd->callback([a] {
+    try {
+      if (a->rank_job) {
+        if (!Group::LaunchedByMc2()) Usage("--rank-job is internal to `mc2 demo infer`");
+        int status = RunRankJob(*a);
+        if (status != 0) throw CLI::RuntimeError(status);
+        return;
+      }
+      Conduct(*a);
+    } catch (const Error& e) {
+      const bool usage = e.code() == ErrorCode::kInvalidArgument;
+      fmt::print(stderr, "mc2 demo infer: {}\n", usage ? e.message() : std::string(e.what()));
+      throw CLI::RuntimeError(usage ? kExitUsageDemo : kExitFailed);
+    }
+  });
+}
+
+}  // namespace mc2::tools
