@@ -1,8 +1,8 @@
 // `mc2 demo infer`: tensor-parallel inference of the reference transformer
 // (models::InferenceModel, include/mc2/models.h) on N local ranks: a batch
 // of prompts prefilled, then greedy decoding token by token with a KV cache
-// per rank, once per pipeline of the fused operators (serial, then the
-// overlapped ones, from the same weights), side by side: time to first
+// per rank, with every pipeline of the fused operators (serial, the
+// baseline, and the overlapped ones, on the same weights), side by side: time to first
 // token, per-token latency (p50, p99), tokens/s, the communication share
 // and uncovered communication of each phase, the pipeline the fused
 // operators ran in each phase, and whether the generated tokens (and the
@@ -10,12 +10,12 @@
 // and an SVG timeline.
 //
 // Outside a job the command is the conductor: it checks the options,
-// optionally calibrates the emulated link (--link auto: one traced serial
-// run without emulation gives the compute time and the bytes a rank
-// communicates; the bandwidth is set so that the communication would take
-// --comm-ratio times the compute), launches the job (re-executing itself
+// optionally calibrates the emulated link (--link auto: the bandwidth at
+// which a serial prefill's communication takes --comm-ratio times its
+// compute, CalibrateLink), launches the job (re-executing itself
 // with --rank-job) and analyses the traces. Inside the job each rank
-// generates with every pipeline in turn; rank 0 writes the results.
+// generates with every pipeline in turn, round after round, on one model
+// (InferenceModel::SetFusedOptions); rank 0 writes the results.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -141,44 +141,59 @@ int RunRankJob(const InferArgs& a) {
   const bool root = world.rank() == 0;
   const int tp = TpOf(a);
   models::ProcessGrid grid = models::MakeGrid(world, tp);
-  json runs = json::array();
-  for (Pipeline p : ParsePipelines(a.pipelines)) {
-    models::TransformerConfig c = ModelConfig(a);
-    c.fused.pipeline = p;
-    models::InferenceModel model(grid, c, InferConfig(a));
-    const std::string dir = (fs::path(a.out) / PipelineName(p)).string();
+  const models::TransformerConfig c = ModelConfig(a);
+  models::InferenceModel model(grid, c, InferConfig(a));
+  const std::vector<Pipeline> pipelines = ParsePipelines(a.pipelines);
+  const size_t np = pipelines.size();
+  struct Acc {
     json prefill_s = json::array(), token_s = json::array(), decode_s = json::array();
-    models::Generation g;
-    for (int it = 0; it < a.warmup + a.iters; ++it) {
-      // The warm-up pays for first-call set-up; only the last timed
-      // generation is traced (its steps: 0 the prefill, 1.. the decode).
-      if (it == a.warmup + a.iters - 1) trace::Enable(dir);
-      g = model.Generate();
+    models::Generation last;
+  };
+  std::vector<Acc> acc(np);
+  // Round robin over the pipelines, the starting one rotating, so that a
+  // change in the machine's load (it may be shared) falls on all alike.
+  const int rounds = a.warmup + a.iters;
+  for (int it = 0; it < rounds; ++it) {
+    for (size_t j = 0; j < np; ++j) {
+      const size_t k = (j + static_cast<size_t>(it)) % np;
+      FusedOptions f = c.fused;
+      f.pipeline = pipelines[k];
+      model.SetFusedOptions(f);
+      // The warm-up pays for first-call set-up; only the last round is
+      // traced (its steps: 0 the prefill, 1.. the decode).
+      const bool traced = it == rounds - 1;
+      if (traced) trace::Enable((fs::path(a.out) / PipelineName(pipelines[k])).string());
+      models::Generation g = model.Generate();
+      if (traced) {
+        trace::Flush();
+        trace::Disable();
+      }
       if (it < a.warmup) continue;
-      prefill_s.push_back(g.prefill_seconds);
+      Acc& r = acc[k];
+      r.prefill_s.push_back(g.prefill_seconds);
       double decode = 0;
       for (double s : g.token_seconds) {
-        token_s.push_back(s);
+        r.token_s.push_back(s);
         decode += s;
       }
-      decode_s.push_back(decode);
+      r.decode_s.push_back(decode);
+      r.last = std::move(g);
     }
-    trace::Flush();
-    trace::Disable();
-    if (root) {
-      fmt::print(stderr, "  {:>8}  time to first token {:.1f} ms, {} decode steps\n",
-                 PipelineName(p), g.prefill_seconds * 1e3, g.token_seconds.size());
-    }
-    runs.push_back({{"pipeline", PipelineName(p)},
-                    {"prefill_seconds", prefill_s},
-                    {"token_seconds", token_s},
-                    {"decode_seconds", decode_s},
+    if (root) fmt::print(stderr, "  round {}/{}{}\n", it + 1, rounds, it < a.warmup ? " (warm-up)" : "");
+  }
+  json runs = json::array();
+  for (size_t k = 0; k < np; ++k) {
+    const models::Generation& g = acc[k].last;
+    runs.push_back({{"pipeline", PipelineName(pipelines[k])},
+                    {"prefill_seconds", acc[k].prefill_s},
+                    {"token_seconds", acc[k].token_s},
+                    {"decode_seconds", acc[k].decode_s},
                     {"tokens", g.tokens},
                     {"logits_fingerprint",
                      Fingerprint(g.logits.data(), g.logits.size() * sizeof(float))},
                     {"prefill_pipelines", Counts(g.prefill_pipelines)},
                     {"decode_pipelines", Counts(g.decode_pipelines)},
-                    {"trace_dir", dir}});
+                    {"trace_dir", (fs::path(a.out) / PipelineName(pipelines[k])).string()}});
   }
   if (root) {
     std::ofstream f(a.results);
@@ -240,32 +255,52 @@ json ReadJson(const std::string& path) {
   return json::parse(f);
 }
 
-// Bandwidth at which one generation's communication takes comm_ratio
-// times its compute, from one traced serial run on raw shared memory (a
-// first-order calibration: the decode's calls are latency-bound, so it is
-// the prefill's bytes that set it).
+// Bandwidth at which the prefill's communication takes comm_ratio times
+// its compute, in serial mode (the decode's calls are latency-bound: the
+// bandwidth hardly matters to them). Two short traced serial runs, as
+// `mc2 demo` calibrates: without emulation (the bytes a rank sends and the
+// prefill's compute give a first guess), then at that bandwidth (the
+// prefill's measured communication, latencies and skew included,
+// corrects it).
 std::string CalibrateLink(const InferArgs& a, const fs::path& out) {
-  fmt::print(stderr, "calibrating the emulated link (one serial run)...\n");
-  const fs::path dir = out / "calibrate";
-  fs::create_directories(dir);
-  const std::string results = (dir / "results.json").string();
-  int status = Launch(a, RankArgv(a, "serial", 1, 1, dir.string(), results), "");
-  if (status != 0) throw CLI::RuntimeError(status);
-  trace::Report r = trace::Analyze(trace::LoadTrace((dir / "serial").string()));
-  double bytes = 0;
-  for (const auto& op : r.operators)
-    if (op.cat == trace::Category::kComm) bytes += static_cast<double>(op.bytes);
-  bytes /= std::max<size_t>(r.ranks.size(), 1);
-  const double compute_s = r.overall.compute_ns * 1e-9;
+  struct Measured {
+    double bytes = 0, compute_s = 0, comm_s = 0;
+  };
+  auto measure = [&](const std::string& link, const char* name) {
+    const fs::path dir = out / "calibrate" / name;
+    fs::create_directories(dir);
+    const std::string results = (dir / "results.json").string();
+    int status = Launch(a, RankArgv(a, "serial", 1, 1, dir.string(), results), link);
+    if (status != 0) throw CLI::RuntimeError(status);
+    trace::Report r = trace::Analyze(trace::LoadTrace((dir / "serial").string()));
+    Measured m;
+    for (const auto& op : r.operators)
+      if (op.cat == trace::Category::kComm) m.bytes += static_cast<double>(op.bytes);
+    m.bytes /= std::max<size_t>(r.ranks.size(), 1);
+    for (const auto& st : r.steps) {
+      if (st.step != 0) continue;
+      m.compute_s = st.b.compute_ns * 1e-9;
+      m.comm_s = st.b.comm_ns * 1e-9;
+    }
+    if (m.compute_s <= 0 || m.bytes <= 0)
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("mc2 demo infer: --link auto cannot calibrate: the serial run "
+                              "recorded {:.0f} bytes per rank and no prefill compute (one "
+                              "rank communicates nothing); give a link spec or none",
+                              m.bytes));
+    return m;
+  };
+  auto spec = [](double bw) {
+    return bw >= 1e7 ? fmt::format("bw={:.0f}MB/s,lat=5us", bw / 1e6)
+                     : fmt::format("bw={:.0f}KB/s,lat=5us", std::max(1.0, bw / 1e3));
+  };
+  fmt::print(stderr, "calibrating the emulated link (two short serial runs)...\n");
+  const Measured raw = measure("", "raw");
   const int n = TpOf(a) > 1 ? TpOf(a) : a.nranks;
-  const double bw = bytes * (n - 1) / n / (a.comm_ratio * compute_s);
-  if (!(bw > 0) || !std::isfinite(bw))
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("mc2 demo infer: --link auto cannot calibrate: {:.0f} bytes per rank "
-                            "over {} ranks give no bandwidth; give a link spec or none",
-                            bytes, a.nranks));
-  return bw >= 1e7 ? fmt::format("bw={:.0f}MB/s,lat=5us", bw / 1e6)
-                   : fmt::format("bw={:.0f}KB/s,lat=5us", std::max(1.0, bw / 1e3));
+  double bw = raw.bytes * (n - 1) / n / (a.comm_ratio * raw.compute_s);
+  const Measured paced = measure(spec(bw), "paced");
+  if (paced.comm_s > 0) bw *= paced.comm_s / (a.comm_ratio * paced.compute_s);
+  return spec(bw);
 }
 
 double Median(std::vector<double> v) {
@@ -323,8 +358,13 @@ void CheckArgs(const InferArgs& a) {
 }
 
 std::vector<std::string> OwnOutputs() {
-  std::vector<std::string> names = {"results.json", "calibrate/results.json", "calibrate/serial/",
-                                    "calibrate/"};
+  std::vector<std::string> names = {"results.json"};
+  for (const char* run : {"raw", "paced"}) {
+    names.push_back(fmt::format("calibrate/{}/serial/", run));
+    names.push_back(fmt::format("calibrate/{}/results.json", run));
+    names.push_back(fmt::format("calibrate/{}/", run));
+  }
+  names.push_back("calibrate/");
   for (const char* p : {"serial", "chunked", "fused", "auto"}) {
     names.push_back(fmt::format("trace-{}.json", p));
     names.push_back(fmt::format("timeline-{}.svg", p));
@@ -354,8 +394,8 @@ void Conduct(const InferArgs& a) {
   const std::string link_label =
       link.empty() ? "raw shared memory (no link emulation)"
                    : fmt::format("emulated link {}{}", link,
-                                 calibrated ? fmt::format(" (calibrated: communication = {:.2f} x "
-                                                          "compute of a serial generation)",
+                                 calibrated ? fmt::format(" (calibrated: serial prefill's "
+                                                          "communication = {:.2f} x its compute)",
                                                           a.comm_ratio)
                                             : std::string());
   fmt::print(stderr, "inference on {} ranks (tp {}), {}\n", a.nranks, tp, link_label);
@@ -489,14 +529,14 @@ void RegisterDemoInfer(CLI::App& demo) {
   CLI::App* cmd = demo.add_subcommand(
       "infer",
       "Tensor-parallel inference: prefill a batch of prompts, then greedy decoding with a KV "
-      "cache, once per pipeline; time to first token, per-token latency, tokens/s");
+      "cache, with every pipeline; time to first token, per-token latency, tokens/s");
   cmd->add_option("-n,--nranks", a->nranks, "Ranks to launch")->capture_default_str()
       ->check(CLI::Range(1, 64));
   cmd->add_option("--tp", a->tp, "Tensor-parallel group size (default: all ranks; the others "
                                  "are data-parallel replicas)")->check(CLI::Range(0, 64));
   cmd->add_option("--link", a->link,
-                  "Emulated link: auto (calibrated from a serial run: communication = "
-                  "--comm-ratio x compute), none (raw shared memory), or a spec such as "
+                  "Emulated link: auto (calibrated so that a serial prefill's communication "
+                  "takes --comm-ratio x its compute), none (raw shared memory), or a spec such as "
                   "bw=10GB/s,lat=5us (docs/link-emulation.md)")->capture_default_str();
   cmd->add_option("--comm-ratio", a->comm_ratio, "--link auto: communication over compute")
       ->capture_default_str()->check(CLI::Range(0.05, 20.0));

@@ -321,6 +321,12 @@ class InferenceModel {
   // the cache.
   std::vector<float> Score(const std::vector<int32_t>& tokens, int len);
 
+  // The fused operators' options of the following calls (e.g. another
+  // pipeline, to compare them on the same weights and cache). Every rank
+  // must set the same. Throws kInvalidArgument for splits outside 1..16 or
+  // an invalid pipeline.
+  void SetFusedOptions(const FusedOptions& fused);
+
   const InferenceConfig& inference() const;
 
  private:

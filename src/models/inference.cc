@@ -310,6 +310,13 @@ InferenceModel::~InferenceModel() = default;
 
 const InferenceConfig& InferenceModel::inference() const { return impl_->inf; }
 
+void InferenceModel::SetFusedOptions(const FusedOptions& fused) {
+  TransformerConfig c = impl_->cfg;
+  c.fused = fused;
+  ValidateConfig(c, impl_->grid.tp_size, impl_->grid.dp_size, impl_->grid.ep_size);
+  impl_->cfg.fused = fused;
+}
+
 void InferenceModel::LoadWeights(Transformer& trained) {
   Impl& m = *impl_;
   if (trained.grid().tp_size != m.grid.tp_size || trained.grid().tp_rank != m.grid.tp_rank) {
