@@ -37,7 +37,8 @@ scripts/gen_benchmarks.py
 ```
 
 The recorder runs COMMAND (`bench/compare_mpi.sh`, `mc2 bench`,
-`mc2 bench ops`, `mc2 demo` or `mc2 demo infer`), adds the option that makes it write JSON,
+`mc2 bench ops`, `mc2 demo` or `mc2 demo infer`), adds the option that
+makes it write JSON,
 and writes `bench/results/NAME.json` with the date (UTC), the commit (and
 whether the tree had uncommitted changes), the host (CPU model, logical
 cores), the exact command, `emulated` (the link emulation in force, or
@@ -54,6 +55,8 @@ scripts/record_bench.py ops_matmul_reduce_scatter -- build/tools/mc2 bench ops -
 scripts/record_bench.py ops_matmul_all_reduce -- build/tools/mc2 bench ops -n 2 \\
     --operator matmul_all_reduce -m 2048 -k 2048 -N 2048 --pipeline all --link auto
 scripts/record_bench.py demo -- build/tools/mc2 demo
+scripts/record_bench.py infer_raw -- build/tools/mc2 demo infer --link none -i 15
+scripts/record_bench.py infer_link -- build/tools/mc2 demo infer --link auto -i 15
 PYTHONPATH=build/python scripts/record_bench.py torch_vs_gloo -- bench/torch_compare.py -n 2 --reps 3
 ```
 
@@ -319,7 +322,8 @@ def headline(results, refs):
             serial = next((x for x in runs if x.get("pipeline") == "serial"), {})
             auto = next((x for x in runs if x.get("pipeline") == "auto"), {})
             same = "identical" if j.get("tokens_identical") else "NOT identical"
-            rows.append([f"mc2 demo infer, {j.get('ranks')} ranks: time to first token, serial / auto",
+            rows.append([f"mc2 demo infer, {j.get('ranks')} ranks: time to first token, serial / auto "
+                         f"(auto's prefill ran {auto.get('prefill_ran')})",
                          f"{num(auto.get('ttft_speedup'))}x ({num(serial.get('ttft_ms'), '.1f')} / "
                          f"{num(auto.get('ttft_ms'), '.1f')} ms), tokens {same}", link_text(r), ref])
         elif r["kind"] == "torch_compare":
