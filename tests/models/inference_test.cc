@@ -1,7 +1,8 @@
 // Inference of the transformer with a KV cache (InferenceModel,
 // include/mc2/models.h):
 // - the forward without cache (Score) gives the training forward's loss,
-//   checked against the independent double-precision reference;
+//   checked against the independent double-precision reference, and
+//   after LoadWeights a trained model's;
 // - the cached decode's logits equal a full recomputation of the whole
 //   sequence without cache, within a stated tolerance;
 // - every pipeline (and split count) generates bitwise the same logits and
@@ -113,6 +114,52 @@ TEST(Inference, ScoreGivesTheTrainingLossAndTheReference) {
       }
     });
   }
+}
+
+TEST(Inference, LoadWeightsTakesATrainedModel) {
+  // After a few training steps the weights have moved away from the seed's:
+  // the inference model scores the training sequences with the trained
+  // model's loss only once it has loaded them; a model of another shape is
+  // refused, naming the tensor.
+  TransformerConfig c = Config();
+  const int tp = 2;
+  Group::RunInProcess(tp, [&](Group& world) {
+    ProcessGrid grid = MakeGrid(world, tp);
+    Transformer train(grid, c);
+    for (int step = 0; step < 3; ++step) train.TrainStep(step);
+    const double loss = train.Loss(5);
+    InferenceModel inf(grid, c, Inference(c.seq_len, 1));
+    const int B = c.batch, T = c.seq_len;
+    std::vector<int32_t> tokens(B * T);
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t) tokens[b * T + t] = SequenceToken(c, 5, b, t);
+    auto cross_entropy = [&] {
+      std::vector<float> logits = inf.Score(tokens, T);
+      double ce = 0;
+      for (int t = 0; t < T; ++t) {
+        for (int b = 0; b < B; ++b) {
+          const float* row = logits.data() + (size_t(t) * B + b) * c.vocab;
+          double mx = *std::max_element(row, row + c.vocab), sum = 0;
+          for (int v = 0; v < c.vocab; ++v) sum += std::exp(double(row[v]) - mx);
+          ce += mx + std::log(sum) - row[SequenceToken(c, 5, b, t + 1)];
+        }
+      }
+      return ce / (double(B) * T);
+    };
+    EXPECT_GT(std::fabs(cross_entropy() - loss), 1e-3 * loss);  // the seed's weights
+    inf.LoadWeights(train);
+    EXPECT_NEAR(cross_entropy(), loss, 1e-5 * loss);
+    TransformerConfig wider = c;
+    wider.ffn = 64;
+    InferenceModel other(grid, wider, Inference(4, 2));
+    try {
+      other.LoadWeights(train);
+      ADD_FAILURE() << "a model of another shape was loaded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("block0.mlp.gate_up"), std::string::npos) << e.what();
+    }
+  });
 }
 
 TEST(Inference, CachedDecodeMatchesFullRecomputation) {
