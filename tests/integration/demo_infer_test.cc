@@ -64,7 +64,9 @@ TEST_F(DemoInferTest, EveryPipelineGeneratesTheSameTokensAndEachPhaseSaysWhatRan
       EXPECT_EQ(run["prefill_ran"], "serial (4 calls)");
       EXPECT_EQ(run["decode_ran"], "serial (8 calls)");
     }
-    if (p == "fused") EXPECT_EQ(run["decode_ran"], "fused s=2 (8 calls)");
+    if (p == "fused") {
+      EXPECT_EQ(run["decode_ran"], "fused s=2 (8 calls)");
+    }
     EXPECT_TRUE(fs::exists(out / ("timeline-" + p + ".svg"))) << p;
     EXPECT_TRUE(fs::exists(out / p / "rank-1.trace.json")) << p;
   }

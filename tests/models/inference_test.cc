@@ -73,14 +73,6 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// The largest |a - b| over the two logit arrays.
-float MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  float m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
-
 TEST(Inference, ScoreGivesTheTrainingLossAndTheReference) {
   // The forward without cache over the training sequences: its
   // cross-entropy is the training forward's loss and the double-precision
@@ -302,14 +294,22 @@ TEST(Inference, ReportsWhatEachPhaseRan) {
       for (const auto& [name, n] : g.prefill_pipelines) {
         prefill += n;
         EXPECT_EQ(name.find("auto"), std::string::npos) << name;
-        if (p == Pipeline::kSerial) EXPECT_EQ(name, "serial");
-        if (p == Pipeline::kFused) EXPECT_EQ(name, "fused s=2");
+        if (p == Pipeline::kSerial) {
+          EXPECT_EQ(name, "serial");
+        }
+        if (p == Pipeline::kFused) {
+          EXPECT_EQ(name, "fused s=2");
+        }
       }
       for (const auto& [name, n] : g.decode_pipelines) {
         decode += n;
         EXPECT_EQ(name.find("auto"), std::string::npos) << name;
-        if (p == Pipeline::kSerial) EXPECT_EQ(name, "serial");
-        if (p == Pipeline::kFused) EXPECT_EQ(name, "fused s=2");
+        if (p == Pipeline::kSerial) {
+          EXPECT_EQ(name, "serial");
+        }
+        if (p == Pipeline::kFused) {
+          EXPECT_EQ(name, "fused s=2");
+        }
       }
       EXPECT_EQ(prefill, (sp ? 4 : 2) * c.layers) << PipelineName(p) << " sp " << sp;
       EXPECT_EQ(decode, 2 * c.layers * (N - 1)) << PipelineName(p) << " sp " << sp;
