@@ -81,8 +81,11 @@ std::vector<Pipeline> ParsePipelines(const std::string& text) {
   for (std::string name; std::getline(in, name, ',');) {
     if (name.empty()) continue;
     auto p = ParsePipeline(name);
-    if (!p) Usage(fmt::format("--pipelines: unknown pipeline '{}': expected serial, chunked, "
-                              "fused or auto, comma-separated", name));
+    if (!p)
+      Usage(
+          fmt::format("--pipelines: unknown pipeline '{}': expected serial, chunked, "
+                      "fused or auto, comma-separated",
+                      name));
     if (std::find(out.begin(), out.end(), *p) != out.end())
       Usage(fmt::format("--pipelines: '{}' is listed twice", name));
     out.push_back(*p);
@@ -179,21 +182,22 @@ int RunRankJob(const InferArgs& a) {
       r.decode_s.push_back(decode);
       r.last = std::move(g);
     }
-    if (root) fmt::print(stderr, "  round {}/{}{}\n", it + 1, rounds, it < a.warmup ? " (warm-up)" : "");
+    if (root)
+      fmt::print(stderr, "  round {}/{}{}\n", it + 1, rounds, it < a.warmup ? " (warm-up)" : "");
   }
   json runs = json::array();
   for (size_t k = 0; k < np; ++k) {
     const models::Generation& g = acc[k].last;
-    runs.push_back({{"pipeline", PipelineName(pipelines[k])},
-                    {"prefill_seconds", acc[k].prefill_s},
-                    {"token_seconds", acc[k].token_s},
-                    {"decode_seconds", acc[k].decode_s},
-                    {"tokens", g.tokens},
-                    {"logits_fingerprint",
-                     Fingerprint(g.logits.data(), g.logits.size() * sizeof(float))},
-                    {"prefill_pipelines", Counts(g.prefill_pipelines)},
-                    {"decode_pipelines", Counts(g.decode_pipelines)},
-                    {"trace_dir", (fs::path(a.out) / PipelineName(pipelines[k])).string()}});
+    runs.push_back(
+        {{"pipeline", PipelineName(pipelines[k])},
+         {"prefill_seconds", acc[k].prefill_s},
+         {"token_seconds", acc[k].token_s},
+         {"decode_seconds", acc[k].decode_s},
+         {"tokens", g.tokens},
+         {"logits_fingerprint", Fingerprint(g.logits.data(), g.logits.size() * sizeof(float))},
+         {"prefill_pipelines", Counts(g.prefill_pipelines)},
+         {"decode_pipelines", Counts(g.decode_pipelines)},
+         {"trace_dir", (fs::path(a.out) / PipelineName(pipelines[k])).string()}});
   }
   if (root) {
     std::ofstream f(a.results);
@@ -242,8 +246,10 @@ int Launch(const InferArgs& a, std::vector<std::string> argv, const std::string&
   lo.argv = std::move(argv);
   lo.prefix_output = false;
   lo.heap_bytes = size_t{512} << 20;
-  if (link.empty()) unsetenv("MC2_LINK");
-  else setenv("MC2_LINK", link.c_str(), 1);
+  if (link.empty())
+    unsetenv("MC2_LINK");
+  else
+    setenv("MC2_LINK", link.c_str(), 1);
   setenv("MC2_DETERMINISTIC", "1", 1);  // the tokens and logits are compared bit for bit
   unsetenv("MC2_TRACE");                // each run traces into its own directory
   return RunLaunch(lo);
@@ -341,16 +347,19 @@ void CheckArgs(const InferArgs& a) {
     if (!ok) Usage(what);
   };
   need(a.nranks % tp == 0, fmt::format("--tp {} must divide -n {}", tp, a.nranks));
-  need(a.hidden % a.heads == 0, fmt::format("--heads {} must divide --hidden {}", a.heads, a.hidden));
+  need(a.hidden % a.heads == 0,
+       fmt::format("--heads {} must divide --hidden {}", a.heads, a.hidden));
   need((a.hidden / a.heads) % 2 == 0,
        fmt::format("--hidden {} / --heads {} = {} must be even (rotary embeddings rotate pairs)",
                    a.hidden, a.heads, a.hidden / a.heads));
   need(a.heads % tp == 0, fmt::format("--tp {} must divide --heads {} (each TP rank holds its "
-                                      "heads and their KV cache)", tp, a.heads));
+                                      "heads and their KV cache)",
+                                      tp, a.heads));
   need(a.ffn % tp == 0, fmt::format("--tp {} must divide --ffn {}", tp, a.ffn));
   const int dp = a.nranks / tp;
   need(a.batch % dp == 0, fmt::format("the data-parallel size -n {} / --tp {} = {} must divide "
-                                      "--batch {}", a.nranks, tp, dp, a.batch));
+                                      "--batch {}",
+                                      a.nranks, tp, dp, a.batch));
   models::ValidateConfig(ModelConfig(a), tp, dp);
   ParsePipelines(a.pipelines);
   if (a.link != "auto" && a.link != "none" && a.link != "off")
@@ -401,7 +410,8 @@ void Conduct(const InferArgs& a) {
   fmt::print(stderr, "inference on {} ranks (tp {}), {}\n", a.nranks, tp, link_label);
 
   std::string names;
-  for (Pipeline p : pipelines) names += fmt::format("{}{}", names.empty() ? "" : ",", PipelineName(p));
+  for (Pipeline p : pipelines)
+    names += fmt::format("{}{}", names.empty() ? "" : ",", PipelineName(p));
   const std::string results = (out / "results.json").string();
   int status = Launch(a, RankArgv(a, names, a.iters, a.warmup, out.string(), results), link);
   if (status != 0) {
@@ -448,28 +458,36 @@ void Conduct(const InferArgs& a) {
     fmt::print("{}\n", line);
   };
   auto pct = [](const trace::Breakdown& b, int64_t ns) { return fmt::format("{:.1f}", b.Pct(ns)); };
-  fmt::print("\nmc2 demo infer: {} layers, hidden {}, {} heads, ffn {}, vocab {}, {} GEMMs; {} "
-             "prompts of {} tokens, {} new tokens each; {} ranks (tp {}, dp {}), prefill {}\n"
-             "{}; {} timed generations after {} warm-up, medians\n\n",
-             a.layers, a.hidden, a.heads, a.ffn, a.vocab, a.dtype, a.batch, a.prompt_len,
-             a.new_tokens, a.nranks, tp, a.nranks / tp,
-             a.no_sp ? "without sequence parallelism" : "sequence-parallel", link_label, a.iters,
-             a.warmup);
+  fmt::print(
+      "\nmc2 demo infer: {} layers, hidden {}, {} heads, ffn {}, vocab {}, {} GEMMs; {} "
+      "prompts of {} tokens, {} new tokens each; {} ranks (tp {}, dp {}), prefill {}\n"
+      "{}; {} timed generations after {} warm-up, medians\n\n",
+      a.layers, a.hidden, a.heads, a.ffn, a.vocab, a.dtype, a.batch, a.prompt_len, a.new_tokens,
+      a.nranks, tp, a.nranks / tp, a.no_sp ? "without sequence parallelism" : "sequence-parallel",
+      link_label, a.iters, a.warmup);
   row("", [](const RunSummary& r) { return r.pipeline; });
-  row("time to first token (ms)", [](const RunSummary& r) { return fmt::format("{:.2f}", r.ttft_ms); });
-  row("per-token latency p50 (ms)", [](const RunSummary& r) { return fmt::format("{:.3f}", r.p50_ms); });
-  row("per-token latency p99 (ms)", [](const RunSummary& r) { return fmt::format("{:.3f}", r.p99_ms); });
+  row("time to first token (ms)",
+      [](const RunSummary& r) { return fmt::format("{:.2f}", r.ttft_ms); });
+  row("per-token latency p50 (ms)",
+      [](const RunSummary& r) { return fmt::format("{:.3f}", r.p50_ms); });
+  row("per-token latency p99 (ms)",
+      [](const RunSummary& r) { return fmt::format("{:.3f}", r.p99_ms); });
   row("decode tokens/s", [](const RunSummary& r) { return fmt::format("{:.0f}", r.decode_tps); });
   row("end-to-end tokens/s", [](const RunSummary& r) { return fmt::format("{:.0f}", r.e2e_tps); });
-  row("prefill: communication (%)", [&](const RunSummary& r) { return pct(r.prefill, r.prefill.comm_ns); });
+  row("prefill: communication (%)",
+      [&](const RunSummary& r) { return pct(r.prefill, r.prefill.comm_ns); });
   row("prefill: uncovered comm (%)", [&](const RunSummary& r) {
     return fmt::format("{} {}", pct(r.prefill, r.prefill.uncovered_ns),
                        trace::VerdictName(r.prefill.UncoveredVerdict()));
   });
-  row("prefill: free time (%)", [&](const RunSummary& r) { return pct(r.prefill, r.prefill.free_ns); });
-  row("decode: communication (%)", [&](const RunSummary& r) { return pct(r.decode, r.decode.comm_ns); });
-  row("decode: uncovered comm (%)", [&](const RunSummary& r) { return pct(r.decode, r.decode.uncovered_ns); });
-  row("decode: free time (%)", [&](const RunSummary& r) { return pct(r.decode, r.decode.free_ns); });
+  row("prefill: free time (%)",
+      [&](const RunSummary& r) { return pct(r.prefill, r.prefill.free_ns); });
+  row("decode: communication (%)",
+      [&](const RunSummary& r) { return pct(r.decode, r.decode.comm_ns); });
+  row("decode: uncovered comm (%)",
+      [&](const RunSummary& r) { return pct(r.decode, r.decode.uncovered_ns); });
+  row("decode: free time (%)",
+      [&](const RunSummary& r) { return pct(r.decode, r.decode.free_ns); });
   row("TTFT speedup vs serial", [&](const RunSummary& r) {
     return fmt::format("{:.2f}x", r.ttft_ms > 0 ? base.ttft_ms / r.ttft_ms : 0.0);
   });
@@ -483,18 +501,25 @@ void Conduct(const InferArgs& a) {
              identical ? "yes" : "NO");
   fmt::print("\nWhat the fused operators ran, per phase:\n");
   for (const auto& r : runs)
-    fmt::print("{:>8}: prefill {}\n          decode  {}\n", r.pipeline, r.prefill_ran, r.decode_ran);
-  fmt::print("\nPhases: the traced generation's step 0 (prefill) and steps 1.. (decode), mean over "
-             "ranks.\n");
+    fmt::print("{:>8}: prefill {}\n          decode  {}\n", r.pipeline, r.prefill_ran,
+               r.decode_ran);
+  fmt::print(
+      "\nPhases: the traced generation's step 0 (prefill) and steps 1.. (decode), mean over "
+      "ranks.\n");
   for (const auto& r : runs)
     fmt::print("{:>8}: trace {}\n          timeline {}\n", r.pipeline, r.trace_json, r.svg);
   fmt::print("finished in {:.0f} s\n",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
 
   if (!a.json_path.empty()) {
-    json j = {{"mode", "infer"},     {"ranks", a.nranks},         {"tp", tp},
-              {"link", link},        {"batch", a.batch},          {"prompt_len", a.prompt_len},
-              {"new_tokens", a.new_tokens}, {"sequence_parallel", !a.no_sp},
+    json j = {{"mode", "infer"},
+              {"ranks", a.nranks},
+              {"tp", tp},
+              {"link", link},
+              {"batch", a.batch},
+              {"prompt_len", a.prompt_len},
+              {"new_tokens", a.new_tokens},
+              {"sequence_parallel", !a.no_sp},
               {"tokens_identical", identical}};
     for (const auto& r : runs) {
       j["runs"].push_back(
@@ -530,52 +555,71 @@ void RegisterDemoInfer(CLI::App& demo) {
       "infer",
       "Tensor-parallel inference: prefill a batch of prompts, then greedy decoding with a KV "
       "cache, with every pipeline; time to first token, per-token latency, tokens/s");
-  cmd->add_option("-n,--nranks", a->nranks, "Ranks to launch")->capture_default_str()
+  cmd->add_option("-n,--nranks", a->nranks, "Ranks to launch")
+      ->capture_default_str()
       ->check(CLI::Range(1, 64));
-  cmd->add_option("--tp", a->tp, "Tensor-parallel group size (default: all ranks; the others "
-                                 "are data-parallel replicas)")->check(CLI::Range(0, 64));
+  cmd->add_option("--tp", a->tp,
+                  "Tensor-parallel group size (default: all ranks; the others "
+                  "are data-parallel replicas)")
+      ->check(CLI::Range(0, 64));
   cmd->add_option("--link", a->link,
                   "Emulated link: auto (calibrated so that a serial prefill's communication "
                   "takes --comm-ratio x its compute), none (raw shared memory), or a spec such as "
-                  "bw=10GB/s,lat=5us (docs/link-emulation.md)")->capture_default_str();
+                  "bw=10GB/s,lat=5us (docs/link-emulation.md)")
+      ->capture_default_str();
   cmd->add_option("--comm-ratio", a->comm_ratio, "--link auto: communication over compute")
-      ->capture_default_str()->check(CLI::Range(0.05, 20.0));
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 20.0));
   cmd->add_option("--pipelines", a->pipelines,
                   "Pipelines to compare, comma-separated: serial, chunked, fused, auto (serial "
-                  "always runs first, as the baseline)")->capture_default_str();
+                  "always runs first, as the baseline)")
+      ->capture_default_str();
   cmd->add_option("--splits", a->splits, "Chunks of the chunked and fused pipelines (1-16)")
-      ->capture_default_str()->check(CLI::Range(1, 16));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 16));
   cmd->add_option("-i,--iters", a->iters, "Timed generations per pipeline")
-      ->capture_default_str()->check(CLI::Range(1, 10000));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000));
   cmd->add_option("-w,--warmup", a->warmup, "Untimed generations first")
-      ->capture_default_str()->check(CLI::Range(0, 100));
-  cmd->add_option("--layers", a->layers, "Transformer blocks")->capture_default_str()
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100));
+  cmd->add_option("--layers", a->layers, "Transformer blocks")
+      ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--hidden", a->hidden, "Hidden size")->capture_default_str()
+  cmd->add_option("--hidden", a->hidden, "Hidden size")
+      ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--heads", a->heads, "Attention heads (the TP size must divide it)")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--ffn", a->ffn, "SwiGLU inner width")->capture_default_str()
+      ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--vocab", a->vocab, "Vocabulary")->capture_default_str()
+  cmd->add_option("--ffn", a->ffn, "SwiGLU inner width")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--vocab", a->vocab, "Vocabulary")
+      ->capture_default_str()
       ->check(CLI::Range(2, 1 << 20));
-  cmd->add_option("--batch", a->batch, "Prompts (global)")->capture_default_str()
+  cmd->add_option("--batch", a->batch, "Prompts (global)")
+      ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--prompt-len", a->prompt_len, "Tokens per prompt")->capture_default_str()
+  cmd->add_option("--prompt-len", a->prompt_len, "Tokens per prompt")
+      ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--new-tokens", a->new_tokens, "Tokens generated per prompt")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 16));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
   cmd->add_flag("--no-sp", a->no_sp,
                 "Prefill without sequence parallelism (o and down end in MatmulAllReduce, as "
                 "in decode)");
-  cmd->add_option("-d,--dtype", a->dtype, "GEMM inputs: f32 or bf16")->capture_default_str()
+  cmd->add_option("-d,--dtype", a->dtype, "GEMM inputs: f32 or bf16")
+      ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--seed", a->seed, "Seed of the weights and the prompts")->capture_default_str();
   cmd->add_option("--out", a->out,
                   "Directory for traces, timelines and results: a new or empty one, or one an "
                   "earlier `mc2 demo infer` wrote (only the files it writes are replaced)")
       ->capture_default_str();
-  cmd->add_option("--json", a->json_path, "Also write the table to this JSON file (- for standard output)");
+  cmd->add_option("--json", a->json_path,
+                  "Also write the table to this JSON file (- for standard output)");
   cmd->add_flag("--rank-job", a->rank_job)->group("");  // internal
   cmd->add_option("--results", a->results)->group("");  // internal
   cmd->callback([a] {

@@ -70,7 +70,8 @@ void ValidateInference(const TransformerConfig& c, const InferenceConfig& in) {
     Invalid("new_tokens must be in 1.." + std::to_string(kMaxPositions) + ", not " +
             std::to_string(in.new_tokens));
   }
-  if (in.prompt_step < 0) Invalid("prompt_step must be >= 0, not " + std::to_string(in.prompt_step));
+  if (in.prompt_step < 0)
+    Invalid("prompt_step must be >= 0, not " + std::to_string(in.prompt_step));
   if (c.moe_experts != 0) {
     Invalid("inference runs dense models only: moe_experts must be 0, not " +
             std::to_string(c.moe_experts));
@@ -195,10 +196,9 @@ void InferenceModel::Impl::ColumnParallel(size_t R, size_t m_local, int p, size_
   if (sp) {
     const void* a = op.Set(xn.data(), m_local * h, dt);
     trace::Scope s(span_sp, trace::Category::kHost);
-    Record(AllGatherMatmul(grid.tp,
-                           {.a = a, .b = params.W(p), .c = out, .m = m_local, .k = h, .n = n,
-                            .dtype = dt},
-                           cfg.fused));
+    Record(AllGatherMatmul(
+        grid.tp, {.a = a, .b = params.W(p), .c = out, .m = m_local, .k = h, .n = n, .dtype = dt},
+        cfg.fused));
     return;
   }
   const void* a = op.Set(xn.data(), R * h, dt);
@@ -214,8 +214,14 @@ void InferenceModel::Impl::RowParallel(const float* a_f32, size_t R, size_t k, i
   if (sp) {
     trace::Scope s(span_sp, trace::Category::kHost);
     Record(MatmulReduceScatter(grid.tp,
-                               {.a = a, .b = params.W(p), .c = y.data(), .m = R, .k = k, .n = h,
-                                .dtype = dt, .m_local = m_local},
+                               {.a = a,
+                                .b = params.W(p),
+                                .c = y.data(),
+                                .m = R,
+                                .k = k,
+                                .n = h,
+                                .dtype = dt,
+                                .m_local = m_local},
                                cfg.fused));
     return;
   }
@@ -328,10 +334,10 @@ void InferenceModel::LoadWeights(Transformer& trained) {
   std::vector<ParamView> views = trained.Parameters();
   const std::vector<Param>& mine = m.params.list();
   if (views.size() != mine.size()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "InferenceModel::LoadWeights: the trained model has " +
-                    std::to_string(views.size()) + " tensors, this one " +
-                    std::to_string(mine.size()));
+    throw Error(ErrorCode::kInvalidArgument, "InferenceModel::LoadWeights: the trained model has " +
+                                                 std::to_string(views.size()) +
+                                                 " tensors, this one " +
+                                                 std::to_string(mine.size()));
   }
   for (size_t i = 0; i < views.size(); ++i) {
     const Param& p = mine[i];
@@ -361,8 +367,8 @@ Generation InferenceModel::Generate() {
   // Prompt tokens, sequence-major rows as the pass takes them.
   std::vector<int32_t> in(P * B);
   for (size_t b = 0; b < B; ++b) {
-    const int64_t seq = static_cast<int64_t>(m.grid.dp_rank) * static_cast<int64_t>(B) +
-                        static_cast<int64_t>(b);
+    const int64_t seq =
+        static_cast<int64_t>(m.grid.dp_rank) * static_cast<int64_t>(B) + static_cast<int64_t>(b);
     for (size_t t = 0; t < P; ++t) {
       const int32_t tok = SequenceToken(m.cfg, m.inf.prompt_step, seq, static_cast<int>(t));
       g.prompts[b * P + t] = tok;
@@ -375,7 +381,8 @@ Generation InferenceModel::Generate() {
       const float* row = m.logits.data() + b * V;
       g.tokens[b * N + i] = static_cast<int32_t>(std::max_element(row, row + V) - row);
     }
-    if (m.inf.keep_logits) std::memcpy(&g.logits[i * B * V], m.logits.data(), B * V * sizeof(float));
+    if (m.inf.keep_logits)
+      std::memcpy(&g.logits[i * B * V], m.logits.data(), B * V * sizeof(float));
   };
   m.cache.Clear();
   trace::MarkStep(0);
@@ -385,8 +392,8 @@ Generation InferenceModel::Generate() {
     m.ran = &g.prefill_pipelines;
     const bool sp = m.inf.sequence_parallel;
     const size_t R = P * B;
-    const auto [lo, hi] = sp ? Shard(R, m.grid.tp_rank, m.grid.tp_size)
-                             : std::pair<size_t, size_t>{0, R};
+    const auto [lo, hi] =
+        sp ? Shard(R, m.grid.tp_rank, m.grid.tp_size) : std::pair<size_t, size_t>{0, R};
     m.Embed(in.data(), lo, hi);
     m.Blocks(0, P, sp, /*cached=*/false);
     m.cache.SetLength(P);
@@ -436,15 +443,15 @@ std::vector<float> InferenceModel::Score(const std::vector<int32_t>& tokens, int
       if (tok < 0 || static_cast<size_t>(tok) >= V) {
         throw Error(ErrorCode::kInvalidArgument,
                     "InferenceModel::Score: token " + std::to_string(tok) + " at [" +
-                        std::to_string(b) + ", " + std::to_string(t) + "] is outside the vocab [0, " +
-                        std::to_string(V) + ")");
+                        std::to_string(b) + ", " + std::to_string(t) +
+                        "] is outside the vocab [0, " + std::to_string(V) + ")");
       }
       in[t * B + b] = tok;
     }
   }
   const bool sp = m.inf.sequence_parallel;
-  const auto [lo, hi] = sp ? Shard(R, m.grid.tp_rank, m.grid.tp_size)
-                           : std::pair<size_t, size_t>{0, R};
+  const auto [lo, hi] =
+      sp ? Shard(R, m.grid.tp_rank, m.grid.tp_size) : std::pair<size_t, size_t>{0, R};
   m.cache.Clear();
   m.Embed(in.data(), lo, hi);
   m.Blocks(0, T, sp, /*cached=*/false);

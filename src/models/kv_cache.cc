@@ -27,9 +27,9 @@ KvCache::KvCache(size_t layers, size_t batch, size_t heads, size_t head_dim, siz
 
 void KvCache::SetLength(size_t n) {
   if (n > capacity_) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "KvCache: " + std::to_string(n) + " positions exceed its capacity of " +
-                    std::to_string(capacity_));
+    throw Error(ErrorCode::kInvalidArgument, "KvCache: " + std::to_string(n) +
+                                                 " positions exceed its capacity of " +
+                                                 std::to_string(capacity_));
   }
   length_ = n;
 }

@@ -4,11 +4,11 @@
 // typed when they are wrong, before any file is written.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -39,11 +39,14 @@ class DemoInferTest : public LeakCheckedTest {
 
 TEST_F(DemoInferTest, EveryPipelineGeneratesTheSameTokensAndEachPhaseSaysWhatRan) {
   const fs::path out = dir_ / "out", js = dir_ / "result.json";
-  const Result r = RunMc2({"demo", "infer", "-n", "2", "--link", "none", "-i", "2", "-w", "1",
-                           "--layers", "1", "--hidden", "32", "--heads", "4", "--ffn", "64",
-                           "--vocab", "16", "--batch", "2", "--prompt-len", "6", "--new-tokens",
-                           "5", "--splits", "2", "--out", out.string(), "--json", js.string()},
-                          {}, 120);
+  const Result r =
+      RunMc2({"demo",         "infer",    "-n",       "2", "--link",       "none",
+              "-i",           "2",        "-w",       "1", "--layers",     "1",
+              "--hidden",     "32",       "--heads",  "4", "--ffn",        "64",
+              "--vocab",      "16",       "--batch",  "2", "--prompt-len", "6",
+              "--new-tokens", "5",        "--splits", "2", "--out",        out.string(),
+              "--json",       js.string()},
+             {}, 120);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("time to first token (ms)"));
   EXPECT_THAT(r.out, HasSubstr("per-token latency p99 (ms)"));
@@ -74,8 +77,8 @@ TEST_F(DemoInferTest, EveryPipelineGeneratesTheSameTokensAndEachPhaseSaysWhatRan
 
 TEST_F(DemoInferTest, NamesTheOptionsAsTypedBeforeWritingAnything) {
   const fs::path out = dir_ / "out";
-  Result r = RunMc2({"demo", "infer", "-n", "2", "--heads", "3", "--hidden", "12", "--out",
-                     out.string()});
+  Result r =
+      RunMc2({"demo", "infer", "-n", "2", "--heads", "3", "--hidden", "12", "--out", out.string()});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("--tp 2 must divide --heads 3"));
   r = RunMc2({"demo", "infer", "-n", "4", "--tp", "2", "--batch", "3", "--out", out.string()});

@@ -48,7 +48,7 @@ InferenceConfig Inference(int prompt_len = 5, int new_tokens = 6) {
 // DP rank's generation from its TP rank 0 (index = dp rank), after
 // checking that the TP ranks of a group agree bit for bit.
 std::vector<Generation> Generate(int ranks, int tp, const TransformerConfig& c,
-                            const InferenceConfig& in) {
+                                 const InferenceConfig& in) {
   std::vector<Generation> out(ranks / tp);
   std::vector<Generation> all(ranks);
   Group::RunInProcess(ranks, [&](Group& world) {
@@ -60,9 +60,9 @@ std::vector<Generation> Generate(int ranks, int tp, const TransformerConfig& c,
   for (int r = 0; r < ranks; ++r) {
     const Generation& lead = all[r - r % tp];
     EXPECT_EQ(all[r].tokens, lead.tokens) << "rank " << r;
-    EXPECT_EQ(std::memcmp(all[r].logits.data(), lead.logits.data(),
-                          lead.logits.size() * sizeof(float)),
-              0)
+    EXPECT_EQ(
+        std::memcmp(all[r].logits.data(), lead.logits.data(), lead.logits.size() * sizeof(float)),
+        0)
         << "rank " << r;
     if (r % tp == 0) out[r / tp] = all[r];
   }
