@@ -64,6 +64,8 @@ struct InferArgs {
   bool no_sp = false;
   std::string dtype = "f32";
   uint64_t seed = 1;
+  int train_steps = 0;  // train on the task first (0: the seed's weights)
+  float lr = 3e-3f;
   std::string out = "mc2-demo-infer";
   std::string json_path;
   bool rank_job = false;
@@ -114,6 +116,7 @@ models::TransformerConfig ModelConfig(const InferArgs& a) {
 
 models::InferenceConfig InferConfig(const InferArgs& a) {
   models::InferenceConfig in;
+  in.prompt_step = a.train_steps;  // a batch the training did not see
   in.prompt_len = a.prompt_len;
   in.new_tokens = a.new_tokens;
   in.sequence_parallel = !a.no_sp;
@@ -146,6 +149,20 @@ int RunRankJob(const InferArgs& a) {
   models::ProcessGrid grid = models::MakeGrid(world, tp);
   const models::TransformerConfig c = ModelConfig(a);
   models::InferenceModel model(grid, c, InferConfig(a));
+  if (a.train_steps > 0) {
+    // Sequences as long as prompt and continuation (a multiple of tp).
+    models::TransformerConfig tc = c;
+    tc.seq_len = (a.prompt_len + a.new_tokens + tp - 1) / tp * tp;
+    tc.lr = a.lr;
+    models::Transformer train(grid, tc);
+    models::StepStats st;
+    for (int step = 0; step < a.train_steps; ++step) st = train.TrainStep(step);
+    if (root) {
+      fmt::print(stderr, "  trained {} steps on {}, loss {:.4f}\n", a.train_steps,
+                 models::TaskName(tc.task), st.loss);
+    }
+    model.LoadWeights(train);
+  }
   const std::vector<Pipeline> pipelines = ParsePipelines(a.pipelines);
   const size_t np = pipelines.size();
   struct Acc {
@@ -194,6 +211,7 @@ int RunRankJob(const InferArgs& a) {
          {"token_seconds", acc[k].token_s},
          {"decode_seconds", acc[k].decode_s},
          {"tokens", g.tokens},
+         {"expected", g.expected},
          {"logits_fingerprint", Fingerprint(g.logits.data(), g.logits.size() * sizeof(float))},
          {"prefill_pipelines", Counts(g.prefill_pipelines)},
          {"decode_pipelines", Counts(g.decode_pipelines)},
@@ -236,6 +254,8 @@ std::vector<std::string> RankArgv(const InferArgs& a, const std::string& pipelin
   add("--seed", std::to_string(a.seed));
   add("--tp", std::to_string(a.tp));
   add("--dtype", a.dtype);
+  add("--train-steps", std::to_string(a.train_steps));
+  add("--lr", fmt::format("{:.9g}", a.lr));
   if (a.no_sp) v.push_back("--no-sp");
   return v;
 }
@@ -329,7 +349,7 @@ struct RunSummary {
   double ttft_ms = 0, p50_ms = 0, p99_ms = 0, decode_tps = 0, e2e_tps = 0;
   trace::Breakdown prefill, decode;
   std::string prefill_ran, decode_ran;
-  std::vector<int> tokens;
+  std::vector<int> tokens, expected;
   std::string fingerprint;
   std::string trace_json, svg;
 };
@@ -434,6 +454,7 @@ void Conduct(const InferArgs& a) {
     s.decode_tps = decode_s > 0 ? a.batch * (a.new_tokens - 1) / decode_s : 0;
     s.e2e_tps = a.batch * a.new_tokens / (Median(prefill) + decode_s);
     s.tokens = run["tokens"].get<std::vector<int>>();
+    s.expected = run["expected"].get<std::vector<int>>();
     s.fingerprint = run["logits_fingerprint"].get<std::string>();
     s.prefill_ran = RanText(run["prefill_pipelines"]);
     s.decode_ran = RanText(run["decode_pipelines"]);
@@ -499,6 +520,16 @@ void Conduct(const InferArgs& a) {
     identical = identical && r.tokens == base.tokens && r.fingerprint == base.fingerprint;
   fmt::print("\ngenerated tokens identical across pipelines (and their logits, bitwise): {}\n",
              identical ? "yes" : "NO");
+  size_t correct = 0;
+  for (size_t i = 0; i < base.tokens.size() && i < base.expected.size(); ++i)
+    correct += base.tokens[i] == base.expected[i];
+  const double accuracy =
+      base.tokens.empty() ? 0.0 : static_cast<double>(correct) / base.tokens.size();
+  fmt::print("generated tokens that continue the task ({}) correctly: {} of {} ({:.0f}%){}\n",
+             models::TaskName(models::TransformerConfig{}.task), correct, base.tokens.size(),
+             accuracy * 100,
+             a.train_steps > 0 ? fmt::format(", after {} training steps", a.train_steps)
+                               : std::string(" (untrained weights: --train-steps trains first)"));
   fmt::print("\nWhat the fused operators ran, per phase:\n");
   for (const auto& r : runs)
     fmt::print("{:>8}: prefill {}\n          decode  {}\n", r.pipeline, r.prefill_ran,
@@ -520,7 +551,9 @@ void Conduct(const InferArgs& a) {
               {"prompt_len", a.prompt_len},
               {"new_tokens", a.new_tokens},
               {"sequence_parallel", !a.no_sp},
-              {"tokens_identical", identical}};
+              {"tokens_identical", identical},
+              {"train_steps", a.train_steps},
+              {"task_accuracy", accuracy}};
     for (const auto& r : runs) {
       j["runs"].push_back(
           {{"pipeline", r.pipeline},
@@ -614,6 +647,15 @@ void RegisterDemoInfer(CLI::App& demo) {
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--seed", a->seed, "Seed of the weights and the prompts")->capture_default_str();
+  cmd->add_option("--train-steps", a->train_steps,
+                  "Train the model on its task (modadd) for this many steps first, so that the "
+                  "generated tokens can be checked against the task's continuation (0: the "
+                  "seed's weights)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000));
+  cmd->add_option("--lr", a->lr, "--train-steps: AdamW learning rate")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--out", a->out,
                   "Directory for traces, timelines and results: a new or empty one, or one an "
                   "earlier `mc2 demo infer` wrote (only the files it writes are replaced)")

@@ -278,6 +278,9 @@ struct Generation {
   int batch = 0;                 // this DP rank's prompts, B
   std::vector<int32_t> prompts;  // [B x prompt_len]
   std::vector<int32_t> tokens;   // [B x new_tokens], greedy (ties: the lower id)
+  // [B x new_tokens]: the task's own continuation of each prompt (what a
+  // model trained on the task should generate).
+  std::vector<int32_t> expected;
   // keep_logits: [new_tokens x B x vocab], the logits token i was chosen from.
   std::vector<float> logits;
   // Time to first token: the prefill and the first token's choice.

@@ -363,6 +363,7 @@ Generation InferenceModel::Generate() {
   g.batch = static_cast<int>(B);
   g.prompts.resize(B * P);
   g.tokens.resize(B * N);
+  g.expected.resize(B * N);
   if (m.inf.keep_logits) g.logits.resize(N * B * V);
   // Prompt tokens, sequence-major rows as the pass takes them.
   std::vector<int32_t> in(P * B);
@@ -373,6 +374,9 @@ Generation InferenceModel::Generate() {
       const int32_t tok = SequenceToken(m.cfg, m.inf.prompt_step, seq, static_cast<int>(t));
       g.prompts[b * P + t] = tok;
       in[t * B + b] = tok;
+    }
+    for (size_t i = 0; i < N; ++i) {
+      g.expected[b * N + i] = SequenceToken(m.cfg, m.inf.prompt_step, seq, static_cast<int>(P + i));
     }
   }
   // Greedy choice of token i of every sequence from the B rows of logits.

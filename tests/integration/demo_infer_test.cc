@@ -1,6 +1,7 @@
 // `mc2 demo infer` as a user runs it (tools/demo_infer.cc): a tiny run
 // per pipeline with --json, whose table says what ran in each phase and
-// that every pipeline generated the same tokens; the options named as
+// that every pipeline generated the same tokens; a model trained first
+// continues its task; the options named as
 // typed when they are wrong, before any file is written.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -73,6 +74,25 @@ TEST_F(DemoInferTest, EveryPipelineGeneratesTheSameTokensAndEachPhaseSaysWhatRan
     EXPECT_TRUE(fs::exists(out / ("timeline-" + p + ".svg"))) << p;
     EXPECT_TRUE(fs::exists(out / p / "rank-1.trace.json")) << p;
   }
+}
+
+TEST_F(DemoInferTest, ATrainedModelContinuesItsTask) {
+  // Trained on modular addition first, the model's greedy tokens continue
+  // held-out prompts as the task does (the table says how many).
+  const fs::path out = dir_ / "out", js = dir_ / "result.json";
+  const Result r =
+      RunMc2({"demo",          "infer",  "-n",           "2",          "--link",       "none",
+              "--pipelines",   "serial", "-i",           "1",          "--hidden",     "64",
+              "--heads",       "4",      "--ffn",        "128",        "--vocab",      "32",
+              "--batch",       "8",      "--prompt-len", "8",          "--new-tokens", "16",
+              "--train-steps", "200",    "--out",        out.string(), "--json",       js.string()},
+             {}, 120);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("continue the task (modadd) correctly"));
+  std::ifstream f(js);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["train_steps"], 200);
+  EXPECT_GE(j["task_accuracy"].get<double>(), 0.9) << r.out;
 }
 
 TEST_F(DemoInferTest, NamesTheOptionsAsTypedBeforeWritingAnything) {
