@@ -90,6 +90,11 @@ std::string RanName(const FusedReport& r) {
 
 }  // namespace
 
+// Invariants: cache holds positions [0, cache.length()) of the sequences
+// of the last Generate or Score (cap at most); the buffers are sized for a
+// pass of cap positions; `ran` is null or points into the Generation being
+// made (each entry point sets it before any fused call).
+// Thread safety: one thread per rank (the InferenceModel's contract).
 struct InferenceModel::Impl {
   Impl(const ProcessGrid& g, const TransformerConfig& c, const InferenceConfig& in);
 
@@ -456,6 +461,7 @@ std::vector<float> InferenceModel::Score(const std::vector<int32_t>& tokens, int
   const bool sp = m.inf.sequence_parallel;
   const auto [lo, hi] =
       sp ? Shard(R, m.grid.tp_rank, m.grid.tp_size) : std::pair<size_t, size_t>{0, R};
+  m.ran = nullptr;
   m.cache.Clear();
   m.Embed(in.data(), lo, hi);
   m.Blocks(0, T, sp, /*cached=*/false);
