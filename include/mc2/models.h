@@ -288,7 +288,9 @@ struct Generation {
   // Each decode step (new_tokens - 1 of them): one token per prompt.
   std::vector<double> token_seconds;
   // What the fused operators ran in each phase ("serial", "fused s=4",
-  // ...; FusedReport, auto resolved) -> calls.
+  // ...; FusedReport, auto resolved) -> calls. With Pipeline::kAuto the
+  // cost model is asked at the first call of each shape (projection, rows,
+  // layout), and its answer reused for the later calls of that shape.
   std::map<std::string, int> prefill_pipelines, decode_pipelines;
 };
 

@@ -32,6 +32,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -119,7 +120,25 @@ struct InferenceModel::Impl {
   // Buffers, sized for the largest pass (cap positions).
   std::vector<float> x, x1, y, xn, qkv, ctx, gu, act, probs, rows, rstd, logits;
 
-  void Record(const FusedReport& r) {
+  // `auto` resolved once per call shape: (projection, rows, sp) -> what it
+  // chose. The cost model's choice depends only on the shapes and settings,
+  // on which every rank agrees, and every decode step repeats its
+  // predecessor's shapes: choosing again per token would only add the
+  // choice's own cost to latency-bound calls.
+  std::map<std::tuple<int, size_t, bool>, FusedReport> resolved;
+
+  FusedOptions Options(int p, size_t R, bool sp) const {
+    FusedOptions o = cfg.fused;
+    if (o.pipeline != Pipeline::kAuto) return o;
+    auto it = resolved.find({p, R, sp});
+    if (it != resolved.end()) {
+      o.pipeline = it->second.pipeline;
+      o.splits = it->second.splits;
+    }
+    return o;
+  }
+  void Record(int p, size_t R, bool sp, const FusedReport& r) {
+    if (cfg.fused.pipeline == Pipeline::kAuto) resolved.emplace(std::make_tuple(p, R, sp), r);
     if (ran != nullptr) ++(*ran)[RanName(r)];
   }
   // x = the embeddings of this rank's rows of `tokens` (row-major R rows).
@@ -201,9 +220,11 @@ void InferenceModel::Impl::ColumnParallel(size_t R, size_t m_local, int p, size_
   if (sp) {
     const void* a = op.Set(xn.data(), m_local * h, dt);
     trace::Scope s(span_sp, trace::Category::kHost);
-    Record(AllGatherMatmul(
-        grid.tp, {.a = a, .b = params.W(p), .c = out, .m = m_local, .k = h, .n = n, .dtype = dt},
-        cfg.fused));
+    Record(p, R, sp,
+           AllGatherMatmul(
+               grid.tp,
+               {.a = a, .b = params.W(p), .c = out, .m = m_local, .k = h, .n = n, .dtype = dt},
+               Options(p, R, sp)));
     return;
   }
   const void* a = op.Set(xn.data(), R * h, dt);
@@ -218,7 +239,8 @@ void InferenceModel::Impl::RowParallel(const float* a_f32, size_t R, size_t k, i
   const void* a = op.Set(a_f32, R * k, dt);
   if (sp) {
     trace::Scope s(span_sp, trace::Category::kHost);
-    Record(MatmulReduceScatter(grid.tp,
+    Record(p, R, sp,
+           MatmulReduceScatter(grid.tp,
                                {.a = a,
                                 .b = params.W(p),
                                 .c = y.data(),
@@ -227,13 +249,15 @@ void InferenceModel::Impl::RowParallel(const float* a_f32, size_t R, size_t k, i
                                 .n = h,
                                 .dtype = dt,
                                 .m_local = m_local},
-                               cfg.fused));
+                               Options(p, R, sp)));
     return;
   }
   trace::Scope s(span, trace::Category::kHost);
-  Record(MatmulAllReduce(
-      grid.tp, {.a = a, .b = params.W(p), .c = y.data(), .m = R, .k = k, .n = h, .dtype = dt},
-      cfg.fused));
+  Record(
+      p, R, sp,
+      MatmulAllReduce(
+          grid.tp, {.a = a, .b = params.W(p), .c = y.data(), .m = R, .k = k, .n = h, .dtype = dt},
+          Options(p, R, sp)));
 }
 
 void InferenceModel::Impl::Blocks(size_t pos0, size_t len, bool sp, bool cached) {
@@ -326,6 +350,7 @@ void InferenceModel::SetFusedOptions(const FusedOptions& fused) {
   c.fused = fused;
   ValidateConfig(c, impl_->grid.tp_size, impl_->grid.dp_size, impl_->grid.ep_size);
   impl_->cfg.fused = fused;
+  impl_->resolved.clear();
 }
 
 void InferenceModel::LoadWeights(Transformer& trained) {
