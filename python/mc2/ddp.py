@@ -22,7 +22,9 @@ gradient_as_bucket_view=True the parameters' gradients are views into the
 buckets, so nothing is copied in or out either. The buckets take heap
 space (the model's gradient bytes; `mc2 run --heap`, MC2_HEAP_BYTES): a
 bucket that finds a rank's heap full stays where it is, on every rank
-alike, and is all-reduced from there.
+alike, and is all-reduced from there. Moving changes the address only:
+a numpy array or data_ptr() taken from a gradient view before the move
+keeps the old, freed memory.
 """
 from . import _C
 from .collectives import default_process_group, invalid_argument

@@ -30,6 +30,9 @@ endfunction()
 mc2_python_test(test_fused_bindings.py 1 2 3 4)
 mc2_python_test(test_backend.py 1 2 3 4)
 mc2_python_test(test_ddp.py 1 2 3)
+# mc2.ddp.allreduce_hook with a heap too small for one of the buckets.
+mc2_python_test(test_ddp_heap.py 2)
+set_property(TEST python.test_ddp_heap/2 APPEND PROPERTY ENVIRONMENT "MC2_HEAP_BYTES=16M")
 mc2_python_test(test_bad_input.py 1 2 3)
 # Fault tests: each breaks its world on purpose.
 mc2_python_test(test_bad_shapes.py 2)
