@@ -9,8 +9,13 @@ torch has it), side by side in one run, on one host:
     the cost of the Python call;
   - a DistributedDataParallel training step (forward, backward with the
     gradient all-reduces, SGD step) of a 12-layer 2048 x 2048 MLP (50.4 M
-    parameters), batch 16 per rank, one thread per rank; and the same step
-    on one rank without DDP (the compute alone).
+    parameters), batch 16 per rank, one thread per rank: DDP unchanged on
+    each backend; on mc2 also with mc2.ddp.allreduce_hook and
+    gradient_as_bucket_view=True ("mc2 + mc2.ddp hook"), and the ranks'
+    step under DDP's no_sync(), which communicates nothing ("no_sync
+    (compute only)": what the ranks' computing at once costs on this
+    machine's shared cores and memory, the floor of any 2-rank step); and
+    the same step on one rank without DDP ("one_rank", the compute alone).
 
 Usage: bench/torch_compare.py [-n RANKS] [--reps R] [--max-bytes B]
                               [--ddp-steps S] [--mc2 PATH] [--json FILE]
@@ -32,6 +37,9 @@ import sys
 import time
 
 LAYERS, WIDTH, BATCH = 12, 2048, 16
+# The DDP step's extra rows (ddp_step_s in the JSON).
+HOOK = "mc2 + mc2.ddp hook"
+NO_SYNC = "no_sync (compute only)"
 
 
 def sizes(max_bytes):
@@ -81,43 +89,64 @@ def worker(args):
             out["mc2_all_reduce"].append([nbytes, timed(lambda t: mc2.all_reduce(t), nbytes)])
 
     if args.ddp_steps:
-        torch.manual_seed(0)
-        layers = []
-        for _ in range(LAYERS):
-            layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
-        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers))
-        out["ddp_step"] = ddp_steps(model, args.ddp_steps, dist)
-        out["parameters"] = sum(p.numel() for p in model.parameters())
+        def model(**ddp_options):
+            return torch.nn.parallel.DistributedDataParallel(mlp(), **ddp_options)
+
+        m = model()
+        out["ddp_step"] = ddp_steps(m, args.ddp_steps, dist)
+        out["parameters"] = sum(p.numel() for p in m.parameters())
+        if backend == "mc2":
+            # Both ranks compute, nothing is communicated: the floor of a
+            # 2-rank step on this machine's shared cores and memory.
+            out["ddp_no_sync"] = ddp_steps(m, args.ddp_steps, dist, no_sync=True)
+            del m
+            import mc2.ddp
+            m = model(gradient_as_bucket_view=True)
+            m.register_comm_hook(None, mc2.ddp.allreduce_hook)
+            out["ddp_step_hook"] = ddp_steps(m, args.ddp_steps, dist)
+        del m
     if rank == 0:
         print("RESULT " + json.dumps(out), flush=True)
     dist.destroy_process_group()
 
 
-def ddp_steps(model, steps, dist=None):
+def mlp():
+    import torch
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(LAYERS):
+        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers)
+
+
+def ddp_steps(model, steps, dist=None, no_sync=False):
+    """The median wall time of a training step (forward, backward, SGD
+    step) over `steps` steps after 2 unmeasured ones, and the median CPU
+    time this process (all its threads) spent in a step; no_sync: backward
+    inside DDP's no_sync(), which communicates nothing."""
+    import contextlib
     import torch
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
-    times = []
+    times, cpu = [], []
     for i in range(steps + 2):
         if dist is not None:
             dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
+        with model.no_sync() if no_sync else contextlib.nullcontext():
+            torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
         if i >= 2:
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+            cpu.append(time.process_time() - c0)
+    return statistics.median(times), statistics.median(cpu)
 
 
 def one_rank(args):
     import torch
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(LAYERS):
-        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
-    step = ddp_steps(torch.nn.Sequential(*layers), args.ddp_steps)
+    step = ddp_steps(mlp(), args.ddp_steps)
     print("RESULT " + json.dumps({"backend": "one_rank", "ddp_step": step}), flush=True)
 
 
@@ -194,14 +223,19 @@ def main():
 
     summary = {"ranks": n, "reps": args.reps, "model": {"layers": LAYERS, "width": WIDTH,
                                                         "batch_per_rank": BATCH},
-               "all_reduce": {}, "ddp_step_s": {}}
+               "all_reduce": {}, "ddp_step_s": {}, "ddp_step_cpu_s": {}}
     for b in backends:
         summary["all_reduce"][b] = median_curve(b, "all_reduce")
     summary["all_reduce"]["mc2 (mc2.all_reduce)"] = median_curve("mc2", "mc2_all_reduce")
     summary["cxx_all_reduce_8B_us"] = statistics.median(cxx)
     if args.ddp_steps:
-        for b in runs:
-            summary["ddp_step_s"][b] = statistics.median(r["ddp_step"] for r in runs[b])
+        # (wall, CPU) medians per configuration; rank 0's CPU time.
+        rows = {b: [r["ddp_step"] for r in runs[b]] for b in runs}
+        rows[HOOK] = [r["ddp_step_hook"] for r in runs["mc2"]]
+        rows[NO_SYNC] = [r["ddp_no_sync"] for r in runs["mc2"]]
+        for b, xs in rows.items():
+            summary["ddp_step_s"][b] = statistics.median(x[0] for x in xs)
+            summary["ddp_step_cpu_s"][b] = statistics.median(x[1] for x in xs)
         summary["parameters"] = runs["mc2"][0]["parameters"]
 
     names = list(summary["all_reduce"])
@@ -217,9 +251,9 @@ def main():
           f"{summary['cxx_all_reduce_8B_us']:.2f} us")
     if args.ddp_steps:
         print(f"DDP step, {summary['parameters'] / 1e6:.1f} M parameters, batch {BATCH} per rank, "
-              "1 thread per rank:")
+              "1 thread per rank: wall time, and the CPU time of rank 0's process (all threads)")
         for b, t in summary["ddp_step_s"].items():
-            print(f"  {b:>9}: {t * 1e3:8.1f} ms")
+            print(f"  {b:>22}: {t * 1e3:8.1f} ms   cpu {summary['ddp_step_cpu_s'][b] * 1e3:8.1f} ms")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)

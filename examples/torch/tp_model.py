@@ -18,6 +18,10 @@ parallel model is checked and timed against. Parameters that see only a
 sequence shard (embeddings, LayerNorms, the head) need their gradients
 summed over the TP group after backward: `sequence_parallel_params()`
 lists them for mc2.nn.allreduce_grads.
+
+The forward's torch computation between the fused operators (embedding,
+LayerNorms, attention, GELU, head) is recorded as compute spans for
+mc2.trace (when it records; the backward's is not: autograd runs it).
 """
 
 import math
@@ -26,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import mc2.nn as mnn
+from mc2.trace import span
 
 
 def _linear(kind, full, tp, opts):
@@ -65,8 +70,18 @@ class Block(torch.nn.Module):
         return ctx.permute(2, 0, 1, 3).reshape(seq, batch, self.heads_local * self.head_dim)
 
     def forward(self, x):
-        x = x + self.proj(self.attention(self.qkv(self.ln1(x))))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        with span("layernorm"):
+            h = self.ln1(x)
+        h = self.qkv(h)
+        with span("attention"):
+            h = self.attention(h)
+        x = x + self.proj(h)
+        with span("layernorm"):
+            h = self.ln2(x)
+        h = self.fc1(h)
+        with span("gelu"):
+            h = F.gelu(h)
+        return x + self.fc2(h)
 
 
 class TinyGPT(torch.nn.Module):
@@ -86,11 +101,13 @@ class TinyGPT(torch.nn.Module):
         self.head = torch.nn.Linear(hidden, vocab)
 
     def forward(self, tokens, first=0):
-        positions = torch.arange(first, first + tokens.shape[0])
-        x = self.tok(tokens) + self.pos(positions)[:, None, :]
+        with span("embedding"):
+            positions = torch.arange(first, first + tokens.shape[0])
+            x = self.tok(tokens) + self.pos(positions)[:, None, :]
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln(x))
+        with span("head"):
+            return self.head(self.ln(x))
 
     def sequence_parallel_params(self):
         """The parameters that see only this rank's sequence shard."""

@@ -2,8 +2,8 @@
 """Trains a small transformer with tensor + sequence parallelism (mc2.nn)
 inside data parallelism (DistributedDataParallel on the mc2 backend).
 
-    MC2_TRACE=/tmp/tp_trace build/tools/mc2 run -n 4 \\
-        /usr/bin/python3 examples/torch/train_tp_dp.py --tp 2
+    build/tools/mc2 run -n 4 /usr/bin/python3 examples/torch/train_tp_dp.py \\
+        --tp 2 --trace /tmp/tp_trace
     build/tools/mc2 trace report /tmp/tp_trace
 
 The ranks form a grid: TP groups of --tp consecutive ranks, DP groups of
@@ -16,7 +16,10 @@ parameters that see only a sequence shard get theirs summed over the TP
 group (mc2.nn.allreduce_grads). The loss printed is the whole model's
 (summed over the TP group, averaged over DP). With --check, rank 0 also
 trains the same model unsharded on the same batches and compares the
-losses (exit status 1 if they differ by more than --tolerance).
+losses (exit status 1 if they differ by more than --tolerance). With
+--trace DIR every rank records its timeline through mc2.trace, one marked
+step per training step (rank 0's unsharded reference is left out), for
+`mc2 trace report DIR`.
 """
 
 import argparse
@@ -47,6 +50,8 @@ def parse(argv):
     p.add_argument("--check", action="store_true",
                    help="rank 0 trains the unsharded model too and compares losses")
     p.add_argument("--tolerance", type=float, default=1e-3)
+    p.add_argument("--trace", metavar="DIR",
+                   help="record the timeline into DIR (mc2.trace; read with mc2 trace report)")
     return p.parse_args(argv)
 
 
@@ -88,8 +93,11 @@ def main(argv):
         ref = TinyGPT(**opts)
         ref_opt = torch.optim.Adam(ref.parameters(), lr=a.lr)
 
+    if a.trace:
+        mc2.trace.start(a.trace)
     worst = 0.0
     for step in range(a.steps):
+        mc2.trace.mark_step(step)
         inputs, targets = batch(step, replica, a)
         logits = ddp(inputs[first:first + count], first)
         # This shard's part of the mean over the whole sequence: the TP
@@ -99,11 +107,13 @@ def main(argv):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         mnn.allreduce_grads(sp_params, tp)
-        opt.step()
+        with mc2.trace.span("optimizer"):
+            opt.step()
 
         total = loss.detach().reshape(1)
         dist.all_reduce(total)  # over TP (sum) and DP
         total = total.item() / dp_size
+        mc2.trace.end_step()
         if ref is not None:
             ref_loss = sum(
                 F.cross_entropy(ref(x).reshape(-1, a.vocab), y.reshape(-1))
@@ -117,6 +127,8 @@ def main(argv):
             if ref is not None:
                 line += f"  unsharded {ref_loss.item():.4f}"
             print(line, flush=True)
+    if a.trace:
+        mc2.trace.stop()
     if ref is not None:
         ok = worst <= a.tolerance
         print(f"largest loss difference to the unsharded model: {worst:.2e} "

@@ -7,6 +7,8 @@ torch.distributed backend over mc2's shared-memory engine (docs/python.md).
 - torch.distributed.init_process_group("mc2") (mc2.backend), and
   mc2.group_of(process_group) for the mc2.Group under an mc2 process group;
 - mc2.ddp.allreduce_hook, a DistributedDataParallel communication hook;
+- mc2.trace: timeline tracing (start, stop, mark_step, span), read by
+  `mc2 trace report`;
 - the fused operators as differentiable torch functions (mc2.ops:
   all_gather_matmul, matmul_reduce_scatter, matmul_all_reduce,
   all_gather_batch_matmul, moe_route, all_to_all_matmul, matmul_all_to_all,
@@ -21,6 +23,7 @@ from ._C import Error, Group, MoeRouting, ProcessGroupMC2, Work, init, launched_
 from . import backend  # noqa: F401  (registers the "mc2" backend)
 from .backend import init_process_group  # noqa: F401
 from . import ddp  # noqa: F401
+from . import trace  # noqa: F401
 from .collectives import (  # noqa: F401
     all_gather,
     all_gather_into_tensor,

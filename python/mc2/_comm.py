@@ -10,6 +10,8 @@ means torch.distributed's default group when one is initialized, else the
 mc2 world.
 """
 
+import contextlib
+
 import torch.distributed as dist
 
 from . import _unfused
@@ -48,6 +50,11 @@ class Comm:
     def all_gather_batch_matmul(self, a, b, **kw):
         return self._ops.all_gather_batch_matmul(self.group, a, b, **kw)
 
+    def fail_together(self, op, message):
+        """Fails the fused operator `op` that the other ranks are calling,
+        on every rank (mc2._C.fail_together; mc2 groups only)."""
+        self._ops.fail_together(self.group, op, message)
+
     def all_reduce(self, tensor):
         """Sums a contiguous tensor over the group, in place."""
         if self.fused:
@@ -84,6 +91,26 @@ class Comm:
         base, extra = divmod(int(m), self.size)
         count = base + (1 if self.rank < extra else 0)
         return self.rank * base + min(self.rank, extra), count
+
+
+@contextlib.contextmanager
+def agreed(comm, op):
+    """Argument checks of the operator `op`, made in Python before any
+    communication, fail it on every rank: on an mc2 group a rank whose
+    checks raise (TypeError, ValueError) takes part in the agreement of the
+    operator its peers are calling (Comm.fail_together), so that every rank
+    raises mc2.Error('invalid_argument') with the reason; on another backend
+    the error is raised on this rank only.
+
+        with agreed(comm, "all_gather_matmul"):
+            ...checks that raise ValueError...
+    """
+    try:
+        yield
+    except (TypeError, ValueError) as e:
+        if comm.fused:
+            comm.fail_together(op, str(e))
+        raise
 
 
 def _is_process_group(group):

@@ -63,6 +63,32 @@ def _overlap_if(needed, fn):
     return _Overlap(fn) if needed else None
 
 
+def _save_gathering(ctx, comm, opts, m, c, b, g, need_db):
+    """What the backward of a gathering operator (all_gather_matmul,
+    all_gather_batch_matmul) needs: b, and the gathered a for b's gradient."""
+    ctx.comm, ctx.opts, ctx.m = comm, opts, m
+    ctx.out_shape = c.shape
+    ctx.save_for_backward(b, g if need_db else None)
+    ctx.set_materialize_grads(False)  # an unused gathered copy costs nothing
+
+
+def _save_product(ctx, comm, opts, a, b, bias):
+    """What the backward of a @ b + bias needs: a (for b's gradient, if b
+    needs one), b (for a's) and whether there is a bias."""
+    ctx.comm, ctx.opts = comm, opts
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(a if ctx.needs_input_grad[3] else None, b)
+
+
+def _gathering_grads(ctx, dc):
+    """(b, gathered a, the output gradient (zeros if the output was unused),
+    whether a needs a gradient, whether b does), in a gathering operator's
+    backward (_save_gathering)."""
+    b, g = ctx.saved_tensors
+    dc = torch.zeros(ctx.out_shape, dtype=b.dtype) if dc is None else dc.contiguous()
+    return b, g, dc, ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+
+
 class AllGatherMatmul(Function):
     """(gather_rows(a) @ b + bias, gathered a if gather_output else None)."""
 
@@ -73,20 +99,13 @@ class AllGatherMatmul(Function):
                                       **opts)
         if bias is not None:
             c += bias.float()
-        ctx.comm, ctx.opts, ctx.m = comm, opts, a.shape[0]
-        ctx.out_shape = c.shape
         ctx.has_bias = bias is not None
-        ctx.save_for_backward(b, g if need_db else None)
-        ctx.set_materialize_grads(False)  # an unused gathered copy costs nothing
+        _save_gathering(ctx, comm, opts, a.shape[0], c, b, g, need_db)
         return c.to(a.dtype), (g if gather_output else None)
 
     @staticmethod
     def backward(ctx, dc, dg):
-        b, g = ctx.saved_tensors
-        if dc is None:
-            dc = torch.zeros(ctx.out_shape, dtype=b.dtype)
-        need_da, need_db = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
-        dc = dc.contiguous()
+        b, g, dc, need_da, need_db = _gathering_grads(ctx, dc)
         wgrad = _overlap_if(need_db, lambda: _f32_matmul(g.t(), dc, b.dtype))
         da = None
         if need_da:
@@ -112,9 +131,7 @@ class MatmulReduceScatter(Function):
         c = comm.matmul_reduce_scatter(a, b, m_local, **opts)
         if bias is not None:
             c += bias.float()
-        ctx.comm, ctx.opts = comm, opts
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(a if ctx.needs_input_grad[3] else None, b)
+        _save_product(ctx, comm, opts, a, b, bias)
         return c.to(a.dtype)
 
     @staticmethod
@@ -167,9 +184,7 @@ class CopyMatmul(Function):
         c = torch.matmul(a.float(), b.float())
         if bias is not None:
             c += bias.float()
-        ctx.comm, ctx.opts = comm, opts
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(a if ctx.needs_input_grad[3] else None, b)
+        _save_product(ctx, comm, opts, a, b, bias)
         return c.to(a.dtype)
 
     @staticmethod
@@ -201,19 +216,12 @@ class AllGatherBatchMatmul(Function):
         need_db = ctx.needs_input_grad[3]
         c, g = comm.all_gather_batch_matmul(a, b, gather_output=bool(gather_output or need_db),
                                             **opts)
-        ctx.comm, ctx.opts, ctx.m = comm, opts, a.shape[1]
-        ctx.out_shape = c.shape
-        ctx.save_for_backward(b, g if need_db else None)
-        ctx.set_materialize_grads(False)  # an unused gathered copy costs nothing
+        _save_gathering(ctx, comm, opts, a.shape[1], c, b, g, need_db)
         return c.to(a.dtype), (g if gather_output else None)
 
     @staticmethod
     def backward(ctx, dc, dg):
-        b, g = ctx.saved_tensors
-        if dc is None:
-            dc = torch.zeros(ctx.out_shape, dtype=b.dtype)
-        need_da, need_db = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
-        dc = dc.contiguous()
+        b, g, dc, need_da, need_db = _gathering_grads(ctx, dc)
         batch, k = dc.shape[0], b.shape[-2]
         shared = b.dim() == 2
         if shared:

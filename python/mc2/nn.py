@@ -44,7 +44,7 @@ import math
 import torch
 
 from . import autograd as _ag
-from ._comm import resolve
+from ._comm import agreed, resolve
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "sequence_range", "sequence_shard",
            "allreduce_grads"]
@@ -62,10 +62,47 @@ def _full_init(out_features, in_features, bias, dtype):
 
 
 class _Parallel(torch.nn.Module):
-    def __init__(self, group, pipeline, splits):
+    """What the column and row layers share: the group, the options and
+    this rank's block of the whole weight W^T [in, out] (and bias), split
+    along its columns (`split_out`, the column layer) or its rows."""
+
+    def __init__(self, in_features, out_features, bias, group, sequence_parallel, pipeline,
+                 splits, dtype, weights, split_out):
         super().__init__()
         self.comm = resolve(group)
         self.opts = {"pipeline": pipeline, "splits": int(splits)}
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.sequence_parallel = bool(sequence_parallel)
+        first, count = self.comm.split_rows(out_features if split_out else in_features)
+        w, b = weights if weights is not None else _full_init(out_features, in_features, bias,
+                                                              dtype)
+        block = slice(first, first + count)
+        w_t = w.t()
+        w_block = w_t[:, block] if split_out else w_t[block]
+        self.weight = torch.nn.Parameter(w_block.contiguous().to(dtype))
+        b_block = b[block] if split_out and b is not None else b
+        self.bias = torch.nn.Parameter(b_block.clone().to(dtype)) if b is not None else None
+        self._first, self._count = first, count
+
+    @classmethod
+    def from_linear(cls, linear, **kw):
+        """This rank's block of torch.nn.Linear `linear` (same results)."""
+        b = linear.bias.detach() if linear.bias is not None else None
+        kw.setdefault("dtype", linear.weight.dtype)
+        return cls(linear.in_features, linear.out_features, bias=b is not None,
+                   _weights=(linear.weight.detach(), b), **kw)
+
+    def _input_rows(self, x, width, what):
+        """x [..., width] as rows [n, width] and its leading shape; a wrong
+        width on any rank raises mc2.Error on every rank (on an mc2 group)."""
+        with agreed(self.comm, type(self).__name__):
+            if not isinstance(x, torch.Tensor) or x.dim() < 1:
+                raise ValueError(f"{type(self).__name__}: the input must be a tensor [..., "
+                                 f"{width}], not {getattr(x, 'shape', type(x).__name__)}")
+            if x.shape[-1] != width:
+                raise ValueError(f"{type(self).__name__}: input has {x.shape[-1]} features, "
+                                 f"{what} {width}")
+        return x.reshape(-1, width).contiguous(), tuple(x.shape[:-1])
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -84,31 +121,12 @@ class ColumnParallelLinear(_Parallel):
     def __init__(self, in_features, out_features, bias=True, *, group=None,
                  sequence_parallel=True, pipeline="auto", splits=4, dtype=torch.float32,
                  _weights=None):
-        super().__init__(group, pipeline, splits)
-        self.in_features, self.out_features = int(in_features), int(out_features)
-        self.sequence_parallel = bool(sequence_parallel)
-        first, count = self.comm.split_rows(out_features)
-        self.out_first, self.out_local = first, count
-        w, b = _weights if _weights is not None else _full_init(out_features, in_features,
-                                                                bias, dtype)
-        self.weight = torch.nn.Parameter(w[first:first + count].t().contiguous().to(dtype))
-        self.bias = (torch.nn.Parameter(b[first:first + count].clone().to(dtype))
-                     if b is not None else None)
-
-    @classmethod
-    def from_linear(cls, linear, **kw):
-        """This rank's block of torch.nn.Linear `linear` (same results)."""
-        b = linear.bias.detach() if linear.bias is not None else None
-        kw.setdefault("dtype", linear.weight.dtype)
-        return cls(linear.in_features, linear.out_features, bias=b is not None,
-                   _weights=(linear.weight.detach(), b), **kw)
+        super().__init__(in_features, out_features, bias, group, sequence_parallel, pipeline,
+                         splits, dtype, _weights, split_out=True)
+        self.out_first, self.out_local = self._first, self._count
 
     def forward(self, x):
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"ColumnParallelLinear: input has {x.shape[-1]} features, "
-                             f"the layer {self.in_features}")
-        lead = tuple(x.shape[:-1])
-        rows = x.reshape(-1, self.in_features).contiguous()
+        rows, lead = self._input_rows(x, self.in_features, "the layer")
         if self.sequence_parallel:
             out, _ = _ag.AllGatherMatmul.apply(self.comm, self.opts, rows, self.weight,
                                                self.bias, False)
@@ -130,24 +148,12 @@ class RowParallelLinear(_Parallel):
     def __init__(self, in_features, out_features, bias=True, *, group=None,
                  sequence_parallel=True, pipeline="auto", splits=4, dtype=torch.float32,
                  _weights=None):
-        super().__init__(group, pipeline, splits)
-        self.in_features, self.out_features = int(in_features), int(out_features)
-        self.sequence_parallel = bool(sequence_parallel)
-        first, count = self.comm.split_rows(in_features)
-        self.in_first, self.in_local = first, count
-        w, b = _weights if _weights is not None else _full_init(out_features, in_features,
-                                                                bias, dtype)
-        self.weight = torch.nn.Parameter(w[:, first:first + count].t().contiguous().to(dtype))
-        self.bias = torch.nn.Parameter(b.clone().to(dtype)) if b is not None else None
-
-    from_linear = classmethod(ColumnParallelLinear.from_linear.__func__)
+        super().__init__(in_features, out_features, bias, group, sequence_parallel, pipeline,
+                         splits, dtype, _weights, split_out=False)
+        self.in_first, self.in_local = self._first, self._count
 
     def forward(self, x):
-        if x.shape[-1] != self.in_local:
-            raise ValueError(f"RowParallelLinear: input has {x.shape[-1]} features, this "
-                             f"rank's block of the layer {self.in_local}")
-        lead = tuple(x.shape[:-1])
-        rows = x.reshape(-1, self.in_local).contiguous()
+        rows, lead = self._input_rows(x, self.in_local, "this rank's block of the layer")
         if self.sequence_parallel:
             per_row = rows.shape[0] // lead[0] if lead[0] else 1
             m_local = self.comm.split_rows(lead[0])[1]

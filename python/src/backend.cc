@@ -113,6 +113,14 @@ void BindBackend(py::module_& m) {
       py::arg("pg"), py::arg("tensor"), py::arg("op"), py::arg("algorithm"),
       py::arg("async_op"));
   m.def(
+      "_all_reduce_bucket",
+      [](ProcessGroupMC2& pg, const at::Tensor& bucket, const std::string& op) {
+        mc2::ReduceOp rop = ParseReduceOpName(op, "all_reduce");
+        py::gil_scoped_release nogil;
+        return pg.AllReduceBucket(bucket, rop);
+      },
+      py::arg("pg"), py::arg("bucket"), py::arg("op"));
+  m.def(
       "_broadcast",
       [](ProcessGroupMC2& pg, const at::Tensor& t, int root, const std::string& algorithm,
          bool async_op) {

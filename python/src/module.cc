@@ -8,8 +8,10 @@
 
 namespace mc2py {
 void BindDenseOps(py::module_& m);
+void BindFailTogether(py::module_& m);
 void BindMoeOps(py::module_& m);
 void BindBackend(py::module_& m);
+void BindTrace(py::module_& m);
 }  // namespace mc2py
 
 namespace {
@@ -38,6 +40,8 @@ PYBIND11_MODULE(_C, m) {
   mc2py::BindErrors(m);
   mc2py::BindGroup(m);
   mc2py::BindDenseOps(m);
+  mc2py::BindFailTogether(m);
   mc2py::BindMoeOps(m);
   mc2py::BindBackend(m);
+  mc2py::BindTrace(m);
 }

@@ -56,6 +56,17 @@ std::vector<int64_t> AgreeOrFail(const mc2::Group& g, const std::string& op,
   return values;
 }
 
+void BindFailTogether(py::module_& m) {
+  m.def(
+      "fail_together",
+      [](const PyGroup& pg, const std::string& op, const std::string& message) {
+        RunAgreed(pg, op.c_str(), message, 0, [](const std::vector<int64_t>&) { return 0; });
+      },
+      py::arg("group"), py::arg("op"), py::arg("message"),
+      "Takes part in the argument agreement of the fused operator the group's other ranks are "
+      "calling, and fails it on every rank with `message` (mc2.Error('invalid_argument')).");
+}
+
 mc2::DType OperandDType(const at::Tensor& t, const std::string& what, std::string* error) {
   if (t.scalar_type() == at::kFloat) return mc2::DType::kF32;
   if (t.scalar_type() == at::kBFloat16) return mc2::DType::kBF16;

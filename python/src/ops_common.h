@@ -30,6 +30,28 @@ mc2::FusedOptions MakeFusedOptions(const std::string& pipeline, int splits,
 std::vector<int64_t> AgreeOrFail(const mc2::Group& g, const std::string& op,
                                  const std::string& local_error, int64_t value);
 
+// The collective part of every binding: with the GIL released and the
+// group's lock held, agrees on the local checks (AgreeOrFail with `error`
+// and `value`), then returns body(every rank's value), the operator call.
+// This agreement is every binding's first exchange, and the same exchange
+// in each: a rank may make a peer's binding fail by taking part in it with
+// an error of its own (mc2._C.fail_together, for arguments that Python
+// checks, such as a bias).
+template <typename Body>
+auto RunAgreed(const PyGroup& pg, const char* op, const std::string& error, int64_t value,
+               Body&& body) {
+  const mc2::Group& g = pg.Checked(op);
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(*pg.mu);
+  return body(AgreeOrFail(g, op, error, value));
+}
+
+// Binds mc2._C.fail_together(group, op, message): takes part in the
+// agreement of a binding that the group's other ranks are calling and
+// raises mc2.Error('invalid_argument', message) there; they raise it too,
+// naming this rank. A message "" takes part without failing.
+void BindFailTogether(py::module_& m);
+
 // The mc2 dtype of a matrix operand (float32 or bfloat16), or "" and the
 // reason in `error`.
 mc2::DType OperandDType(const at::Tensor& t, const std::string& what, std::string* error);

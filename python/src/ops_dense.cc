@@ -65,143 +65,126 @@ std::string MatmulChecks(const at::Tensor& a, const at::Tensor& b, int64_t a_dim
   return err;
 }
 
+// What every dense binding does before communicating: the operand and
+// option checks (the first failure in `err`), and contiguous operands.
+struct Operands {
+  std::string err;
+  mc2::DType dtype = mc2::DType::kF32;
+  mc2::FusedOptions options;
+  at::Tensor a, b;
+};
+
+Operands Prepare(const at::Tensor& a, const at::Tensor& b, int64_t a_dims, int64_t b_dims,
+                 const std::string& pipeline, int splits, const py::object& overlap) {
+  Operands o;
+  o.err = MatmulChecks(a, b, a_dims, b_dims, &o.dtype);
+  o.options = MakeFusedOptions(pipeline, splits, overlap, &o.err);
+  if (o.err.empty()) {
+    o.a = a.contiguous();
+    o.b = b.contiguous();
+  }
+  return o;
+}
+
 py::tuple AllGatherMatmul(const PyGroup& pg, const at::Tensor& a_in, const at::Tensor& b_in,
                           const std::string& pipeline, int splits, bool gather_output,
                           const py::object& overlap) {
-  const char* op = "all_gather_matmul";
-  const mc2::Group& g = pg.Checked(op);
-  mc2::DType dtype = mc2::DType::kF32;
-  std::string err = MatmulChecks(a_in, b_in, 2, 2, &dtype);
-  mc2::FusedOptions o = MakeFusedOptions(pipeline, splits, overlap, &err);
-  at::Tensor a, b, c, gathered;
-  if (err.empty()) {
-    a = a_in.contiguous();
-    b = b_in.contiguous();
-  }
-  {
-    py::gil_scoped_release nogil;
-    std::lock_guard<std::mutex> lock(*pg.mu);
-    std::vector<int64_t> rows = AgreeOrFail(g, op, err, err.empty() ? a.size(0) : 0);
-    int64_t M = Sum(rows), k = a.size(1), n = b.size(1);
-    c = F32({M, n});
-    if (gather_output) gathered = Empty({M, k}, a.scalar_type());
-    mc2::AllGatherMatmul(g,
-                         {.a = a.data_ptr(),
-                          .b = b.data_ptr(),
-                          .c = c.data_ptr<float>(),
-                          .m = static_cast<size_t>(a.size(0)),
-                          .k = static_cast<size_t>(k),
-                          .n = static_cast<size_t>(n),
-                          .dtype = dtype,
-                          .gathered_a = gather_output ? gathered.data_ptr() : nullptr},
-                         o);
-  }
+  Operands x = Prepare(a_in, b_in, 2, 2, pipeline, splits, overlap);
+  const at::Tensor &a = x.a, &b = x.b;
+  at::Tensor c, gathered;
+  RunAgreed(pg, "all_gather_matmul", x.err, x.err.empty() ? a.size(0) : 0,
+            [&](const std::vector<int64_t>& rows) {
+              int64_t M = Sum(rows), k = a.size(1), n = b.size(1);
+              c = F32({M, n});
+              if (gather_output) gathered = Empty({M, k}, a.scalar_type());
+              return mc2::AllGatherMatmul(
+                  pg.group,
+                  {.a = a.data_ptr(),
+                   .b = b.data_ptr(),
+                   .c = c.data_ptr<float>(),
+                   .m = static_cast<size_t>(a.size(0)),
+                   .k = static_cast<size_t>(k),
+                   .n = static_cast<size_t>(n),
+                   .dtype = x.dtype,
+                   .gathered_a = gather_output ? gathered.data_ptr() : nullptr},
+                  x.options);
+            });
   return py::make_tuple(c, gather_output ? py::cast(gathered) : py::none());
 }
 
 at::Tensor MatmulReduceScatter(const PyGroup& pg, const at::Tensor& a_in, const at::Tensor& b_in,
                                int64_t m_local, const std::string& pipeline, int splits,
                                const py::object& overlap) {
-  const char* op = "matmul_reduce_scatter";
-  const mc2::Group& g = pg.Checked(op);
-  mc2::DType dtype = mc2::DType::kF32;
-  std::string err = MatmulChecks(a_in, b_in, 2, 2, &dtype);
-  mc2::FusedOptions o = MakeFusedOptions(pipeline, splits, overlap, &err);
-  if (err.empty() && (m_local < 0 || m_local > a_in.size(0))) {
-    err = fmt::format("m_local ({}) must be in 0..{} (a's rows)", m_local, a_in.size(0));
+  Operands x = Prepare(a_in, b_in, 2, 2, pipeline, splits, overlap);
+  if (x.err.empty() && (m_local < 0 || m_local > a_in.size(0))) {
+    x.err = fmt::format("m_local ({}) must be in 0..{} (a's rows)", m_local, a_in.size(0));
   }
-  at::Tensor a, b, c;
-  if (err.empty()) {
-    a = a_in.contiguous();
-    b = b_in.contiguous();
-    c = F32({m_local, b.size(1)});
-  }
-  {
-    py::gil_scoped_release nogil;
-    std::lock_guard<std::mutex> lock(*pg.mu);
-    AgreeOrFail(g, op, err, 0);
-    mc2::MatmulReduceScatter(g,
-                             {.a = a.data_ptr(),
-                              .b = b.data_ptr(),
-                              .c = c.data_ptr<float>(),
-                              .m = static_cast<size_t>(a.size(0)),
-                              .k = static_cast<size_t>(a.size(1)),
-                              .n = static_cast<size_t>(b.size(1)),
-                              .dtype = dtype,
-                              .m_local = static_cast<size_t>(m_local)},
-                             o);
-  }
+  at::Tensor c;
+  if (x.err.empty()) c = F32({m_local, x.b.size(1)});
+  RunAgreed(pg, "matmul_reduce_scatter", x.err, 0, [&](const std::vector<int64_t>&) {
+    return mc2::MatmulReduceScatter(pg.group,
+                                    {.a = x.a.data_ptr(),
+                                     .b = x.b.data_ptr(),
+                                     .c = c.data_ptr<float>(),
+                                     .m = static_cast<size_t>(x.a.size(0)),
+                                     .k = static_cast<size_t>(x.a.size(1)),
+                                     .n = static_cast<size_t>(x.b.size(1)),
+                                     .dtype = x.dtype,
+                                     .m_local = static_cast<size_t>(m_local)},
+                                    x.options);
+  });
   return c;
 }
 
 at::Tensor MatmulAllReduce(const PyGroup& pg, const at::Tensor& a_in, const at::Tensor& b_in,
                            const std::string& pipeline, int splits, const py::object& overlap) {
-  const char* op = "matmul_all_reduce";
-  const mc2::Group& g = pg.Checked(op);
-  mc2::DType dtype = mc2::DType::kF32;
-  std::string err = MatmulChecks(a_in, b_in, 2, 2, &dtype);
-  mc2::FusedOptions o = MakeFusedOptions(pipeline, splits, overlap, &err);
-  at::Tensor a, b, c;
-  if (err.empty()) {
-    a = a_in.contiguous();
-    b = b_in.contiguous();
-    c = F32({a.size(0), b.size(1)});
-  }
-  {
-    py::gil_scoped_release nogil;
-    std::lock_guard<std::mutex> lock(*pg.mu);
-    AgreeOrFail(g, op, err, 0);
-    mc2::MatmulAllReduce(g,
-                         {.a = a.data_ptr(),
-                          .b = b.data_ptr(),
-                          .c = c.data_ptr<float>(),
-                          .m = static_cast<size_t>(a.size(0)),
-                          .k = static_cast<size_t>(a.size(1)),
-                          .n = static_cast<size_t>(b.size(1)),
-                          .dtype = dtype},
-                         o);
-  }
+  Operands x = Prepare(a_in, b_in, 2, 2, pipeline, splits, overlap);
+  at::Tensor c;
+  if (x.err.empty()) c = F32({x.a.size(0), x.b.size(1)});
+  RunAgreed(pg, "matmul_all_reduce", x.err, 0, [&](const std::vector<int64_t>&) {
+    return mc2::MatmulAllReduce(pg.group,
+                                {.a = x.a.data_ptr(),
+                                 .b = x.b.data_ptr(),
+                                 .c = c.data_ptr<float>(),
+                                 .m = static_cast<size_t>(x.a.size(0)),
+                                 .k = static_cast<size_t>(x.a.size(1)),
+                                 .n = static_cast<size_t>(x.b.size(1)),
+                                 .dtype = x.dtype},
+                                x.options);
+  });
   return c;
 }
 
 py::tuple AllGatherBatchMatmul(const PyGroup& pg, const at::Tensor& a_in, const at::Tensor& b_in,
                                const std::string& pipeline, int splits, bool gather_output,
                                const py::object& overlap) {
-  const char* op = "all_gather_batch_matmul";
-  const mc2::Group& g = pg.Checked(op);
-  mc2::DType dtype = mc2::DType::kF32;
   bool shared = b_in.defined() && b_in.dim() == 2;
-  std::string err = MatmulChecks(a_in, b_in, 3, shared ? 2 : 3, &dtype);
-  mc2::FusedOptions o = MakeFusedOptions(pipeline, splits, overlap, &err);
-  if (err.empty() && !shared && b_in.size(0) != a_in.size(0)) {
-    err = fmt::format("b's batch ({}) must equal a's ({}), or b must be 2-dimensional (shared)",
-                      b_in.size(0), a_in.size(0));
+  Operands x = Prepare(a_in, b_in, 3, shared ? 2 : 3, pipeline, splits, overlap);
+  if (x.err.empty() && !shared && b_in.size(0) != a_in.size(0)) {
+    x.err = fmt::format("b's batch ({}) must equal a's ({}), or b must be 2-dimensional (shared)",
+                        b_in.size(0), a_in.size(0));
   }
-  at::Tensor a, b, c, gathered;
-  if (err.empty()) {
-    a = a_in.contiguous();
-    b = b_in.contiguous();
-  }
-  {
-    py::gil_scoped_release nogil;
-    std::lock_guard<std::mutex> lock(*pg.mu);
-    std::vector<int64_t> rows = AgreeOrFail(g, op, err, err.empty() ? a.size(1) : 0);
-    int64_t batch = a.size(0), M = Sum(rows), k = a.size(2), n = b.size(b.dim() - 1);
-    c = F32({batch, M, n});
-    if (gather_output) gathered = Empty({batch, M, k}, a.scalar_type());
-    mc2::AllGatherBatchMatmul(g,
-                              {.a = a.data_ptr(),
-                               .b = b.data_ptr(),
-                               .c = c.data_ptr<float>(),
-                               .m = static_cast<size_t>(a.size(1)),
-                               .k = static_cast<size_t>(k),
-                               .n = static_cast<size_t>(n),
-                               .dtype = dtype,
-                               .batch = static_cast<size_t>(batch),
-                               .b_layout = shared ? mc2::BatchB::kShared : mc2::BatchB::kPerBatch,
-                               .gathered_a = gather_output ? gathered.data_ptr() : nullptr},
-                              o);
-  }
+  const at::Tensor &a = x.a, &b = x.b;
+  at::Tensor c, gathered;
+  RunAgreed(pg, "all_gather_batch_matmul", x.err, x.err.empty() ? a.size(1) : 0,
+            [&](const std::vector<int64_t>& rows) {
+              int64_t batch = a.size(0), M = Sum(rows), k = a.size(2), n = b.size(b.dim() - 1);
+              c = F32({batch, M, n});
+              if (gather_output) gathered = Empty({batch, M, k}, a.scalar_type());
+              return mc2::AllGatherBatchMatmul(
+                  pg.group,
+                  {.a = a.data_ptr(),
+                   .b = b.data_ptr(),
+                   .c = c.data_ptr<float>(),
+                   .m = static_cast<size_t>(a.size(1)),
+                   .k = static_cast<size_t>(k),
+                   .n = static_cast<size_t>(n),
+                   .dtype = x.dtype,
+                   .batch = static_cast<size_t>(batch),
+                   .b_layout = shared ? mc2::BatchB::kShared : mc2::BatchB::kPerBatch,
+                   .gathered_a = gather_output ? gathered.data_ptr() : nullptr},
+                  x.options);
+            });
   return py::make_tuple(c, gather_output ? py::cast(gathered) : py::none());
 }
 

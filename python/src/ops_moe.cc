@@ -36,7 +36,6 @@ namespace {
 
 mc2::MoeRouting MoeRoute(const PyGroup& pg, const at::Tensor& ids_in, int num_experts) {
   const char* op = "moe_route";
-  const mc2::Group& g = pg.Checked(op);
   std::string err;
   CheckOperand(ids_in, 2, "expert_ids", &err);
   if (err.empty() && ids_in.scalar_type() != at::kInt && ids_in.scalar_type() != at::kLong) {
@@ -50,11 +49,10 @@ mc2::MoeRouting MoeRoute(const PyGroup& pg, const at::Tensor& ids_in, int num_ex
       err = "expert_ids holds values outside the int32 range";
     }
   }
-  py::gil_scoped_release nogil;
-  std::lock_guard<std::mutex> lock(*pg.mu);
-  AgreeOrFail(g, op, err, 0);
-  return mc2::MoeRoute(g, ids.data_ptr<int32_t>(), static_cast<size_t>(ids.size(0)),
-                       static_cast<int>(ids.size(1)), num_experts);
+  return RunAgreed(pg, op, err, 0, [&](const std::vector<int64_t>&) {
+    return mc2::MoeRoute(pg.group, ids.data_ptr<int32_t>(), static_cast<size_t>(ids.size(0)),
+                         static_cast<int>(ids.size(1)), num_experts);
+  });
 }
 
 // Checks of the expert weights b[E/P, k, n] against the routing.
@@ -85,22 +83,28 @@ mc2::DType SameDType(std::initializer_list<std::pair<const at::Tensor*, const ch
   return d;
 }
 
+// The checks of a[rows, k] times the expert weights b[E/P, k, n], where the
+// routing gives `rows` (`what` names them in the message).
+mc2::DType ExpertMatmulChecks(const at::Tensor& a, const at::Tensor& b, const mc2::MoeRouting& r,
+                              size_t rows, const char* what, std::string* err) {
+  CheckOperand(a, 2, "a", err);
+  CheckExperts(b, r, "b", err);
+  mc2::DType dtype = SameDType({{&a, "a"}, {&b, "b"}}, err);
+  if (err->empty() && a.size(0) != static_cast<int64_t>(rows)) {
+    *err = fmt::format("a has {} rows; the routing has {} {}", a.size(0), rows, what);
+  }
+  if (err->empty() && a.size(1) != b.size(1)) {
+    *err = fmt::format("a's width ({}) must equal b's rows ({})", a.size(1), b.size(1));
+  }
+  return dtype;
+}
+
 py::tuple AllToAllMatmul(const PyGroup& pg, const mc2::MoeRouting& r, const at::Tensor& a_in,
                          const at::Tensor& b_in, const std::string& pipeline, int splits,
                          bool dispatch_output, const py::object& overlap) {
-  const char* op = "all_to_all_matmul";
-  const mc2::Group& g = pg.Checked(op);
   std::string err;
-  CheckOperand(a_in, 2, "a", &err);
-  CheckExperts(b_in, r, "b", &err);
-  mc2::DType dtype = SameDType({{&a_in, "a"}, {&b_in, "b"}}, &err);
-  if (err.empty() && a_in.size(0) != static_cast<int64_t>(r.num_tokens)) {
-    err = fmt::format("a has {} rows; the routing has {} tokens on this rank", a_in.size(0),
-                      r.num_tokens);
-  }
-  if (err.empty() && a_in.size(1) != b_in.size(1)) {
-    err = fmt::format("a's width ({}) must equal b's rows ({})", a_in.size(1), b_in.size(1));
-  }
+  mc2::DType dtype =
+      ExpertMatmulChecks(a_in, b_in, r, r.num_tokens, "tokens on this rank", &err);
   mc2::FusedOptions o = MakeFusedOptions(pipeline, splits, overlap, &err);
   at::Tensor a, b, c, dispatched;
   if (err.empty()) {
@@ -110,20 +114,18 @@ py::tuple AllToAllMatmul(const PyGroup& pg, const mc2::MoeRouting& r, const at::
     c = F32({R, b.size(2)});
     if (dispatch_output) dispatched = Empty({R, a.size(1)}, a.scalar_type());
   }
-  {
-    py::gil_scoped_release nogil;
-    std::lock_guard<std::mutex> lock(*pg.mu);
-    AgreeOrFail(g, op, err, 0);
-    mc2::AllToAllMatmul(g, r,
-                        {.a = a.data_ptr(),
-                         .b = b.data_ptr(),
-                         .c = c.data_ptr<float>(),
-                         .k = static_cast<size_t>(a.size(1)),
-                         .n = static_cast<size_t>(b.size(2)),
-                         .dtype = dtype,
-                         .dispatched_a = dispatch_output ? dispatched.data_ptr() : nullptr},
-                        o);
-  }
+  RunAgreed(pg, "all_to_all_matmul", err, 0, [&](const std::vector<int64_t>&) {
+    return mc2::AllToAllMatmul(
+        pg.group, r,
+        {.a = a.data_ptr(),
+         .b = b.data_ptr(),
+         .c = c.data_ptr<float>(),
+         .k = static_cast<size_t>(a.size(1)),
+         .n = static_cast<size_t>(b.size(2)),
+         .dtype = dtype,
+         .dispatched_a = dispatch_output ? dispatched.data_ptr() : nullptr},
+        o);
+  });
   return py::make_tuple(c, dispatch_output ? py::cast(dispatched) : py::none());
 }
 
@@ -145,19 +147,9 @@ at::Tensor CheckProbs(const std::optional<at::Tensor>& probs, const mc2::MoeRout
 at::Tensor MatmulAllToAll(const PyGroup& pg, const mc2::MoeRouting& r, const at::Tensor& a_in,
                           const at::Tensor& b_in, const std::optional<at::Tensor>& probs_in,
                           const std::string& pipeline, int splits, const py::object& overlap) {
-  const char* op = "matmul_all_to_all";
-  const mc2::Group& g = pg.Checked(op);
   std::string err;
-  CheckOperand(a_in, 2, "a", &err);
-  CheckExperts(b_in, r, "b", &err);
-  mc2::DType dtype = SameDType({{&a_in, "a"}, {&b_in, "b"}}, &err);
-  if (err.empty() && a_in.size(0) != static_cast<int64_t>(r.num_received())) {
-    err = fmt::format("a has {} rows; the routing sends {} to this rank's experts", a_in.size(0),
-                      r.num_received());
-  }
-  if (err.empty() && a_in.size(1) != b_in.size(1)) {
-    err = fmt::format("a's width ({}) must equal b's rows ({})", a_in.size(1), b_in.size(1));
-  }
+  mc2::DType dtype = ExpertMatmulChecks(a_in, b_in, r, r.num_received(),
+                                        "rows for this rank's experts", &err);
   at::Tensor probs = CheckProbs(probs_in, r, &err);
   mc2::FusedOptions o = MakeFusedOptions(pipeline, splits, overlap, &err);
   at::Tensor a, b, c;
@@ -166,20 +158,18 @@ at::Tensor MatmulAllToAll(const PyGroup& pg, const mc2::MoeRouting& r, const at:
     b = b_in.contiguous();
     c = F32({static_cast<int64_t>(r.num_tokens), b.size(2)});
   }
-  {
-    py::gil_scoped_release nogil;
-    std::lock_guard<std::mutex> lock(*pg.mu);
-    AgreeOrFail(g, op, err, 0);
-    mc2::MatmulAllToAll(g, r,
-                        {.a = a.data_ptr(),
-                         .b = b.data_ptr(),
-                         .c = c.data_ptr<float>(),
-                         .k = static_cast<size_t>(a.size(1)),
-                         .n = static_cast<size_t>(b.size(2)),
-                         .dtype = dtype,
-                         .probs = probs.defined() ? probs.data_ptr<float>() : nullptr},
-                        o);
-  }
+  RunAgreed(pg, "matmul_all_to_all", err, 0, [&](const std::vector<int64_t>&) {
+    return mc2::MatmulAllToAll(
+        pg.group, r,
+        {.a = a.data_ptr(),
+         .b = b.data_ptr(),
+         .c = c.data_ptr<float>(),
+         .k = static_cast<size_t>(a.size(1)),
+         .n = static_cast<size_t>(b.size(2)),
+         .dtype = dtype,
+         .probs = probs.defined() ? probs.data_ptr<float>() : nullptr},
+        o);
+  });
   return c;
 }
 
@@ -187,8 +177,6 @@ py::object MoeMlp(const PyGroup& pg, const mc2::MoeRouting& r, const at::Tensor&
                   const at::Tensor& w1_in, const at::Tensor& w2_in, const py::object& activation,
                   const std::optional<at::Tensor>& probs_in, bool save, const std::string& pipeline,
                   int splits, const py::object& overlap) {
-  const char* op = "moe_mlp";
-  const mc2::Group& g = pg.Checked(op);
   std::string err;
   CheckOperand(a_in, 2, "a", &err);
   CheckExperts(w1_in, r, "w1", &err);
@@ -244,26 +232,23 @@ py::object MoeMlp(const PyGroup& pg, const mc2::MoeRouting& r, const at::Tensor&
       at::from_blob(out, {n, h2}, at::kFloat).copy_(y);
     };
   }
-  {
-    py::gil_scoped_release nogil;
-    std::lock_guard<std::mutex> lock(*pg.mu);
-    AgreeOrFail(g, op, err, 0);
-    mc2::MoeMlp(g, r,
-                {.a = a.data_ptr(),
-                 .w1 = w1.data_ptr(),
-                 .w2 = w2.data_ptr(),
-                 .c = c.data_ptr<float>(),
-                 .d = static_cast<size_t>(d),
-                 .h1 = static_cast<size_t>(h1),
-                 .h2 = static_cast<size_t>(h2),
-                 .dtype = dtype,
-                 .act = act,
-                 .probs = probs.defined() ? probs.data_ptr<float>() : nullptr,
-                 .saved = {.dispatched_x = save ? dispatched.data_ptr() : nullptr,
-                           .y1 = save ? y1.data_ptr<float>() : nullptr,
-                           .hidden = save ? hidden.data_ptr() : nullptr}},
-                o);
-  }
+  RunAgreed(pg, "moe_mlp", err, 0, [&](const std::vector<int64_t>&) {
+    return mc2::MoeMlp(pg.group, r,
+                       {.a = a.data_ptr(),
+                        .w1 = w1.data_ptr(),
+                        .w2 = w2.data_ptr(),
+                        .c = c.data_ptr<float>(),
+                        .d = static_cast<size_t>(d),
+                        .h1 = static_cast<size_t>(h1),
+                        .h2 = static_cast<size_t>(h2),
+                        .dtype = dtype,
+                        .act = act,
+                        .probs = probs.defined() ? probs.data_ptr<float>() : nullptr,
+                        .saved = {.dispatched_x = save ? dispatched.data_ptr() : nullptr,
+                                  .y1 = save ? y1.data_ptr<float>() : nullptr,
+                                  .hidden = save ? hidden.data_ptr() : nullptr}},
+                       o);
+  });
   if (!save) return py::cast(c);
   return py::make_tuple(c, dispatched, y1, hidden);
 }

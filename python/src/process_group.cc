@@ -5,6 +5,8 @@
 
 #include <numeric>
 
+#include "symmetric_storage.h"
+
 namespace mc2py {
 namespace {
 
@@ -139,6 +141,25 @@ c10::intrusive_ptr<AsyncWork> ProcessGroupMC2::Broadcast(const at::Tensor& t, in
   return Run(OpType::BROADCAST, "broadcast", {t}, [&](AsyncWork& w) {
     void* p = Out(w, t, "broadcast: tensor", /*read=*/true);
     w.Add(mc2::Broadcast(group_.group, p, p, Bytes(t), mc2::DType::kU8, root, co));
+  });
+}
+
+c10::intrusive_ptr<AsyncWork> ProcessGroupMC2::AllReduceBucket(const at::Tensor& bucket,
+                                                               mc2::ReduceOp rop) {
+  return Run(OpType::ALLREDUCE, "all_reduce", {bucket}, [&](AsyncWork& w) {
+    const char* what = "all_reduce: bucket";
+    mc2::DType dt = ToDType(bucket.scalar_type(), what);
+    CheckCpu(bucket, what);
+    if (!bucket.is_contiguous() || bucket.storage_offset() != 0 ||
+        Bytes(bucket) != bucket.storage().nbytes()) {
+      InvalidArgument("all_reduce", "a gradient bucket must be a contiguous tensor that spans "
+                                    "its whole storage (DDP's GradBucket.buffer())");
+    }
+    MoveStorageToSymmetric(group_.group, bucket);
+    void* p = Out(w, bucket, what, /*read=*/true);
+    mc2::CollectiveOptions co;
+    co.may_run_inline = false;  // backward goes on while the bucket is reduced
+    w.Add(mc2::AllReduce(group_.group, p, p, bucket.numel(), dt, rop, co));
   });
 }
 

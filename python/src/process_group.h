@@ -72,6 +72,13 @@ class ProcessGroupMC2 : public c10d::ProcessGroup {
                                           const mc2::CollectiveOptions& co);
   c10::intrusive_ptr<AsyncWork> Broadcast(const at::Tensor& t, int root,
                                           const mc2::CollectiveOptions& co);
+  // The all-reduce of a gradient bucket of DistributedDataParallel
+  // (mc2.ddp.allreduce_hook): a contiguous tensor that spans its storage,
+  // which is first moved into the symmetric heap (symmetric_storage.h) if
+  // it is not there yet, so that this and every later all-reduce of the
+  // bucket read and write it in place. Where a heap has no room the bucket
+  // stays private (on every rank alike) and is all-reduced as it is.
+  c10::intrusive_ptr<AsyncWork> AllReduceBucket(const at::Tensor& bucket, mc2::ReduceOp op);
 
  private:
   // Creates the work, runs `issue(work)` under the group's lock (on a bad

@@ -61,6 +61,15 @@ void BindGroup(py::module_& m) {
           py::arg("color"), py::arg("key") = 0,
           "Collective over this group: one new group per color, ranks ordered by (key, old "
           "rank). A negative color joins no group and returns None.")
+      .def(
+          "is_symmetric",
+          [](const PyGroup& g, const at::Tensor& t) {
+            CheckCpu(t, "is_symmetric: tensor");
+            return g.Checked("is_symmetric").IsSymmetric(t.data_ptr(), Bytes(t));
+          },
+          py::arg("tensor"),
+          "Whether the tensor's memory lies in this rank's symmetric heap (collectives then "
+          "read it in place, e.g. the gradient buckets of mc2.ddp.allreduce_hook).")
       .def("__repr__", [](const PyGroup& g) {
         if (!g.group.valid()) return std::string("<mc2.Group (empty)>");
         return fmt::format("<mc2.Group rank {} of {}>", g.group.rank(), g.group.size());

@@ -66,11 +66,26 @@ def test_ddp_equals_single_process(unused):
     assert_same_as(train(model, batches(), shard=True), reference(unused))
 
 
-def test_ddp_with_mc2_hook_equals_single_process():
+@pytest.mark.parametrize("as_view", [False, True])
+def test_ddp_with_mc2_hook_equals_single_process(as_view):
+    """The hook moves each bucket into the symmetric heap at its first
+    all-reduce (and DDP's rebuilt buckets after the first step); training
+    is unchanged, with the gradients copied out of the buckets or views
+    into them (gradient_as_bucket_view)."""
     torch.manual_seed(3)
-    model = DDP(Net(), bucket_cap_mb=0.01)  # several buckets
-    model.register_comm_hook(None, mc2.ddp.allreduce_hook)
+    model = DDP(Net(), gradient_as_bucket_view=as_view)
+    buckets = []
+
+    def hook(state, bucket):
+        buckets.append(bucket.buffer())
+        return mc2.ddp.allreduce_hook(state, bucket)
+
+    model.register_comm_hook(None, hook)
     assert_same_as(train(model, batches(), shard=True), reference())
+    group = mc2.group_of()
+    assert len(buckets) == STEPS and all(group.is_symmetric(b) for b in buckets)
+    if as_view:
+        assert all(group.is_symmetric(p.grad) for p in model.parameters())
 
 
 def test_powersgd_hook_keeps_ranks_identical():

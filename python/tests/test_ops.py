@@ -21,6 +21,8 @@ every rank at once, is the whole operator's, and so is the one backward
 gives.
 """
 
+import re
+
 import pytest
 import torch
 
@@ -307,6 +309,44 @@ def test_mismatched_shapes_raise_on_every_rank(world):
         mc2.all_gather_matmul(torch.ones(2, k), torch.ones(k, 3))
 
 
+BAD_ADDENDS = [
+    ("bias", "wrong shape", lambda n: torch.ones(n + 1), "bias must have shape"),
+    ("bias", "wrong dtype", lambda n: torch.ones(n, dtype=torch.int64), "bias has dtype"),
+    ("bias", "not a tensor", lambda n: [1.0] * n, "bias must be a torch.Tensor"),
+    ("x3", "wrong shape", lambda n: torch.ones(4, n), "x3 .* must have shape"),
+    ("x3", "wrong dtype", lambda n: torch.ones(3, n, dtype=torch.float64), "x3 .* has dtype"),
+]
+
+
+@pytest.mark.parametrize("name,why,make,message", BAD_ADDENDS, ids=[f"{b[0]}-{b[1]}"
+                                                                     for b in BAD_ADDENDS])
+def test_bad_bias_or_x3_on_one_rank_fails_every_rank(world, name, why, make, message):
+    """bias and x3 are checked in Python; a bad one on the last rank only
+    fails the call on every rank with mc2.Error('invalid_argument') (not a
+    timeout: the check rides on the operator's own agreement), and the
+    group stays usable."""
+    p, r = world.size(), world.rank()
+    bad = r == p - 1
+    a, b, n = torch.ones(3, 2), torch.ones(2, 5), 5
+    kw = {name: make(n) if bad else (torch.ones(n) if name == "bias" else torch.ones(3, n))}
+    calls = [lambda: mc2.matmul_all_reduce(a, b, **kw)]
+    if name == "bias":
+        calls += [lambda: mc2.all_gather_matmul(a, b, **kw),
+                  lambda: mc2.matmul_reduce_scatter(torch.ones(3 * p, 2), b, **kw)]
+    for call in calls:
+        with pytest.raises(mc2.Error) as e:
+            call()
+        assert e.value.code == "invalid_argument", e.value
+        if bad:
+            assert e.value.rank == r
+            assert re.search(message, e.value.message), e.value.message
+        else:
+            assert f"rank {p - 1} passed invalid arguments" in e.value.message
+    # The group is usable: a good call gives every rank the sum.
+    y = mc2.matmul_all_reduce(a, b, bias=torch.ones(n))
+    close(y, torch.full((3, n), 2.0 * p + 1))
+
+
 def test_npu_names(world):
     """torch_npu's names and arguments: the same results as mc2's."""
     p, r = world.size(), world.rank()
@@ -327,7 +367,7 @@ def test_npu_names(world):
     x3 = rnd(gen, p * m, n).float()
     z = mc2.npu_mm_all_reduce_base(A, B, world, reduce_op="sum", bias=bias, x3=x3)
     close(z, p * (A.double() @ B.double()) + bias.double() + x3.double())
-    with pytest.raises(ValueError):
+    with pytest.raises(mc2.Error, match="reduce_op must be 'sum'"):
         mc2.npu_mm_all_reduce_base(A, B, world, reduce_op="max")
-    with pytest.raises(ValueError):
+    with pytest.raises(mc2.Error, match=f"world_size is {p + 1}"):
         mc2.npu_all_gather_base_mm(x, B, world, p + 1)

@@ -21,7 +21,7 @@ function(mc2_python_test file)
                      ${CMAKE_CURRENT_SOURCE_DIR}/tests/${file})
     set_tests_properties(${test} PROPERTIES
       LABELS python TIMEOUT 300
-      ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;MC2_TIMEOUT=60s;OMP_NUM_THREADS=1"
+      ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;MC2_TIMEOUT=60s;OMP_NUM_THREADS=1;MC2PY_TEST_CLI=$<TARGET_FILE:mc2_cli>"
       # Jobs check /dev/shm and the process table for leftovers (integration tests).
       RESOURCE_LOCK mc2_jobs)
   endforeach()
@@ -30,6 +30,9 @@ endfunction()
 mc2_python_test(test_fused_bindings.py 1 2 3 4)
 mc2_python_test(test_backend.py 1 2 3 4)
 mc2_python_test(test_ddp.py 1 2 3)
+# mc2.ddp.allreduce_hook with a heap too small for one of the buckets.
+mc2_python_test(test_ddp_heap.py 2)
+set_property(TEST python.test_ddp_heap/2 APPEND PROPERTY ENVIRONMENT "MC2_HEAP_BYTES=16M")
 mc2_python_test(test_bad_input.py 1 2 3)
 # Fault tests: each breaks its world on purpose.
 mc2_python_test(test_bad_shapes.py 2)
@@ -71,6 +74,8 @@ set_tests_properties(python.install PROPERTIES LABELS python TIMEOUT 120
 mc2_python_test(test_ops.py 1 2 3 4)
 mc2_python_test(test_ops_moe.py 1 2 3 4)
 mc2_python_test(test_nn.py 1 2 3 4)
+# mc2.trace, read back by `mc2 trace report`.
+mc2_python_test(test_trace.py 1 2)
 # examples/torch: TP + SP inside DDP on 4 ranks, equal to the unsharded
 # model, and its trace read by `mc2 trace report`.
 add_test(NAME python.example_tp_dp/4
