@@ -212,11 +212,12 @@ int RunRank(const BatchArgs& a) {
     rows.push_back(row);
   }
   if (g.rank() != 0) return 0;
-  fmt::print("# mc2 bench batch: {} ranks, {} entries of ~{} B per rank, {} iterations x {} "
-             "repetitions (medians; slowest rank)\n",
-             g.size(), a.entries, a.bytes, a.iters, a.reps);
-  fmt::print("{:>12} {:>8} {:>14} {:>14} {:>12} {:>8} {:>7}\n", "case", "entries",
-             "bytes/rank", "separate_us", "batch_us", "speedup", "#wrong");
+  fmt::print(
+      "# mc2 bench batch: {} ranks, {} entries of ~{} B per rank, {} iterations x {} "
+      "repetitions (medians; slowest rank)\n",
+      g.size(), a.entries, a.bytes, a.iters, a.reps);
+  fmt::print("{:>12} {:>8} {:>14} {:>14} {:>12} {:>8} {:>7}\n", "case", "entries", "bytes/rank",
+             "separate_us", "batch_us", "speedup", "#wrong");
   bool ok = true;
   for (const Row& r : rows) {
     fmt::print("{:>12} {:>8} {:>14} {:>14.1f} {:>12.1f} {:>7.2f}x {:>7}\n", r.name, r.entries,
@@ -251,8 +252,9 @@ int RunRank(const BatchArgs& a) {
 void RegisterBenchBatch(CLI::App& bench) {
   auto a = std::make_shared<BatchArgs>();
   CLI::App* cmd = bench.add_subcommand(
-      "batch", "A batch of collectives (one exchange) against the same collectives as separate "
-               "calls");
+      "batch",
+      "A batch of collectives (one exchange) against the same collectives as separate "
+      "calls");
   cmd->add_option("-n,--nranks", a->nranks, "Ranks (inside a job: the job's size)")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
@@ -272,7 +274,8 @@ void RegisterBenchBatch(CLI::App& bench) {
   cmd->add_option("--reps", a->reps, "Repetitions (the rows show medians)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
-  cmd->add_option("--json", a->json, "Also write the rows to this JSON file (- for standard output)");
+  cmd->add_option("--json", a->json,
+                  "Also write the rows to this JSON file (- for standard output)");
   cmd->callback([a] {
     a->bytes = core::ParseBytes(a->bytes_text, "--bytes");
     const bool in_job = Group::LaunchedByMc2() || Group::LaunchedByMpi();
@@ -291,9 +294,19 @@ void RegisterBenchBatch(CLI::App& bench) {
     }
     LaunchOptions lo;
     lo.nranks = a->nranks;
-    lo.argv = {SelfExe(),   "bench",      "batch",      "--entries", std::to_string(a->entries),
-               "--bytes",   a->bytes_text, "--iters", std::to_string(a->iters),
-               "--warmup",  std::to_string(a->warmup), "--reps", std::to_string(a->reps)};
+    lo.argv = {SelfExe(),
+               "bench",
+               "batch",
+               "--entries",
+               std::to_string(a->entries),
+               "--bytes",
+               a->bytes_text,
+               "--iters",
+               std::to_string(a->iters),
+               "--warmup",
+               std::to_string(a->warmup),
+               "--reps",
+               std::to_string(a->reps)};
     if (!a->json.empty()) lo.argv.insert(lo.argv.end(), {"--json", a->json});
     lo.prefix_output = false;
     lo.direct_output = true;

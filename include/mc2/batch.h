@@ -93,8 +93,7 @@ struct BatchEntry {
 // be kAuto or kDirect (the batch has one algorithm of its own);
 // opts.may_run_inline and opts.timeout mean what they mean for the other
 // collectives (inline: when the packed data is at most 4 MiB per rank).
-Work Batch(const Group& g, std::span<const BatchEntry> entries,
-           const CollectiveOptions& opts = {});
+Work Batch(const Group& g, std::span<const BatchEntry> entries, const CollectiveOptions& opts = {});
 
 }  // namespace mc2
 

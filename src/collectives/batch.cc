@@ -20,10 +20,14 @@ namespace mc2 {
 
 const char* BatchKindName(BatchKind k) {
   switch (k) {
-    case BatchKind::kAllReduce: return "all_reduce";
-    case BatchKind::kAllGather: return "all_gather";
-    case BatchKind::kReduceScatter: return "reduce_scatter";
-    case BatchKind::kBroadcast: return "broadcast";
+    case BatchKind::kAllReduce:
+      return "all_reduce";
+    case BatchKind::kAllGather:
+      return "all_gather";
+    case BatchKind::kReduceScatter:
+      return "reduce_scatter";
+    case BatchKind::kBroadcast:
+      return "broadcast";
   }
   return "?";
 }
@@ -71,7 +75,7 @@ BatchItem CheckEntry(const BatchEntry& e, size_t i, int n, int me, std::vector<R
   const std::string name = fmt::format(
       "batch entry {} ({})", i,
       static_cast<int>(e.kind) <= static_cast<int>(BatchKind::kBroadcast) ? BatchKindName(e.kind)
-                                                                         : "?");
+                                                                          : "?");
   MC2_CHECK_ARG(static_cast<int>(e.kind) <= static_cast<int>(BatchKind::kBroadcast),
                 "{}: kind {} is not a valid mc2::BatchKind", name, static_cast<int>(e.kind));
   MC2_CHECK_ARG(static_cast<int>(e.dtype) < kNumDTypes, "{}: dtype {} is not a valid mc2::DType",
@@ -130,8 +134,8 @@ BatchItem CheckEntry(const BatchEntry& e, size_t i, int n, int me, std::vector<R
   MC2_CHECK_ARG(it.in_place || !Overlap(in, in_bytes, e.recv, out_bytes),
                 "{}: send and recv overlap without being in place", name);
   if (in_bytes)
-    ranges.push_back({reinterpret_cast<uintptr_t>(in), reinterpret_cast<uintptr_t>(in) + in_bytes,
-                      i, false});
+    ranges.push_back(
+        {reinterpret_cast<uintptr_t>(in), reinterpret_cast<uintptr_t>(in) + in_bytes, i, false});
   if (out_bytes)
     ranges.push_back({reinterpret_cast<uintptr_t>(e.recv),
                       reinterpret_cast<uintptr_t>(e.recv) + out_bytes, i, true});
@@ -167,9 +171,10 @@ BatchPlan MakePlan(const Group& g, std::span<const BatchEntry> entries) {
                           kBatchAlign * kBatchAlign;
     p.total = core::CheckedAdd(p.total, padded, "batch: the packed size up to entry {}", i);
     core::CheckBufferBytes("batch", "the packed contributions", p.total);
-    for (uint64_t v : {uint64_t{static_cast<uint8_t>(it.kind)}, uint64_t{static_cast<uint8_t>(it.dtype)},
-                       uint64_t{static_cast<uint8_t>(it.op)}, static_cast<uint64_t>(it.root),
-                       uint64_t{it.count}})
+    for (uint64_t v :
+         {uint64_t{static_cast<uint8_t>(it.kind)}, uint64_t{static_cast<uint8_t>(it.dtype)},
+          uint64_t{static_cast<uint8_t>(it.op)}, static_cast<uint64_t>(it.root),
+          uint64_t{it.count}})
       h.Add(v);
     p.items.push_back(it);
   }
@@ -258,7 +263,8 @@ Work Batch(const Group& g, std::span<const BatchEntry> entries, const Collective
   const char* name = internal::OpKindName(OpKind::kBatch);
   const std::chrono::nanoseconds timeout = opts.timeout;
   if (opts.may_run_inline && plan.total <= kBatchInlineMaxBytes) {
-    if (auto w = gi->TryRunInline(name, [&](OpContext& ctx) { RunBatchBody(ctx, plan, fp, timeout); }))
+    if (auto w =
+            gi->TryRunInline(name, [&](OpContext& ctx) { RunBatchBody(ctx, plan, fp, timeout); }))
       return std::move(*w);
   }
   return gi->Submit(name, false, [plan = std::move(plan), fp, timeout](OpContext& ctx) {

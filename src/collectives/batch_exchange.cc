@@ -118,8 +118,7 @@ void RunBatchExchange(OpContext& ctx, const BatchPlan& p, const internal::Finger
     Pack(p, 0, p.total, g->Ptr(me, scratch));
     g->Arrive(ctx, fp, nullptr, 0, nullptr, 0);
     CopyOwn(g, p);
-    Consume(g, p, 0, p.total,
-            [&](int r) { return static_cast<const char*>(g->Ptr(r, scratch)); });
+    Consume(g, p, 0, p.total, [&](int r) { return static_cast<const char*>(g->Ptr(r, scratch)); });
     return FinishOperation(ctx, false);
   }
   g->Arrive(ctx, fp, nullptr, 0, nullptr, 0);

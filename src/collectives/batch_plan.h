@@ -41,9 +41,9 @@ struct BatchPlan {
   uint64_t hash = 0;  // of every entry's kind, dtype, op, root and count
 };
 
-// Streams of at most this many bytes travel in the inline slot, packed
-// before the arrival: the smallest batches cost one handshake and no
-// scratch.
+// Alignment of each entry's part of the stream: a cache line (so that
+// entries do not share lines), which every element size divides (so that
+// windows of the stream cut no element).
 inline constexpr size_t kBatchAlign = 64;
 
 // The body of a batch on shared memory, inside an operation (after

@@ -500,7 +500,8 @@ class GradSync::Impl {
 
   void Apply(const grad::TuneCandidate& c) {
     opt_.bucket_cap_bytes = c.bucket_cap_bytes;
-    if (opt_.compression.scheme == Compression::kThreshold) opt_.compression.threshold = c.threshold;
+    if (opt_.compression.scheme == Compression::kThreshold)
+      opt_.compression.threshold = c.threshold;
   }
 
   // Installs candidate `c` in the current bucket order (collective: every

@@ -59,7 +59,8 @@ Buffers Make(const Spec& s, size_t e, int n, int me) {
   const size_t es = DTypeSize(s.dtype), b = s.count * es;
   Buffers x;
   auto fill = [&](char* p, int r, size_t first, size_t cnt) {
-    for (size_t i = 0; i < cnt; ++i) reference::StoreInt(s.dtype, Val(e, r, first + i, s.op), p + i * es);
+    for (size_t i = 0; i < cnt; ++i)
+      reference::StoreInt(s.dtype, Val(e, r, first + i, s.op), p + i * es);
   };
   auto reduced = [&](char* p, size_t first, size_t cnt) {
     for (size_t i = 0; i < cnt; ++i) {
@@ -191,8 +192,8 @@ TEST_P(BatchRanks, ManyAllReduces) {
       [](Group& g) {
         for (size_t count : {64, 700})
           for (int rep = 0; rep < 2; ++rep) {
-            std::vector<Spec> specs(100, {BatchKind::kAllReduce, DType::kF32, ReduceOp::kSum,
-                                          count, rep == 1, 0});
+            std::vector<Spec> specs(
+                100, {BatchKind::kAllReduce, DType::kF32, ReduceOp::kSum, count, rep == 1, 0});
             RunAndCheck(g, specs);
           }
       },
@@ -220,8 +221,7 @@ TEST(Batch, BitwiseEqualToSeparateCollectives) {
           std::vector<uint16_t> h_b(count), h_s(count);
           std::vector<BatchEntry> e = {
               BatchEntry::AllReduce(a.data(), a_b.data(), count, DType::kF32, ReduceOp::kSum),
-              BatchEntry::ReduceScatter(rs.data(), rs_b.data(), count, DType::kF32,
-                                        ReduceOp::kAvg),
+              BatchEntry::ReduceScatter(rs.data(), rs_b.data(), count, DType::kF32, ReduceOp::kAvg),
               BatchEntry::AllReduce(h.data(), h_b.data(), count, DType::kF16, ReduceOp::kSum)};
           Batch(g, e).Wait();
           AllReduce(g, a.data(), a_s.data(), count, DType::kF32, ReduceOp::kSum).Wait();
@@ -264,32 +264,30 @@ TEST(Batch, MismatchedEntriesFailOnEveryRank) {
   // A different number of entries (in each of the three transports).
   for (size_t count : {10, 3000, 5000})
     ExpectMismatchOnEveryRank([&](Group& g) {
-      std::vector<BatchEntry> e(g.rank() == 1 ? 1 : 2, BatchEntry::AllReduce(
-                                                           a.data(), a.data(), count, DType::kF32,
-                                                           ReduceOp::kSum));
+      std::vector<BatchEntry> e(
+          g.rank() == 1 ? 1 : 2,
+          BatchEntry::AllReduce(a.data(), a.data(), count, DType::kF32, ReduceOp::kSum));
       if (e.size() == 2) e[1] = BatchEntry::Broadcast(b.data(), b.data(), 4, DType::kF32, 0);
       Batch(g, e).Wait();
     });
   // A different dtype, kind, count or op in one entry.
   ExpectMismatchOnEveryRank([&](Group& g) {
     std::vector<float> s(8), r(8);
-    Batch(g, std::vector{BatchEntry::AllReduce(s.data(), r.data(), 2,
-                                               g.rank() == 2 ? DType::kI32 : DType::kF32,
-                                               ReduceOp::kSum)})
+    Batch(g, std::vector{BatchEntry::AllReduce(
+                 s.data(), r.data(), 2, g.rank() == 2 ? DType::kI32 : DType::kF32, ReduceOp::kSum)})
         .Wait();
   });
   ExpectMismatchOnEveryRank([&](Group& g) {
     std::vector<float> s(8), r(24);
-    const BatchEntry e = g.rank() == 0
-                             ? BatchEntry::AllGather(s.data(), r.data(), 2, DType::kF32)
-                             : BatchEntry::AllReduce(s.data(), r.data(), 2, DType::kF32,
-                                                     ReduceOp::kSum);
+    const BatchEntry e =
+        g.rank() == 0 ? BatchEntry::AllGather(s.data(), r.data(), 2, DType::kF32)
+                      : BatchEntry::AllReduce(s.data(), r.data(), 2, DType::kF32, ReduceOp::kSum);
     Batch(g, std::vector{e}).Wait();
   });
   ExpectMismatchOnEveryRank([&](Group& g) {
     std::vector<float> s(8), r(8);
-    Batch(g, std::vector{BatchEntry::AllReduce(s.data(), r.data(), 2 + (g.rank() == 1),
-                                               DType::kF32, ReduceOp::kSum)})
+    Batch(g, std::vector{BatchEntry::AllReduce(s.data(), r.data(), 2 + (g.rank() == 1), DType::kF32,
+                                               ReduceOp::kSum)})
         .Wait();
   });
   ExpectMismatchOnEveryRank([&](Group& g) {
@@ -303,8 +301,8 @@ TEST(Batch, MismatchedEntriesFailOnEveryRank) {
   ExpectMismatchOnEveryRank([&](Group& g) {
     std::vector<float> s(8), r(8);
     std::vector<BatchEntry> e;
-    if (g.rank() != 0) e.push_back(BatchEntry::AllReduce(s.data(), r.data(), 2, DType::kF32,
-                                                         ReduceOp::kSum));
+    if (g.rank() != 0)
+      e.push_back(BatchEntry::AllReduce(s.data(), r.data(), 2, DType::kF32, ReduceOp::kSum));
     Batch(g, e).Wait();
   });
   ExpectMismatchOnEveryRank([&](Group& g) {
@@ -312,8 +310,8 @@ TEST(Batch, MismatchedEntriesFailOnEveryRank) {
     if (g.rank() == 0) {
       AllReduce(g, s.data(), r.data(), 2, DType::kF32, ReduceOp::kSum).Wait();
     } else {
-      Batch(g, std::vector{BatchEntry::AllReduce(s.data(), r.data(), 2, DType::kF32,
-                                                 ReduceOp::kSum)})
+      Batch(g,
+            std::vector{BatchEntry::AllReduce(s.data(), r.data(), 2, DType::kF32, ReduceOp::kSum)})
           .Wait();
     }
   });
@@ -389,8 +387,9 @@ TEST(Batch, QueuedBatchesKeepTheGroupsOrder) {
         bg.may_run_inline = false;
         std::vector<int32_t> s(3000, g.rank() + 1), r1(3000), r2(3000), r3(3000);
         Work w1 = AllReduce(g, s.data(), r1.data(), s.size(), DType::kI32, ReduceOp::kSum, bg);
-        Work w2 = Batch(g, std::vector{BatchEntry::AllReduce(s.data(), r2.data(), s.size(),
-                                                             DType::kI32, ReduceOp::kMax)},
+        Work w2 = Batch(g,
+                        std::vector{BatchEntry::AllReduce(s.data(), r2.data(), s.size(),
+                                                          DType::kI32, ReduceOp::kMax)},
                         bg);
         Work w3 = AllReduce(g, s.data(), r3.data(), s.size(), DType::kI32, ReduceOp::kMin, bg);
         w3.Wait();

@@ -4,6 +4,8 @@
 // agreement over ranks (max of medians) gives one answer. The expected
 // choice is computed here from the injected times. Real speed is never
 // asserted.
+#include "grad/autotune.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,7 +14,6 @@
 #include <map>
 #include <vector>
 
-#include "grad/autotune.h"
 #include "mc2/mc2.h"
 
 namespace mc2 {
@@ -28,9 +29,9 @@ TEST(Autotuner, VisitsEveryCandidateAndPicksTheLowestMedian) {
   for (size_t c = 0; c < times.size(); ++c) {
     EXPECT_EQ(t.current(), c);
     for (size_t s = 0; s < times[c].size(); ++s) {
-      const Next want = s + 1 < times[c].size()   ? Next::kContinue
-                        : c + 1 < times.size() ? Next::kSwitch
-                                               : Next::kDecide;
+      const Next want = s + 1 < times[c].size() ? Next::kContinue
+                        : c + 1 < times.size()  ? Next::kSwitch
+                                                : Next::kDecide;
       EXPECT_EQ(t.OnStep(times[c][s]), want) << c << " " << s;
     }
   }
@@ -79,7 +80,8 @@ TEST(GradSyncAutotune, RanksAgreeOnTheCandidateTheMeasurementsSupport) {
     GradSync sync(g, o);
     const size_t n = 30000;  // 120 KB per parameter
     std::vector<int> ids;
-    for (int p = 0; p < 6; ++p) ids.push_back(sync.Register("p" + std::to_string(p), n, DType::kF32));
+    for (int p = 0; p < 6; ++p)
+      ids.push_back(sync.Register("p" + std::to_string(p), n, DType::kF32));
     sync.Finalize();
     EXPECT_EQ(sync.tuning().bucket_cap_bytes, caps[0]);
     EXPECT_TRUE(sync.tuning().tuning);
@@ -128,7 +130,8 @@ TEST(GradSyncAutotune, RanksAgreeOnTheCandidateTheMeasurementsSupport) {
     EXPECT_EQ(caps[best], size_t{1} << 20);
     chosen[me] = t.bucket_cap_bytes;
     // The buckets follow the chosen cap.
-    for (const auto& b : sync.Buckets()) EXPECT_LE(b.size() * n * 4, std::max<size_t>(caps[best], n * 4));
+    for (const auto& b : sync.Buckets())
+      EXPECT_LE(b.size() * n * 4, std::max<size_t>(caps[best], n * 4));
   });
   EXPECT_EQ(chosen[0].load(), chosen[1].load());
 }
