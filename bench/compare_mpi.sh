@@ -15,11 +15,15 @@
 #
 # Usage: bench/compare_mpi.sh [-n N] [-b MIN] [-e MAX] [-f F] [-r REPS]
 #            [-i ITERS] [-w WARMUP] [-c 0|1] [-d DTYPE] [--buffers symmetric|private]
-#            [--stat avg|median] [--build DIR] [--keep DIR] [--mpich]
+#            [--stat avg|median] [--build DIR] [--keep DIR] [--mpich] [--floor]
 #            [COLLECTIVE ...]
 # --mpich: also run the same program built with MPICH (Debian's mpich and
 # libmpich-dev, installed on demand) and report mc2 against the better of
 # the two MPIs per size ("best" columns).
+# --floor: for all_reduce (f32), also run bench/all_reduce_floor in every
+# repetition: the time of the data movement alone (N threads, no
+# synchronisation but barriers; see its header), and report MPI / floor,
+# the largest ratio any all_reduce could reach against MPI on this host.
 # --stat: which time of a run to use: avg (nccl-tests' figure, the default) or
 # the median iteration (robust against a loaded machine).
 # Collectives default to: all_reduce all_gather reduce_scatter all_to_all broadcast reduce
@@ -30,7 +34,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
 nranks=2 minb=8 maxb=256M factor=2 reps=3 iters=20 warmup=5 check=0 dtype=f32
-buffers=symmetric build=${MC2_BUILD_DIR:-$repo/build} keep="" stat=avg mpich=0
+buffers=symmetric build=${MC2_BUILD_DIR:-$repo/build} keep="" stat=avg mpich=0 floor=0
 colls=()
 
 usage() { sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
@@ -53,6 +57,7 @@ while [[ $# -gt 0 ]]; do
     --stat) stat=$2; shift 2 ;;
     --keep) keep=$2; shift 2 ;;
     --mpich) mpich=1; shift ;;
+    --floor) floor=1; shift ;;
     -h|--help) usage ;;
     -*) die "unknown option $1 (see --help)" ;;
     *) colls+=("$1"); shift ;;
@@ -71,6 +76,13 @@ command -v mpirun >/dev/null || die "mpirun not found"
 mpirun_args=(--oversubscribe -np "$nranks" --bind-to none --mca btl self,vader)
 if [[ $(id -u) -eq 0 ]]; then
   mpirun_args=(--allow-run-as-root "${mpirun_args[@]}")
+fi
+
+if (( floor )); then
+  floorb=$build/bench/all_reduce_floor
+  [[ -x $floorb ]] || die "$floorb not found: build the all_reduce_floor target, or pass --build DIR"
+  [[ $dtype == f32 ]] || die "--floor measures f32 only (got -d $dtype)"
+  (( nranks <= $(nproc) )) || die "--floor needs a core per rank (-n $nranks, $(nproc) cores)"
 fi
 
 make_output_dir "$keep" compare
@@ -103,6 +115,12 @@ run_mpi() {
     failed "mpi_coll_bench $1" "$out/mpi_$1_$2"
 }
 
+run_floor() {  # collective rep: all_reduce only
+  [[ $1 == all_reduce ]] && (( floor )) || return 0
+  "$floorb" -n "$nranks" -b "$minb" -e "$maxb" -f "$factor" -i "$iters" -w "$warmup" \
+    --json "$out/floor_$1_$2.json" >"$out/floor_$1_$2.txt" 2>"$out/floor_$1_$2.err" ||
+    failed "all_reduce_floor" "$out/floor_$1_$2"
+}
 run_mpich() {
   mpiexec.mpich -n "$nranks" "$mpichb" "$1" "${sweep[@]}" \
     --json "$out/mpich_$1_$2.json" >"$out/mpich_$1_$2.txt" 2>"$out/mpich_$1_$2.err" ||
@@ -117,19 +135,29 @@ for c in "${colls[@]}"; do
   for ((r = 1; r <= reps; r++)); do
     progress '\r[compare] %s: repetition %d/%d ' "$c" "$r" "$reps"
     # Alternate which side goes first so that slow drift hits both equally.
-    if (( r % 2 )); then run_mc2 "$c" "$r"; run_mpi "$c" "$r"; (( mpich )) && run_mpich "$c" "$r"
-    else (( mpich )) && run_mpich "$c" "$r"; run_mpi "$c" "$r"; run_mc2 "$c" "$r"; fi
+    if (( r % 2 )); then
+      run_mc2 "$c" "$r"; run_mpi "$c" "$r"; (( mpich )) && run_mpich "$c" "$r"; run_floor "$c" "$r"
+    else
+      run_floor "$c" "$r"; (( mpich )) && run_mpich "$c" "$r"; run_mpi "$c" "$r"; run_mc2 "$c" "$r"
+    fi
   done
   progress '\r%40s\r' ''
-  python3 - "$out" "$c" "$reps" "$stat" "$mpich" <<'EOF'
+  python3 - "$out" "$c" "$reps" "$stat" "$mpich" "$floor" <<'EOF'
 import json, statistics, sys
 
 out, coll, reps, stat = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 with_mpich = sys.argv[5] == "1"
+with_floor = sys.argv[6] == "1" and coll == "all_reduce"
 def load(side):
     return [json.load(open(f"{out}/{side}_{coll}_{r}.json")) for r in range(1, reps + 1)]
 mc2, mpi = load("mc2"), load("mpi")
 mpich = load("mpich") if with_mpich else None
+floors = load("floor") if with_floor else None
+
+def floor_us(size):
+    # Median over repetitions of the floor's time at this size.
+    vals = [row["floor_us"] for run in floors for row in run["rows"] if row["size"] == size]
+    return statistics.median(vals) if vals else None
 
 def value(m, key):
     # The run's time: its average (nccl-tests) or its median iteration;
@@ -170,6 +198,7 @@ print(f"# {coll}: {mc2[0]['ranks']} ranks; time = {stat} of {mc2[0]['iters']} it
       f"mc2 algorithms: {', '.join(algos)}")
 print(f"# {'':>10}  {'out-of-place':^43}  {'in-place':^30}")
 extra = f"  {'MPICH bw':>8} {'best':>6}" if with_mpich else ""
+extra += f"  {'floor us':>9} {'mc2/fl':>6} {'MPI/fl':>6}" if with_floor else ""
 print(f"# {'size':>10}  {'mc2 us':>9} {'MPI us':>9} {'mc2 bw':>7} {'MPI bw':>7} {'ratio':>6}"
       f" {'paired':>6}  {'mc2 bw':>7} {'MPI bw':>7} {'ratio':>6}  mc2 algo{extra}")
 best_ratios = []
@@ -196,6 +225,9 @@ for i, size in enumerate(sizes):
         rbest = ratio(best_t, mt)
         if rbest is not None: best_ratios.append(rbest)
         extra = f"  {f(cb, '8.2f')} {f(rbest, '6.2f')}"
+    if with_floor:
+        fl = floor_us(size)
+        extra += f"  {f(fl, '9.2f')} {f(ratio(mt, fl), '6.2f')} {f(ratio(pt, fl), '6.2f')}"
     print(f"  {size:>10}  {f(mt, '9.2f')} {f(pt, '9.2f')} {f(mb, '7.2f')} {f(pb, '7.2f')} "
           f"{f(rb, '6.2f')} {f(rp, '6.2f')}  {f(mbi, '7.2f')} {f(pbi, '7.2f')} {f(rbi, '6.2f')}  {algo}{extra}")
     summary_rows.append({"size": size, "mc2_us": mt, "mpi_us": pt, "mc2_busbw_gbs": mb,
@@ -204,6 +236,9 @@ for i, size in enumerate(sizes):
                          "ratio_in_place": rbi, "mc2_algo": algo})
     if with_mpich:
         summary_rows[-1].update({"mpich_busbw_gbs": cb, "best_mpi_ratio": rbest})
+    if with_floor:
+        summary_rows[-1].update({"floor_us": fl, "mc2_over_floor": ratio(mt, fl),
+                                 "max_ratio": ratio(pt, fl)})
 lt_m, lt_p = med(mc2, 0, "out_of_place", "time_us"), med(mpi, 0, "out_of_place", "time_us")
 print(f"# latency at {sizes[0]} B: mc2 {f(lt_m, '.2f')} us, MPI {f(lt_p, '.2f')} us, "
       f"ratio mc2/MPI = {f(ratio(lt_m, lt_p), '.2f')} (< 1: mc2 faster)")
@@ -215,6 +250,9 @@ if ratios:
     print(f"# slowest size against Open MPI: ratio {min(ratios):.2f}" +
           (f" (ratio of medians); {min(paired_ratios):.2f} (median of paired ratios)"
            if paired_ratios else ""))
+if with_floor:
+    print("# floor: the data movement alone (bench/all_reduce_floor); mc2/fl = mc2's time over it;"
+          " MPI/fl = the largest ratio mc2/MPI any all_reduce could reach here")
 if best_ratios:
     print(f"# against the better of Open MPI and MPICH: slowest ratio {min(best_ratios):.2f}, "
           f"geometric mean {statistics.geometric_mean([r for r in best_ratios if r > 0]):.2f}")

@@ -18,7 +18,7 @@ import pathlib
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-KINDS = ("compare_mpi", "bench_ops", "demo", "bench", "bench_batch", "torch_compare")
+KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "bench", "bench_batch", "torch_compare")
 REQUIRED = ("name", "kind", "date", "commit", "host", "command", "emulated", "result")
 # The judged figure of the all_reduce comparison.
 HEADLINE_SIZE = 16 << 20
@@ -37,7 +37,8 @@ scripts/gen_benchmarks.py
 ```
 
 The recorder runs COMMAND (`bench/compare_mpi.sh`, `mc2 bench`,
-`mc2 bench ops`, `mc2 bench batch` or `mc2 demo`), adds the option that makes it write JSON,
+`mc2 bench ops`, `mc2 bench batch`, `mc2 demo` or `mc2 demo infer`), adds
+the option that makes it write JSON,
 and writes `bench/results/NAME.json` with the date (UTC), the commit (and
 whether the tree had uncommitted changes), the host (CPU model, logical
 cores), the exact command, `emulated` (the link emulation in force, or
@@ -46,7 +47,7 @@ null) and the tool's JSON. The generator then rewrites this page; the
 the project's claims are recorded with:
 
 ```
-scripts/record_bench.py all_reduce_vs_openmpi -- bench/compare_mpi.sh -n 2 -b 8 -e 256M -r 5 all_reduce
+scripts/record_bench.py all_reduce_vs_openmpi -- bench/compare_mpi.sh -n 2 -b 1M -e 64M -f 4 -r 5 --floor all_reduce
 scripts/record_bench.py ops_all_gather_matmul -- build/tools/mc2 bench ops -n 2 --operator all_gather_matmul \\
     -m 2048 -k 2048 -N 2048 --pipeline all --link auto
 scripts/record_bench.py ops_matmul_reduce_scatter -- build/tools/mc2 bench ops -n 2 \\
@@ -54,6 +55,8 @@ scripts/record_bench.py ops_matmul_reduce_scatter -- build/tools/mc2 bench ops -
 scripts/record_bench.py ops_matmul_all_reduce -- build/tools/mc2 bench ops -n 2 \\
     --operator matmul_all_reduce -m 2048 -k 2048 -N 2048 --pipeline all --link auto
 scripts/record_bench.py demo -- build/tools/mc2 demo
+scripts/record_bench.py infer_raw -- build/tools/mc2 demo infer --link none -i 15
+scripts/record_bench.py infer_link -- build/tools/mc2 demo infer --link auto -i 15
 scripts/record_bench.py batch_vs_separate -- build/tools/mc2 bench batch -n 2 --entries 200 --bytes 16K
 PYTHONPATH=build/python scripts/record_bench.py torch_vs_gloo -- bench/torch_compare.py -n 2 --reps 3
 ```
@@ -96,7 +99,14 @@ alternating mc2 and MPI `REPS` times. Per size it reports the median over
 the repetitions of each side's time and busbw, `ratio` = busbw mc2 / busbw
 MPI (> 1: mc2 faster) and `paired` = the median over repetitions of MPI
 time / mc2 time of two runs made back to back, which cancels the host's
-slow phases.
+slow phases. With `--floor` (all_reduce, f32) it also runs
+`bench/all_reduce_floor` in every repetition: N threads that do only the
+data movement of an all_reduce (each input read once, each reduced element
+read once per other rank, each output written once, spinning barriers in
+between, mc2's kernels or plain loops, whichever is faster). No all_reduce
+moves less data, so MPI / floor is the largest ratio any implementation
+could reach against Open MPI on this host. The floor needs a quiet machine:
+its spinning threads lose their cores to any other load.
 
 ### Fused operators: `mc2 bench ops`
 
@@ -139,6 +149,26 @@ that the losses are bitwise identical across them. Per pipeline:
 - uncovered %: the share in which communication ran and no computation
   covered it;
 - tokens/s: tokens trained per second.
+
+### Inference: `mc2 demo infer`
+
+`mc2 demo infer` prefills a batch of prompts with the reference
+transformer and decodes greedily with a KV cache (docs/models.md
+"Inference"), with every pipeline in a rotating round robin on the same
+model, and checks that the generated tokens (and their logits) are bitwise
+identical across them. Per pipeline:
+
+- TTFT ms: time to first token, the prefill (median over the timed
+  generations); vs serial: serial TTFT / this TTFT;
+- token p50 / p99 ms: the decode steps' latency (one token per prompt),
+  percentiles over every timed step;
+- decode tokens/s: tokens decoded per second over the whole batch; vs
+  serial: this rate / serial's;
+- prefill / decode comm %: the share of the phase in which communication
+  ran (from the traced generation), prefill uncovered %: the share no
+  computation covered;
+- prefill ran / decode ran: the pipelines the fused operators ran in each
+  phase (`auto` resolved per call).
 
 ### PyTorch: `bench/torch_compare.py`
 
@@ -277,10 +307,12 @@ def headline(results, refs):
         if r["kind"] == "compare_mpi":
             for coll, row in compare_rows(r):
                 if coll.get("collective") == "all_reduce" and row.get("size") == HEADLINE_SIZE:
+                    bound = (f"; at most {num(row['max_ratio'])}x possible (MPI / floor)"
+                             if row.get("max_ratio") else "")
                     rows.append([f"all_reduce {size_text(HEADLINE_SIZE)}, {coll.get('ranks')} ranks, "
                                  f"{coll.get('buffers')} buffers: busbw mc2 / Open MPI",
-                                 f"{num(row.get('ratio'))}x (paired {num(row.get('paired'))}x)",
-                                 link_text(r), ref])
+                                 f"{num(row.get('ratio'))}x (paired {num(row.get('paired'))}x)"
+                                 f"{bound}", link_text(r), ref])
         elif r["kind"] == "bench_ops":
             j = r["result"]
             s = ops_summary(j)
@@ -294,6 +326,16 @@ def headline(results, refs):
             same = "identical" if j.get("losses_identical") else "NOT identical"
             rows.append([f"mc2 demo, {j.get('ranks')} ranks: serial step / {fastest.get('pipeline')} step",
                          f"{num(fastest.get('speedup'))}x, losses {same}", link_text(r), ref])
+        elif r["kind"] == "demo_infer":
+            j = r["result"]
+            runs = j.get("runs", [])
+            serial = next((x for x in runs if x.get("pipeline") == "serial"), {})
+            auto = next((x for x in runs if x.get("pipeline") == "auto"), {})
+            same = "identical" if j.get("tokens_identical") else "NOT identical"
+            rows.append([f"mc2 demo infer, {j.get('ranks')} ranks: time to first token, serial / auto "
+                         f"(auto's prefill ran {auto.get('prefill_ran')})",
+                         f"{num(auto.get('ttft_speedup'))}x ({num(serial.get('ttft_ms'), '.1f')} / "
+                         f"{num(auto.get('ttft_ms'), '.1f')} ms), tokens {same}", link_text(r), ref])
         elif r["kind"] == "bench_batch":
             j = r["result"]
             for c in j.get("cases", []):
@@ -325,6 +367,16 @@ def compare_section(results, refs):
                      num(row.get("mc2_busbw_gbs")), num(row.get("mpi_busbw_gbs")),
                      num(row.get("ratio")), num(row.get("paired")), num(row.get("ratio_in_place")),
                      row.get("mc2_algo", "")] for row in coll.get("rows", [])]
+            if any("floor_us" in row for row in coll.get("rows", [])):
+                header += [("floor us", True), ("mc2 / floor", True), ("MPI / floor", True)]
+                for cells, row in zip(rows, coll.get("rows", [])):
+                    cells += [num(row.get("floor_us")), num(row.get("mc2_over_floor")),
+                              num(row.get("max_ratio"))]
+                out[-1:-1] = ["The floor is the data movement alone (`bench/all_reduce_floor`: "
+                              "each input read once, each reduced element read once per other "
+                              "rank, each output written once, no synchronisation but barriers); "
+                              "MPI / floor is the largest ratio any all_reduce could reach "
+                              "against Open MPI on this host.", ""]
             out += table(header, rows) + [""]
     return out
 
@@ -366,6 +418,32 @@ def demo_section(results, refs):
         rows = [[x.get("pipeline"), x.get("ran"), num(x.get("step_ms"), ".0f"),
                  f"{num(x.get('speedup'))}x", num(x.get("comm_pct"), ".1f"),
                  num(x.get("uncovered_pct"), ".1f"), num(x.get("tokens_per_s"), ".0f")]
+                for x in j.get("runs", [])]
+        out += table(header, rows) + [""]
+    return out
+
+
+def infer_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        out += [f"### Inference (`mc2 demo infer`), {j.get('ranks')} ranks, tp {j.get('tp')}, "
+                f"{j.get('batch')} prompts of {j.get('prompt_len')} tokens, "
+                f"{j.get('new_tokens')} new tokens [{refs[r['_file']]}]", "",
+                f"Link: {link_text(r)}. Prefill "
+                f"{'sequence-parallel' if j.get('sequence_parallel') else 'without sequence parallelism'}. "
+                f"Generated tokens {'bitwise identical' if j.get('tokens_identical') else 'NOT identical'} "
+                "across the pipelines.", ""]
+        header = [("pipeline", False), ("prefill ran", False), ("decode ran", False),
+                  ("TTFT ms", True), ("vs serial", True), ("token p50 ms", True),
+                  ("token p99 ms", True), ("decode tokens/s", True), ("vs serial", True),
+                  ("prefill comm %", True), ("prefill uncovered %", True), ("decode comm %", True)]
+        rows = [[x.get("pipeline"), x.get("prefill_ran"), x.get("decode_ran"),
+                 num(x.get("ttft_ms"), ".1f"), f"{num(x.get('ttft_speedup'))}x",
+                 num(x.get("token_p50_ms"), ".2f"), num(x.get("token_p99_ms"), ".2f"),
+                 num(x.get("decode_tokens_per_s"), ".0f"), f"{num(x.get('decode_speedup'))}x",
+                 num(x.get("prefill_comm_pct"), ".1f"), num(x.get("prefill_uncovered_pct"), ".1f"),
+                 num(x.get("decode_comm_pct"), ".1f")]
                 for x in j.get("runs", [])]
         out += table(header, rows) + [""]
     return out
@@ -498,6 +576,7 @@ def render(results):
     lines += compare_section(by_kind["compare_mpi"], refs)
     lines += ops_section(by_kind["bench_ops"], refs)
     lines += demo_section(by_kind["demo"], refs)
+    lines += infer_section(by_kind["demo_infer"], refs)
     lines += bench_section(by_kind["bench"], refs)
     lines += batch_section(by_kind["bench_batch"], refs)
     lines += torch_section(by_kind["torch_compare"], refs)

@@ -11,6 +11,7 @@ COMMAND is one of
   BUILD/tools/mc2 bench batch ... (the recorder adds --json FILE)
   BUILD/tools/mc2 demo ...        (the recorder adds --json FILE, and --out DIR
                                    in a temporary directory unless given)
+  BUILD/tools/mc2 demo infer ...  (the same)
   bench/torch_compare.py ...      (the recorder adds --json FILE)
 and must not carry those options itself. The command runs with the caller's
 environment; its standard output is shown and recorded.
@@ -79,7 +80,7 @@ def parse_args(argv):
 
 def command_kind(command):
     """Which tool the command runs: compare_mpi, bench, bench_ops, bench_batch,
-    demo or torch_compare."""
+    demo, demo_infer or torch_compare."""
     if "torch_compare.py" in (os.path.basename(c) for c in command[:2]):
         return "torch_compare"
     if os.path.basename(command[0]) == "compare_mpi.sh" or (
@@ -91,7 +92,7 @@ def command_kind(command):
                 return "bench_" + command[2]
             return "bench"
         if command[1] == "demo":
-            return "demo"
+            return "demo_infer" if len(command) > 2 and command[2] == "infer" else "demo"
     die(f"cannot record '{shlex.join(command)}': expected bench/compare_mpi.sh, "
         "mc2 bench, mc2 bench ops, mc2 bench batch, mc2 demo or bench/torch_compare.py")
 
@@ -129,12 +130,13 @@ def host_info():
 def emulated_link(kind, command, result):
     """The link emulation a result ran under, or None on raw shared memory.
 
-    mc2 bench ops and mc2 demo take --link (the demo's default is auto) and
+    mc2 bench ops and mc2 demo (infer) take --link (the demo's default is auto) and
     report the link they used (the calibrated one for `auto`); mc2 bench and
     compare_mpi.sh follow MC2_LINK.
     """
-    requested = option_value(command, "--link") if kind in ("bench_ops", "demo") else None
-    if requested is None and kind == "demo":
+    demos = ("demo", "demo_infer")
+    requested = option_value(command, "--link") if kind in ("bench_ops",) + demos else None
+    if requested is None and kind in demos:
         requested = "auto"  # mc2 demo's default
     if requested is None:
         requested = os.environ.get("MC2_LINK", "")
@@ -154,7 +156,7 @@ def main(argv):
     kind = command_kind(command)
     added = {"compare_mpi": ["--keep"], "bench": ["--json"], "bench_ops": ["--json"],
              "bench_batch": ["--json"],
-             "demo": ["--json"], "torch_compare": ["--json"]}[kind]
+             "demo": ["--json"], "demo_infer": ["--json"], "torch_compare": ["--json"]}[kind]
     for opt in added:
         if option_value(command, opt) is not None:
             die(f"the command carries {opt}: the recorder sets it")
@@ -167,7 +169,7 @@ def main(argv):
             run += ["--keep", f"{tmp}/keep"]
         else:
             run += ["--json", f"{tmp}/result.json"]
-            if kind == "demo" and option_value(command, "--out") is None:
+            if kind in ("demo", "demo_infer") and option_value(command, "--out") is None:
                 run += ["--out", f"{tmp}/demo"]
         date = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
         print(f"record_bench.py: running {shlex.join(run)}", file=sys.stderr)

@@ -26,7 +26,8 @@
 //
 // Like `mc2 bench`, outside an mc2 job the command re-executes itself under
 // the launcher with N ranks and a heap sized for the shapes; inside a job
-// (`mc2 run -n N mc2 bench ops ...`) it runs on the job's ranks.
+// (`mc2 run -n N mc2 bench ops ...`, or a job of mpirun / `mc2 run --hosts`
+// across hosts) it runs on the job's ranks.
 // `--link auto` first launches short calibration jobs (compute-only and
 // comm-only times) and picks the emulated bandwidth that makes the comm-only
 // time equal the compute-only time, then launches the benchmark with it; so
@@ -98,6 +99,7 @@ struct OpsArgs {
 // to it, so that no two ranks probe the same path at once.
 void CheckOutput(const std::string& path, const char* flag) {
   if (Group::LaunchedByMc2() && core::GetEnv("MC2_RANK") != "0") return;
+  if (Group::LaunchedByMpi() && core::GetEnv("OMPI_COMM_WORLD_RANK").value_or("0") != "0") return;
   try {
     CheckWritableFile(path, flag);
   } catch (const Error& e) {
@@ -325,7 +327,9 @@ void RunOpsCallback(const OpsArgs& a, bool link_was_auto) {
   OpsConfig cfg = Validate(a);
   if (a.tune) return RunTune(a, cfg);
   if (!cfg.json_path.empty()) CheckOutput(cfg.json_path, "--json");
-  if (Group::LaunchedByMc2()) {
+  // Inside a job of `mc2 run`, or of mpirun / `mc2 run --hosts` (ranks on
+  // several hosts: the operators run over the real links between them).
+  if (Group::LaunchedByMc2() || Group::LaunchedByMpi()) {
     if (cfg.link == "auto")
       Usage("--link auto needs to start its own ranks (run `mc2 bench ops` outside `mc2 run`)");
     cfg.link_auto = link_was_auto;

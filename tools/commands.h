@@ -38,6 +38,9 @@ void RegisterTrace(CLI::App& app);
 void RegisterSoak(CLI::App& app);
 // `mc2 demo [-n N] [--link auto|none|SPEC] [--pipelines ...]` (demo_command.cc)
 void RegisterDemo(CLI::App& app);
+// `mc2 demo infer [-n N] [--tp T] [--batch B] [--prompt-len P] [--new-tokens K] ...`,
+// a subcommand of `demo` (demo_infer.cc)
+void RegisterDemoInfer(CLI::App& demo);
 // `mc2 topo [-n N] [--json]`: hosts, ranks, cores and links (topo_command.cc)
 void RegisterTopo(CLI::App& app);
 

@@ -584,7 +584,9 @@ void RegisterDemo(CLI::App& app) {
   cmd->add_option("--json", a->json_path, "Also write the table to this JSON file (- for standard output)");
   cmd->add_flag("--rank-job", a->rank_job)->group("");  // internal
   cmd->add_option("--results", a->results)->group("");  // internal
-  cmd->callback([a] {
+  RegisterDemoInfer(*cmd);
+  cmd->callback([a, cmd] {
+    if (cmd->got_subcommand("infer")) return;  // `mc2 demo infer` ran its own
     try {
       if (a->rank_job) {
         if (!Group::LaunchedByMc2()) Usage("--rank-job is internal to `mc2 demo`");

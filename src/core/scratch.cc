@@ -1,11 +1,15 @@
 #include "core/scratch.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <new>
 #include <utility>
 #include <vector>
+
+#include "mc2/error.h"
 
 namespace mc2::core {
 namespace {
@@ -40,7 +44,18 @@ class Cache {
       free_.erase(it);
       return p;
     }
-    return ::operator new(cap, kAlign);
+    try {
+      return ::operator new(cap, kAlign);
+    } catch (const std::bad_alloc&) {
+      // The cached blocks may be what fills memory: give them back, once.
+      Trim();
+    }
+    try {
+      return ::operator new(cap, kAlign);
+    } catch (const std::bad_alloc&) {
+      throw Error(ErrorCode::kSystem,
+                  fmt::format("cannot allocate {} bytes of scratch memory (out of memory)", cap));
+    }
   }
   void Give(void* p, size_t cap) noexcept {
     if (cap > kScratchCacheBytes) {

@@ -21,6 +21,8 @@ inline constexpr size_t kScratchCacheBytes = size_t{1} << 30;
 
 // A block of at least `bytes` bytes, not zeroed, 64-byte aligned, returned
 // to the calling thread's cache on destruction. Moves but does not copy.
+// When memory cannot hold it (after the thread's cached blocks were freed),
+// throws kSystem naming the size.
 class ScratchBlock {
  public:
   ScratchBlock() = default;

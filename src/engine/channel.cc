@@ -1,7 +1,8 @@
 // Channel over the world's transport (see channel.h): the window and the
 // counters are symmetric allocations of the group; a notification is a
 // RemoteAdd on the consumer's counter declaring the chunk's bytes, so link
-// emulation delivers it at the modeled completion of the transfer.
+// emulation delivers it at the modeled completion of the transfer. A group
+// that spans hosts hands every call to its MPI backend (span_channel.h).
 #include "engine/channel.h"
 
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 #include "engine/access.h"
 #include "engine/group_impl.h"
 #include "engine/p2p_engine.h"
+#include "engine/span_channel.h"
 #include "trace/recorder.h"
 #include "transport/link_emulation.h"
 
@@ -42,15 +44,13 @@ std::vector<uint64_t> ExchangeOffsets(GroupImpl* g, const SymmetricBuffer& buf) 
 Channel& Channel::Of(const Group& g) {
   MC2_CHECK_ARG(g.valid(), "channel of an invalid (empty) group");
   GroupImpl* gi = Access::Impl(g);
-  MC2_CHECK_ARG(!gi->span,
-                "the fused operators do not run on a group that spans hosts; run them on a "
-                "group within one host (e.g. a Split by host)");
   if (!gi->channel) gi->channel = std::make_unique<Channel>(gi);
   return *gi->channel;
 }
 
 Channel::Channel(GroupImpl* group) : g_(group) {
   for (auto& c : consumed_) c.assign(g_->size(), 0);
+  if (g_->span) span_ = std::make_unique<SpanChannel>(g_, kPhases);
 }
 
 Channel::~Channel() = default;
@@ -58,6 +58,10 @@ Channel::~Channel() = default;
 void Channel::Begin(size_t window_bytes, const CallInfo& info) {
   call_ = info;
   if (call_.timeout.count() <= 0) call_.timeout = g_->world().timeout;
+  if (span_) {
+    span_->Begin(window_bytes, call_.timeout, call_.op);
+    return;
+  }
   if (g_->size() == 1) {
     // Nobody to hand data to: a private window, no collective step.
     if (window_.size() < window_bytes) {
@@ -95,7 +99,10 @@ void Channel::Grow(size_t bytes) {
   window_off_ = ExchangeOffsets(g_, window_);
 }
 
+char* Channel::Window() const { return span_ ? span_->Window() : window_.as<char>(); }
+
 const char* Channel::View(int src, size_t offset, size_t bytes) const {
+  if (span_) return span_->View(src, offset, bytes);
   MC2_ENFORCE(offset + bytes <= window_.size(), "view [{}, {}) of a {}-byte window", offset,
               offset + bytes, window_.size());
   if (src == g_->rank()) return Window() + offset;
@@ -107,6 +114,25 @@ uint64_t Channel::CounterOff(int owner, int phase, int src) const {
 }
 
 void Channel::Notify(int dst, int phase, size_t offset, size_t bytes) const {
+  if (span_) {
+    const bool on = trace::On();
+    const int64_t start = on ? trace::NowNs() : 0;
+    span_->Notify(dst, phase, offset, bytes);
+    if (on) [[unlikely]] {
+      // Only the post: the transfer itself runs on the MPI thread.
+      trace::Span sp{};
+      sp.start_ns = start;
+      sp.end_ns = trace::NowNs();
+      sp.name = "fused_transfer";
+      sp.pipeline = call_.trace_label;
+      sp.bytes = bytes;
+      sp.step = -1;
+      sp.rank = -1;
+      sp.kind = static_cast<uint8_t>(trace::Category::kComm);
+      trace::Record(sp);
+    }
+    return;
+  }
   MC2_ENFORCE(offset + bytes <= window_.size(), "notify [{}, {}) of a {}-byte window", offset,
               offset + bytes, window_.size());
   transport::Transport& tx = g_->tx();
@@ -137,6 +163,7 @@ void Channel::Notify(int dst, int phase, size_t offset, size_t bytes) const {
 }
 
 bool Channel::Landed(int src, int phase, uint64_t count) const {
+  if (span_) return span_->Landed(src, phase, consumed_[phase][src] + count);
   const int me = g_->rank();
   return g_->tx().Peek(g_->world_rank(me), CounterOff(me, phase, src)) >=
          consumed_[phase][src] + count;
@@ -147,6 +174,11 @@ void Channel::Wait(int src, int phase, uint64_t count,
   if (Landed(src, phase, count)) return;
   trace::ScopedSpan span(trace::Category::kWait);
   if (span.on()) span.span().name = "fused_wait";
+  if (span_) {
+    span_->Wait(src, phase, consumed_[phase][src] + count, call_.op, call_.timeout,
+                describe_missing);
+    return;
+  }
   const int me = g_->rank();
   transport::Clock::time_point deadline{};
   transport::WaitContext wc;
@@ -164,24 +196,32 @@ void Channel::Consumed(int phase, uint64_t chunks) {
 }
 
 Work Channel::Async(std::function<void()> body) const {
+  if (span_) return span_->Async(std::move(body));
   return g_->Submit(
       "channel_async", false, [b = std::move(body)](OpContext&) { b(); },
       /*collective=*/false);
 }
 
 Work Channel::Send(const void* data, size_t bytes, int peer, InternalTag tag) const {
+  if (span_)
+    return span_->SendRecv(true, static_cast<char*>(const_cast<void*>(data)), bytes, peer,
+                           static_cast<int>(static_cast<int64_t>(tag) - kInternalTagBase));
   return g_->world().P2P().Post(g_->shared_from_this(), true,
                                 static_cast<char*>(const_cast<void*>(data)), bytes, peer,
                                 static_cast<int64_t>(tag));
 }
 
 Work Channel::Recv(void* data, size_t bytes, int peer, InternalTag tag) const {
+  if (span_)
+    return span_->SendRecv(false, static_cast<char*>(data), bytes, peer,
+                           static_cast<int>(static_cast<int64_t>(tag) - kInternalTagBase));
   return g_->world().P2P().Post(g_->shared_from_this(), false, static_cast<char*>(data), bytes,
                                 peer, static_cast<int64_t>(tag));
 }
 
 LinkInfo Channel::link() const {
   LinkInfo info;
+  if (span_) return info;  // real links between hosts
   if (transport::LinkModel* port = g_->tx().link()) {
     info.bytes_per_second = port->config().bytes_per_second;
     info.latency_seconds = std::chrono::duration<double>(port->config().latency).count();
@@ -191,6 +231,12 @@ LinkInfo Channel::link() const {
 
 size_t Channel::heap_bytes() const { return g_->tx().HeapBytes(); }
 
-void Channel::Abort(const Error& error) const { g_->tx().Abort(error); }
+void Channel::Abort(const Error& error) const {
+  if (span_) {
+    span_->Abort(error);
+    return;
+  }
+  g_->tx().Abort(error);
+}
 
 }  // namespace mc2::internal

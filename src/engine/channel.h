@@ -7,6 +7,11 @@
 // news from a peer (with a description of what is missing when it does not
 // come), and two-sided messages in a tag space the user cannot reach.
 //
+// Backends. Over shared memory (a group within one host) the window is a
+// symmetric allocation read in place; over MPI (a group that spans hosts,
+// engine/span_channel.h) the bytes travel with the notification into a
+// mirror of the producer's window. The operators see no difference.
+//
 // Ownership. Every group owns at most one channel (created on first use by
 // Channel::Of, released with the group). The channel owns its window: a
 // symmetric allocation of the group, grown collectively by Begin when a
@@ -75,6 +80,7 @@
 namespace mc2::internal {
 
 class GroupImpl;
+class SpanChannel;  // engine/span_channel.h
 
 // Tags of the engine's internal two-sided messages. User tags are ints >= 0
 // (Group::Send/Recv reject negative ones); internal tags lie above every
@@ -125,7 +131,7 @@ class Channel {
   void Begin(size_t window_bytes, const CallInfo& info);
 
   // This rank's window (at least the bytes passed to Begin).
-  char* Window() const { return window_.as<char>(); }
+  char* Window() const;
   // `bytes` at `offset` of member `src`'s window, readable once the
   // notification that covers them was waited for.
   const char* View(int src, size_t offset, size_t bytes) const;
@@ -152,7 +158,8 @@ class Channel {
   Work Recv(void* data, size_t bytes, int peer, InternalTag tag) const;
 
   // The emulated link of this rank's port, and the bytes of symmetric heap
-  // per rank (the cost model's environment).
+  // per rank (the cost model's environment). Across hosts the links are
+  // real: no emulated link (the node's heap size still counts).
   LinkInfo link() const;
   size_t heap_bytes() const;
   // Records `error` as the world's failure, so that every rank's waits
@@ -163,7 +170,8 @@ class Channel {
   uint64_t CounterOff(int owner, int phase, int src) const;
   void Grow(size_t bytes);
 
-  GroupImpl* const g_;  // owns this channel
+  GroupImpl* const g_;                 // owns this channel
+  std::unique_ptr<SpanChannel> span_;  // a group that spans hosts: the MPI backend
   CallInfo call_;
   SymmetricBuffer counters_, window_;
   std::vector<uint64_t> counter_off_, window_off_;  // every member's heap offsets

@@ -61,6 +61,9 @@ struct SpanGroup {
   std::shared_ptr<NetWorld> net;
   transport::mpi::CommId comm = 0;  // ranks = group ranks
   transport::mpi::CommId p2p = 0;   // the same ranks, for Send / Recv only
+  // The same ranks, for the fused operators' channel only
+  // (engine/span_channel.h: notifications and internal Send / Recv).
+  transport::mpi::CommId chan = 0;
   std::vector<int> members;         // global ranks
   int rank = 0;
   // Hosts in order of their first member; per member its host and index
@@ -84,7 +87,10 @@ Group MakeNetWorldGroup(int64_t comm_f, const WorldOptions& options);
 
 // Span group operations (span_group.cc). Split: collective over `g`.
 Group SpanSplit(GroupImpl& g, int color, int key);
-Work SpanSendRecv(GroupImpl& g, bool send, char* data, size_t bytes, int peer, int tag);
+// `internal`: on the channel's communicator (engine/span_channel.h), where
+// no user message travels, else on the group's point-to-point one.
+Work SpanSendRecv(GroupImpl& g, bool send, char* data, size_t bytes, int peer, int tag,
+                  bool internal = false);
 
 // Runs `body` as an operation of span group `g` on the net world's engine
 // (every error but kInvalidArgument aborts every rank of the job).

@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "engine/access.h"
 #include "engine/group_impl.h"
+#include "engine/termination.h"
 #include "engine/world.h"
 
 namespace mc2::internal {
@@ -63,12 +64,13 @@ void Layout(SpanGroup& s) {
 
 std::shared_ptr<GroupImpl> MakeSpanGroupImpl(std::shared_ptr<World> node_world,
                                              std::shared_ptr<NetWorld> net, CommId comm, CommId p2p,
-                                             std::vector<int> members, int rank,
+                                             CommId chan, std::vector<int> members, int rank,
                                              std::shared_ptr<GroupImpl> node) {
   auto s = std::make_shared<SpanGroup>();
   s->net = std::move(net);
   s->comm = comm;
   s->p2p = p2p;
+  s->chan = chan;
   s->members = members;
   s->rank = rank;
   s->node = std::move(node);
@@ -80,6 +82,7 @@ std::shared_ptr<GroupImpl> MakeSpanGroupImpl(std::shared_ptr<World> node_world,
 }  // namespace
 
 SpanGroup::~SpanGroup() {
+  net->mpi->Free(chan);
   net->mpi->Free(p2p);
   net->mpi->Free(comm);
 }
@@ -96,7 +99,10 @@ void SpanAbort(const std::shared_ptr<NetWorld>& net, World* node_world, const Er
 
 Group MakeNetWorldGroup(int64_t comm_f, const WorldOptions& options) {
   auto mpi = MpiEngine::Start(comm_f);
-  if (mpi->initialized_mpi()) MpiEngine::FinalizeAtExit(mpi);
+  if (mpi->initialized_mpi()) {
+    MpiEngine::FinalizeAtExit(mpi);
+    InstallTerminationGrace(mpi);
+  }
   auto net = std::make_shared<NetWorld>();
   net->mpi = mpi;
   net->rank = mpi->rank();
@@ -181,7 +187,8 @@ Group MakeNetWorldGroup(int64_t comm_f, const WorldOptions& options) {
   // User messages go on a communicator of their own, so that no user tag
   // can match the collectives' traffic.
   std::optional<CommId> p2p = mpi->Split(transport::mpi::kWorldComm, 0, net->rank);
-  return Access::MakeGroup(MakeSpanGroupImpl(world, net, transport::mpi::kWorldComm, *p2p,
+  std::optional<CommId> chan = mpi->Split(transport::mpi::kWorldComm, 0, net->rank);
+  return Access::MakeGroup(MakeSpanGroupImpl(world, net, transport::mpi::kWorldComm, *p2p, *chan,
                                              std::move(members), net->rank, std::move(node)));
 }
 
@@ -264,7 +271,8 @@ Group SpanSplit(GroupImpl& g, int color, int key) {
     }
     MC2_ENFORCE(comm.has_value(), "MPI_Comm_split gave no communicator for color {}", color);
     std::optional<CommId> p2p = s.net->mpi->Split(*comm, 0, new_rank);
-    result = Access::MakeGroup(MakeSpanGroupImpl(g.world_ptr(), s.net, *comm, *p2p,
+    std::optional<CommId> chan = s.net->mpi->Split(*comm, 0, new_rank);
+    result = Access::MakeGroup(MakeSpanGroupImpl(g.world_ptr(), s.net, *comm, *p2p, *chan,
                                                  std::move(members),
                                                  new_rank,
                                                  Access::Impl(node_part)->shared_from_this()));
@@ -272,7 +280,8 @@ Group SpanSplit(GroupImpl& g, int color, int key) {
   return result;
 }
 
-Work SpanSendRecv(GroupImpl& g, bool send, char* data, size_t bytes, int peer, int tag) {
+Work SpanSendRecv(GroupImpl& g, bool send, char* data, size_t bytes, int peer, int tag,
+                  bool internal) {
   // Posted at once, not queued behind the group's collectives: a message
   // completes when its peer posts the match, whatever either side does
   // meanwhile (as on one host).
@@ -289,10 +298,11 @@ Work SpanSendRecv(GroupImpl& g, bool send, char* data, size_t bytes, int peer, i
     }
   };
   auto& mpi = *s.net->mpi;
+  const CommId comm = internal ? s.chan : s.p2p;
   if (send) {
-    mpi.Isend(s.p2p, peer, tag, data, bytes, std::move(on_done));
+    mpi.Isend(comm, peer, tag, data, bytes, std::move(on_done));
   } else {
-    mpi.Irecv(s.p2p, peer, tag, data, bytes, std::move(on_done));
+    mpi.Irecv(comm, peer, tag, data, bytes, std::move(on_done));
   }
   return Access::MakeWork(work);
 }

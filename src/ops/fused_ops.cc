@@ -671,102 +671,76 @@ FusedReport Complete(const Group& g, const Plan& p, Body&& body) {
                            std::forward<Body>(body));
 }
 
+// The checks every dense operator makes of its arguments: sizes of A
+// (m x k), B (k x n) and the f32 product `c_label` (m x n) within bounds,
+// A and B given where they hold elements, and C unless `c_missing` is
+// false.
+template <typename Args>
+std::string DenseChecks(const Args& args, const FusedOptions& options, const char* c_label,
+                        bool c_missing) {
+  const size_t es = DTypeSize(args.dtype);
+  return fused::ArgChecks(
+      args.dtype, options,
+      {{"A (args.m x args.k)", {args.m, args.k, es}},
+       {"B (args.k x args.n)", {args.k, args.n, es}},
+       {c_label, {args.m, args.n, sizeof(float)}}},
+      {{args.a == nullptr && args.m > 0 && args.k > 0, "args.a"},
+       {args.b == nullptr && args.k > 0 && args.n > 0, "args.b"},
+       {c_missing, "args.c"}});
+}
+
 }  // namespace
 
 FusedReport AllGatherMatmul(const Group& g, const AllGatherMatmulArgs& args,
                             const FusedOptions& options) {
   const FusedOp op = FusedOp::kAllGatherMatmul;
-  // The fields under local names (references, not a structured binding:
-  // clang 14 lets no lambda capture one).
-  const auto& a = args.a;
-  const auto& b = args.b;
-  const auto& c = args.c;
-  const auto& m = args.m;
-  const auto& k = args.k;
-  const auto& n = args.n;
-  const auto& dtype = args.dtype;
-  const auto& gathered_a = args.gathered_a;
-  const size_t es = DTypeSize(dtype);
-  std::string err = fused::ArgChecks(
-      dtype, options,
-      {{"A (args.m x args.k)", {m, k, es}},
-       {"B (args.k x args.n)", {k, n, es}},
-       {"C (args.m x args.n)", {m, n, sizeof(float)}}},
-      {{a == nullptr && m > 0 && k > 0, "args.a"}, {b == nullptr && k > 0 && n > 0, "args.b"}});
-  ShapeMsg msg = Msg(op, dtype, m, k, n, 0, options);
-  msg.want_gathered = gathered_a != nullptr;
-  msg.c_null = c == nullptr && n > 0;
+  std::string err = DenseChecks(args, options, "C (args.m x args.n)", false);
+  ShapeMsg msg = Msg(op, args.dtype, args.m, args.k, args.n, 0, options);
+  msg.want_gathered = args.gathered_a != nullptr;
+  msg.c_null = args.c == nullptr && args.n > 0;
   fused::OverlapWork overlap(options.overlap_work);
   Plan p = MakePlan(g, op, msg, err, options, overlap);
   return Complete(g, p, [&](Pending& pend) {
     Scratch<char> own;
-    char* ag = static_cast<char*>(gathered_a);
+    char* ag = static_cast<char*>(args.gathered_a);
     // Serial and chunked gather into Ag whatever the caller wants; fused
     // reads peers' shards in place and fills Ag only when asked.
     if (ag == nullptr && p.size > 1 && p.pipeline != Pipeline::kFused) {
       own.Resize(p.M * p.k * p.esize);
       ag = own.data();
     }
-    RunAllGatherMatmul(g, p, static_cast<const char*>(a), static_cast<const char*>(b), c, ag,
-                       gathered_a != nullptr, pend);
+    RunAllGatherMatmul(g, p, static_cast<const char*>(args.a), static_cast<const char*>(args.b),
+                       args.c, ag, args.gathered_a != nullptr, pend);
   });
 }
 
 FusedReport MatmulReduceScatter(const Group& g, const MatmulReduceScatterArgs& args,
                                 const FusedOptions& options) {
   const FusedOp op = FusedOp::kMatmulReduceScatter;
-  // The fields under local names (references, not a structured binding:
-  // clang 14 lets no lambda capture one).
-  const auto& a = args.a;
-  const auto& b = args.b;
-  const auto& c = args.c;
-  const auto& m = args.m;
-  const auto& k = args.k;
-  const auto& n = args.n;
-  const auto& dtype = args.dtype;
-  const auto& m_local = args.m_local;
-  const size_t es = DTypeSize(dtype);
-  std::string err = fused::ArgChecks(dtype, options,
-                                     {{"A (args.m x args.k)", {m, k, es}},
-                                      {"B (args.k x args.n)", {k, n, es}},
-                                      {"the product (args.m x args.n)", {m, n, sizeof(float)}}},
-                                     {{a == nullptr && m > 0 && k > 0, "args.a"},
-                                      {b == nullptr && k > 0 && n > 0, "args.b"},
-                                      {c == nullptr && m_local > 0 && n > 0, "args.c"}});
-  if (err.empty() && m_local > m) {
-    err = "args.m_local " + Str(m_local) + " exceeds args.m " + Str(m);
-  }
+  std::string err = DenseChecks(args, options, "the product (args.m x args.n)",
+                                args.c == nullptr && args.m_local > 0 && args.n > 0);
+  if (err.empty() && args.m_local > args.m)
+    err = "args.m_local " + Str(args.m_local) + " exceeds args.m " + Str(args.m);
   fused::OverlapWork overlap(options.overlap_work);
-  Plan p = MakePlan(g, op, Msg(op, dtype, m, k, n, m_local, options), err, options, overlap);
+  Plan p = MakePlan(g, op, Msg(op, args.dtype, args.m, args.k, args.n, args.m_local, options), err,
+                    options, overlap);
   return Complete(g, p, [&](Pending& pend) {
-    RunMatmulReduceScatter(g, p, static_cast<const char*>(a), static_cast<const char*>(b), c, pend);
+    RunMatmulReduceScatter(g, p, static_cast<const char*>(args.a),
+                           static_cast<const char*>(args.b), args.c, pend);
   });
 }
 
 FusedReport MatmulAllReduce(const Group& g, const MatmulAllReduceArgs& args,
                             const FusedOptions& options) {
   const FusedOp op = FusedOp::kMatmulAllReduce;
-  // The fields under local names (references, not a structured binding:
-  // clang 14 lets no lambda capture one).
-  const auto& a = args.a;
-  const auto& b = args.b;
-  const auto& c = args.c;
-  const auto& m = args.m;
-  const auto& k = args.k;
-  const auto& n = args.n;
-  const auto& dtype = args.dtype;
-  const size_t es = DTypeSize(dtype);
-  std::string err = fused::ArgChecks(dtype, options,
-                                     {{"A (args.m x args.k)", {m, k, es}},
-                                      {"B (args.k x args.n)", {k, n, es}},
-                                      {"C (args.m x args.n)", {m, n, sizeof(float)}}},
-                                     {{a == nullptr && m > 0 && k > 0, "args.a"},
-                                      {b == nullptr && k > 0 && n > 0, "args.b"},
-                                      {c == nullptr && m > 0 && n > 0, "args.c"}});
+  std::string err = DenseChecks(args, options, "C (args.m x args.n)",
+                                args.c == nullptr && args.m > 0 && args.n > 0);
   fused::OverlapWork overlap(options.overlap_work);
-  Plan p = MakePlan(g, op, Msg(op, dtype, m, k, n, 0, options), err, options, overlap);
+  Plan p = MakePlan(g, op, Msg(op, args.dtype, args.m, args.k, args.n, 0, options), err, options,
+                    overlap);
   return Complete(g, p, [&](Pending& pend) {
-    RunMatmulAllReduce(g, p, static_cast<const char*>(a), static_cast<const char*>(b), c, pend);
+    RunMatmulAllReduce(g, p, static_cast<const char*>(args.a), static_cast<const char*>(args.b),
+                       args.c, pend);
   });
 }
 

@@ -279,15 +279,12 @@ using moe::RunMoeOp;
 
 FusedReport AllToAllMatmul(const Group& g, const MoeRouting& routing,
                            const AllToAllMatmulArgs& args, const FusedOptions& options) {
-  // The fields under local names (references, not a structured binding:
-  // clang 14 lets no lambda capture one).
-  const auto& x = args.a;
-  const auto& w = args.b;
-  const auto& y = args.c;
-  const auto& d = args.k;
-  const auto& h = args.n;
-  const auto& dtype = args.dtype;
-  const auto& dispatched_x = args.dispatched_a;
+  // The tokens x (T x d), the experts' weights w and outputs y (R x h).
+  const void *const x = args.a, *const w = args.b;
+  float* const y = args.c;
+  void* const dispatched_x = args.dispatched_a;
+  const size_t d = args.k, h = args.n;
+  const DType dtype = args.dtype;
   std::string err = CheckMoeArgs(g, routing, dtype, [&](const MoeSizes& z) {
     return fused::ArgChecks(dtype, options,
                             {{"x (num_tokens x args.k)", {z.T, d, z.es}},
@@ -328,15 +325,12 @@ FusedReport AllToAllMatmul(const Group& g, const MoeRouting& routing,
 
 FusedReport MatmulAllToAll(const Group& g, const MoeRouting& routing,
                            const MatmulAllToAllArgs& args, const FusedOptions& options) {
-  // The fields under local names (references, not a structured binding:
-  // clang 14 lets no lambda capture one).
-  const auto& hidden = args.a;
-  const auto& w = args.b;
-  const auto& out = args.c;
-  const auto& h = args.k;
-  const auto& d = args.n;
-  const auto& dtype = args.dtype;
-  const auto& probs = args.probs;
+  // The experts' hidden rows (R x h), their weights w, the combined out (T x d).
+  const void *const hidden = args.a, *const w = args.b;
+  float* const out = args.c;
+  const float* const probs = args.probs;
+  const size_t h = args.k, d = args.n;
+  const DType dtype = args.dtype;
   std::string err = CheckMoeArgs(g, routing, dtype, [&](const MoeSizes& z) {
     return fused::ArgChecks(
         dtype, options,

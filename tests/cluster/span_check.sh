@@ -3,9 +3,16 @@
 # collective suite (tests/programs/span_suite.cc) on 2 hosts x 2 ranks
 # (started by `mc2 run --hosts`) and on 4 hosts x 1 rank (by mpirun) must
 # write, rank by rank, the very bytes of the same suite run by
-# `mc2 run -n 4` on one host; the bytes must cross the hosts' links; a rank
-# killed on one host must make mpirun exit non-zero within the timeout + 2
-# s naming it, and any mc2 error printed must name the dead rank's host;
+# `mc2 run -n 4` on one host; so must the fused-operator suite
+# (tests/programs/span_ops.cc: every operator, every pipeline), and a bad
+# shape on one rank must raise an mc2::Error on every rank of every host
+# (no hang), and a stalled producer must time out naming the missing
+# chunk; a few training steps of the reference transformer on 4 hosts x 1
+# rank must give the losses and weights of one host; the bytes must cross
+# the hosts' links; a rank killed on one host (2 x 2 and 4 x 1, and inside
+# fused operator calls) must make mpirun exit non-zero within the timeout
+# + 2 s naming it, every other rank raising an mc2 error first (naming the
+# dead rank's host where it has neighbours);
 # nothing may be left behind (processes, shared memory, namespaces).
 # Needs root; without it the check is skipped (exit 77) with the reason.
 #
@@ -24,8 +31,9 @@ fail() { echo "FAILED: $*"; exit 1; }
 [[ $(id -u) -eq 0 ]] || skip "needs root (network namespaces, veth, tc)"
 command -v mpirun >/dev/null || skip "mpirun is missing (Debian package openmpi-bin)"
 prog=$build/tests/test_prog_span_suite
+ops=$build/tests/test_prog_span_ops
 mc2=$build/tools/mc2
-[[ -x $prog && -x $mc2 ]] || fail "$prog or $mc2 was not built"
+[[ -x $prog && -x $ops && -x $mc2 ]] || fail "$prog, $ops or $mc2 was not built"
 
 name=mc2s
 cluster=(bash "$src/scripts/cluster.sh" --name $name --subnet 10.217.0)
@@ -41,10 +49,11 @@ shm_before=$(ls /dev/shm | sort)
 "${cluster[@]}" up 4 --rate 1gbit >/dev/null
 read -r -a margs <<<"$("${cluster[@]}" mpirun-args)"
 
-compare() {  # DIR: every rank's file equals the one-host run's
+compare() {  # DIR [ONE]: every rank's file equals the one-host run's (in ONE)
+  local one=${2:-$work/one}
   for r in 0 1 2 3; do
-    cmp -s "$work/one/rank$r.txt" "$1/rank$r.txt" ||
-      { diff "$work/one/rank$r.txt" "$1/rank$r.txt" | head -5; fail "$1: rank $r differs from one host"; }
+    cmp -s "$one/rank$r.txt" "$1/rank$r.txt" ||
+      { diff "$one/rank$r.txt" "$1/rank$r.txt" | head -5; fail "$1: rank $r differs from one host"; }
   done
 }
 
@@ -72,35 +81,136 @@ timeout 120 mpirun "${margs[@]}" -np 4 -H "$("${cluster[@]}" hosts 1)" \
 compare "$work/x41"
 echo "4x1: bitwise equal to one host"
 
-# A rank killed on host 1 (global rank 3): mpirun must end non-zero within
-# MC2_TIMEOUT + 2 s (plus the job's start-up), naming rank 3. Open MPI's
-# mpirun kills every other rank as soon as it learns of the death, so the
-# mc2 errors the ranks raise are printed only by those that learn of it
-# first (docs/multi-host.md): their lines are counted, not required.
+# The fused operators: one host, then 2 hosts x 2 ranks and 4 hosts x 1
+# rank (the latter with 4 KiB MPI pieces, so chunks travel in many).
+mkdir -p "$work/ops1" "$work/ops22" "$work/ops41"
+"$mc2" run -n 4 "$ops" suite "$work/ops1" >"$work/ops1.log" 2>&1 ||
+  { cat "$work/ops1.log"; fail "the operator suite failed on one host"; }
+[[ $(wc -l <"$work/ops1/rank0.txt") -ge 40 ]] || fail "the one-host operator run recorded too few cases"
+read -r _ sent0 _ recv0 < <("${cluster[@]}" counters | head -1 | awk '{print $1, $3, $4, $5}')
+timeout 120 "$mc2" run --hosts ${name}h0:2,${name}h1:2 --mpirun-args "${margs[*]}" \
+    "$ops" suite "$work/ops22" >"$work/ops22.log" 2>&1 ||
+  { cat "$work/ops22.log"; fail "the operator suite failed on 2 hosts x 2 ranks"; }
+compare "$work/ops22" "$work/ops1"
+read -r _ sent1 _ recv1 < <("${cluster[@]}" counters | head -1 | awk '{print $1, $3, $4, $5}')
+# Host 0's ranks hand host 1 about 300 KB of operands and partial sums.
+(( sent1 - sent0 >= 300000 && recv1 - recv0 >= 300000 )) ||
+  fail "operators: host 0's link carried only $((sent1 - sent0)) B out, $((recv1 - recv0)) B in"
+echo "operators 2x2: bitwise equal to one host; host 0 link sent $((sent1 - sent0)) B, received $((recv1 - recv0)) B"
+timeout 120 mpirun "${margs[@]}" -x MC2_MPI_PIECE_BYTES=4096 -np 4 -H "$("${cluster[@]}" hosts 1)" \
+    "$ops" suite "$work/ops41" >"$work/ops41.log" 2>&1 ||
+  { cat "$work/ops41.log"; fail "the operator suite failed on 4 hosts x 1 rank"; }
+compare "$work/ops41" "$work/ops1"
+echo "operators 4x1: bitwise equal to one host"
+# A bad shape on one rank: every rank raises it (a mismatch, then an
+# invalid argument), and the group still works after.
+set +e
+timeout 60 mpirun "${margs[@]}" -x MC2_TIMEOUT=10s -np 4 -H ${name}h0:2,${name}h1:2 \
+    "$ops" bad >"$work/bad.log" 2>&1
+status=$?
+set -e
+[[ $status -eq 0 ]] || { cat "$work/bad.log"; fail "the bad-shape run exited $status"; }
+for r in 0 1 2 3; do
+  grep -q "^rank $r error: .*\[mismatch\].*args.k differs" "$work/bad.log" &&
+    grep -q "^rank $r error: .*\[invalid_argument\]" "$work/bad.log" &&
+    grep -q "^rank $r: bad ok" "$work/bad.log" ||
+    { cat "$work/bad.log"; fail "rank $r did not raise both errors and recover"; }
+done
+echo "operators: a bad shape on one rank raised an error on every rank"
+
+# A stalled producer: rank 1 (host 0) sleeps in the middle of a fused
+# MatmulAllReduce whose timeout is 1 s; the ranks waiting for its chunks
+# must raise kTimeout naming the missing chunk (or kAborted carrying it),
+# and the job must end.
 start=$(date +%s%N)
 set +e
-timeout 60 mpirun "${margs[@]}" -x MC2_TIMEOUT=5s -np 4 -H ${name}h0:2,${name}h1:2 \
-    "$prog" fault 3 >"$work/fault.log" 2>&1
+timeout 60 mpirun "${margs[@]}" -np 4 -H ${name}h0:2,${name}h1:2 "$ops" stall >"$work/stall.log" 2>&1
 status=$?
 set -e
 elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
-[[ $status -ne 0 && $status -ne 124 ]] || { cat "$work/fault.log"; fail "mpirun exited $status after a rank was killed"; }
-(( elapsed_ms < 5000 + 2000 + 6000 )) || fail "the job took ${elapsed_ms} ms to end after the kill"
-grep -q "mpirun noticed that process rank 3" "$work/fault.log" ||
-  { cat "$work/fault.log"; fail "mpirun did not name rank 3"; }
-# Each error line names the code, the host's ranks and the death, in
-# whatever order the message puts them.
-errors=$(grep -E "^rank [0-2] error" "$work/fault.log" || true)
-if [[ -n $errors ]] && { grep -vqE "\[(peer_died|aborted)\]" <<<"$errors" ||
-                         grep -vq "global ranks 2,3" <<<"$errors" ||
-                         grep -vqE "has exited|was killed" <<<"$errors"; }; then
+[[ $status -ne 0 && $status -ne 124 ]] || { cat "$work/stall.log"; fail "the stalled job exited $status"; }
+(( elapsed_ms < 15000 )) || fail "the stalled job took ${elapsed_ms} ms to end"
+grep -qE "^rank [023] error: .*\[timeout\].*timed out waiting for chunk [0-9]+ of 4 from rank 1" "$work/stall.log" ||
+  { cat "$work/stall.log"; fail "no rank reported the timeout naming rank 1's chunk"; }
+if grep -E "^rank [0-3] error" "$work/stall.log" | grep -vqE "\[(timeout|aborted)\].*from rank 1"; then
+  cat "$work/stall.log"; fail "a rank reported another error than the stalled chunk"
+fi
+echo "operators: a stalled producer across hosts timed out naming its chunk (${elapsed_ms} ms)"
+
+# Training steps of the reference transformer (TP over the 4 hosts; TP 2 x
+# DP 2 with MoE over EP 2), against one host.
+mkdir -p "$work/train1" "$work/train41"
+"$mc2" run -n 4 "$ops" train "$work/train1" >"$work/train1.log" 2>&1 ||
+  { cat "$work/train1.log"; fail "training failed on one host"; }
+timeout 120 mpirun "${margs[@]}" -np 4 -H "$("${cluster[@]}" hosts 1)" \
+    "$ops" train "$work/train41" >"$work/train41.log" 2>&1 ||
+  { cat "$work/train41.log"; fail "training failed on 4 hosts x 1 rank"; }
+compare "$work/train41" "$work/train1"
+echo "training 4x1: losses and weights bitwise equal to one host"
+
+# A rank killed on host 1 (global rank 3): mpirun must end non-zero within
+# MC2_TIMEOUT + 2 s (plus the job's start-up), naming rank 3, and every
+# other rank must raise an mc2 error first: mpirun sends them SIGTERM at
+# once, and mc2's grace (src/engine/termination.h) keeps them alive until
+# they raised the failure their host neighbour of rank 3 reported.
+fault() {  # HOSTS LOG: kill global rank 3
+  local start status elapsed_ms
+  start=$(date +%s%N)
+  set +e
+  timeout 60 mpirun "${margs[@]}" -x MC2_TIMEOUT=5s -np 4 -H "$1" "$prog" fault 3 >"$2" 2>&1
+  status=$?
+  set -e
+  elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  [[ $status -ne 0 && $status -ne 124 ]] || { cat "$2"; fail "mpirun exited $status after a rank was killed"; }
+  (( elapsed_ms < 5000 + 2000 + 6000 )) || fail "the job took ${elapsed_ms} ms to end after the kill"
+  grep -q "mpirun noticed that process rank 3" "$2" || { cat "$2"; fail "mpirun did not name rank 3"; }
+  for r in 0 1 2; do
+    grep -qE "^rank $r error: mc2 error \[(peer_died|aborted)\]" "$2" ||
+      { cat "$2"; fail "rank $r raised no mc2 error after rank 3 was killed"; }
+  done
+  echo "fault on $1: mpirun exited $status in ${elapsed_ms} ms; ranks 0-2 raised the error"
+}
+fault ${name}h0:2,${name}h1:2 "$work/fault.log"
+# With host neighbours, the error names the death and the host's ranks.
+errors=$(grep -E "^rank [0-2] error" "$work/fault.log")
+if grep -vq "global ranks 2,3" <<<"$errors" || grep -vqE "has exited|was killed" <<<"$errors"; then
   cat "$work/fault.log"; fail "a rank reported another error than the death of a rank of host 1"
 fi
-echo "fault: mpirun exited $status in ${elapsed_ms} ms; $(grep -c '^rank . error' "$work/fault.log" || true) rank(s) printed the mc2 error first"
+# Alone on its host, rank 3 has no neighbour to see it die: the others
+# raise the launcher's termination, which says where the rank is named.
+fault "$("${cluster[@]}" hosts 1)" "$work/fault41.log"
+
+# The same inside a fused operator: rank 1 (host 0) dies in the middle of
+# fused MatmulAllReduce calls over both hosts (tests/programs/
+# fused_fault_probe.cc); every other rank must raise an mc2 error (the
+# death, a death that followed it -- a rank exits once it raised its error
+# -- or the launcher's termination), and none may finish.
+fprog=$build/tests/test_prog_fused_fault_probe
+[[ -x $fprog ]] || fail "$fprog was not built"
+start=$(date +%s%N)
+set +e
+timeout 60 mpirun "${margs[@]}" -x MC2_TIMEOUT=5s -np 4 -H ${name}h0:2,${name}h1:2 \
+    "$fprog" kill >"$work/ffault.log" 2>&1
+status=$?
+set -e
+elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+[[ $status -ne 0 && $status -ne 124 ]] || { cat "$work/ffault.log"; fail "mpirun exited $status after a rank died in a fused call"; }
+(( elapsed_ms < 5000 + 2000 + 6000 )) || fail "the fused job took ${elapsed_ms} ms to end after the kill"
+grep -q "mpirun noticed that process rank 1" "$work/ffault.log" ||
+  { cat "$work/ffault.log"; fail "mpirun did not name rank 1"; }
+! grep -q "^rank .: finished\|wrong result" "$work/ffault.log" ||
+  { cat "$work/ffault.log"; fail "a rank finished or computed a wrong result after the kill"; }
+for r in 0 2 3; do
+  grep -qE "^rank $r: failed after [0-9]+ ms: (peer_died|aborted): " "$work/ffault.log" ||
+    { cat "$work/ffault.log"; fail "rank $r raised no mc2 error after rank 1 died in a fused call"; }
+done
+echo "fused fault: mpirun exited $status in ${elapsed_ms} ms; ranks 0, 2, 3 raised the error"
 
 "${cluster[@]}" down >/dev/null
 sleep 1
-if pgrep -f test_prog_span_suite >/dev/null; then fail "processes left behind: $(pgrep -af test_prog_span_suite)"; fi
+# The programs themselves (their path), not e.g. a build naming them.
+left="/tests/test_prog_(span_suite|span_ops|fused_fault_probe)( |$)"
+if pgrep -f "$left" >/dev/null; then fail "processes left behind: $(pgrep -af "$left")"; fi
 if pgrep -f "orted.*${name}h" >/dev/null; then fail "orted left behind"; fi
 if ip netns list | grep -q "^${name}h"; then fail "namespaces left behind"; fi
 [[ "$(ls /dev/shm | sort)" == "$shm_before" ]] ||

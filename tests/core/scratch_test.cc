@@ -6,6 +6,8 @@
 #include <cstring>
 #include <thread>
 
+#include "mc2/error.h"
+
 namespace mc2::core {
 namespace {
 
@@ -92,6 +94,36 @@ TEST_F(ScratchTest, BlockFreedOnAnotherThreadJoinsThatThreadsCache) {
   t.join();
   EXPECT_GE(other_cached, size_t{1} << 16);
   EXPECT_EQ(ScratchCachedBytes(), 0u);
+}
+
+// ASan refuses such a request itself (allocation-size-too-big) before the
+// allocator could fail, so the case runs without it.
+#if defined(__SANITIZE_ADDRESS__)
+#define MC2_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MC2_UNDER_ASAN 1
+#endif
+#endif
+
+TEST_F(ScratchTest, BlockLargerThanMemoryIsAnErrorNamingItsSize) {
+#ifdef MC2_UNDER_ASAN
+  GTEST_SKIP() << "ASan aborts on allocations this large";
+#else
+  core::ScratchBlock cached(1 << 20);
+  { core::ScratchBlock drop(std::move(cached)); }
+  ASSERT_GT(ScratchCachedBytes(), 0u);
+  const size_t huge = size_t{1} << 60;
+  try {
+    core::ScratchBlock block(huge);
+    FAIL() << "a block of 2^60 bytes was allocated";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kSystem);
+    EXPECT_NE(std::string(e.what()).find(std::to_string(huge)), std::string::npos) << e.what();
+  }
+  // The failed attempt gave the cached blocks back first.
+  EXPECT_EQ(ScratchCachedBytes(), 0u);
+#endif
 }
 
 }  // namespace

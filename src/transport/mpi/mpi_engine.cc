@@ -69,6 +69,7 @@ struct MpiEngine::Impl {
     std::shared_ptr<Completion> done;
     int peer;
     bool send;
+    bool standing;  // IrecvStanding: cancelled at stop
   };
   std::vector<Slot> slots;
   MPI_Request ctl_req = MPI_REQUEST_NULL;
@@ -197,6 +198,29 @@ std::shared_ptr<Completion> MpiEngine::Irecv(CommId comm, int peer, int tag, voi
   return Post(std::move(r), std::move(on_done));
 }
 
+std::shared_ptr<Completion> MpiEngine::IrecvStanding(CommId comm, int peer, int tag, void* data,
+                                                     size_t bytes, OnDone on_done) {
+  Request r;
+  r.kind = Request::kRecv;
+  r.standing = true;
+  r.comm = comm;
+  r.peer = peer;
+  r.tag = tag;
+  r.data = static_cast<char*>(data);
+  r.bytes = bytes;
+  return Post(std::move(r), std::move(on_done));
+}
+
+void MpiEngine::Cancel(const std::shared_ptr<Completion>& standing) {
+  Request r;
+  r.kind = Request::kCancel;
+  r.done = standing;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return;  // the stop cancels every standing receive
+  queue_.push_back(std::move(r));
+  cv_.notify_all();
+}
+
 void MpiEngine::RunCall(std::function<void()> fn) {
   Request r;
   r.kind = Request::kCall;
@@ -260,7 +284,9 @@ std::vector<std::string> MpiEngine::AllGatherStrings(CommId comm, const std::str
 
 void MpiEngine::Abort(const Error& error) {
   Record(error, /*send_to_peers=*/true);
-  if (std::this_thread::get_id() == thread_.get_id()) return;
+  // Where mc2 owns MPI, the exit handler waits for the messages instead
+  // (FinalizeAtExit): the caller raises the failure at once.
+  if (initialized_mpi_ || std::this_thread::get_id() == thread_.get_id()) return;
   std::unique_lock<std::mutex> lock(fail_mu_);
   announced_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return announced_; });
 }
@@ -308,6 +334,29 @@ void MpiEngine::Loop() {
     }
     if (now_done && c.on_done_) c.on_done_(c.error_);
   };
+  // Cancels the standing receive in slot i (MPI thread): it fails with
+  // kAborted unless it had matched already (then it completes normally).
+  auto cancel_slot = [&](size_t i) {
+    MPI_Cancel(&m.reqs[i]);
+    MPI_Status st;
+    int cancelled = 1;
+    if (!failed() && MPI_Wait(&m.reqs[i], &st) == MPI_SUCCESS) MPI_Test_cancelled(&st, &cancelled);
+    finish(*m.slots[i].done,
+           cancelled ? std::make_exception_ptr(Error(ErrorCode::kAborted, "receive cancelled"))
+                     : nullptr);
+    m.slots[i].done.reset();
+  };
+  auto compact = [&] {
+    size_t w = 0;
+    for (size_t i = 0; i < m.reqs.size(); ++i)
+      if (m.slots[i].done) {
+        m.reqs[w] = m.reqs[i];
+        m.slots[w] = std::move(m.slots[i]);
+        ++w;
+      }
+    m.reqs.resize(w);
+    m.slots.resize(w);
+  };
   auto set_announced = [&] {
     std::lock_guard<std::mutex> lock(fail_mu_);
     announced_ = true;
@@ -342,6 +391,12 @@ void MpiEngine::Loop() {
         finish(*r.done, err);
         continue;
       }
+      if (r.kind == Request::kCancel) {
+        for (size_t i = 0; i < m.reqs.size(); ++i)
+          if (m.slots[i].done == r.done && m.slots[i].standing) cancel_slot(i);
+        compact();
+        continue;
+      }
       if (failed()) {
         finish(*r.done, fail_error());
         continue;
@@ -368,7 +423,7 @@ void MpiEngine::Loop() {
           break;
         }
         m.reqs.push_back(req);
-        m.slots.push_back({r.done, r.peer, r.kind == Request::kSend});
+        m.slots.push_back({r.done, r.peer, r.kind == Request::kSend, r.standing});
       }
     }
     if (!m.reqs.empty()) {
@@ -398,15 +453,7 @@ void MpiEngine::Loop() {
                true);
       if (outcount > 0) {
         progress = true;
-        size_t w = 0;
-        for (size_t i = 0; i < m.reqs.size(); ++i)
-          if (m.slots[i].done) {
-            m.reqs[w] = m.reqs[i];
-            m.slots[w] = std::move(m.slots[i]);
-            ++w;
-          }
-        m.reqs.resize(w);
-        m.slots.resize(w);
+        compact();
       }
     }
     // A failure sent by a peer.
@@ -485,29 +532,48 @@ void MpiEngine::Loop() {
         }
       }
     }
-    if (stopping && (m.reqs.empty() || failed())) break;
+    // Standing receives do not keep the engine alive: they are cancelled
+    // once every other request completed.
+    if (stopping) {
+      bool only_standing = true;
+      for (const auto& slot : m.slots) only_standing = only_standing && slot.standing;
+      if (only_standing || failed()) break;
+    }
     if (progress) {
       last_progress = now;
       continue;
     }
     // Requests in flight: poll, yielding, for a while after the last
     // progress (a reply is often microseconds away), then in short sleeps.
+    // Only standing receives (a channel waiting for its next call): the
+    // same for 10 ms after the last progress (a call's next chunk), then
+    // every millisecond, so that an idle job costs no CPU to speak of.
     // Idle: sleep until a request arrives, at most until the next probe.
+    bool standing_only = !m.reqs.empty();
+    for (const auto& slot : m.slots) standing_only = standing_only && slot.standing;
+    const bool busy = (!m.reqs.empty() && !standing_only) || !m.ctl_out_reqs.empty() ||
+                      (standing_only && now - last_progress < std::chrono::milliseconds(10));
     std::unique_lock<std::mutex> lock(mu_);
     if (!queue_.empty() || stop_) continue;
-    if (!m.reqs.empty() || !m.ctl_out_reqs.empty()) {
+    if (busy) {
       if (now - last_progress < std::chrono::microseconds(200)) {
         lock.unlock();
         sched_yield();
       } else {
         cv_.wait_for(lock, std::chrono::microseconds(100));
       }
+    } else if (standing_only) {
+      cv_.wait_for(lock, std::chrono::milliseconds(1));
     } else {
       cv_.wait_for(lock, std::chrono::milliseconds(5));
     }
   }
-  // Stop: the receive of the control channel is cancelled, the
+  // Stop: standing receives are cancelled (their owners see kAborted), as
+  // is the receive of the control channel; the
   // communicators freed (not after a failure: freeing may wait for peers).
+  if (!failed())  // after a failure every request was cancelled and failed
+    for (size_t i = 0; i < m.reqs.size(); ++i)
+      if (m.slots[i].done && m.slots[i].standing) cancel_slot(i);
   if (m.ctl_req != MPI_REQUEST_NULL) {
     MPI_Cancel(&m.ctl_req);
     if (!failed()) MPI_Wait(&m.ctl_req, MPI_STATUS_IGNORE);
@@ -535,6 +601,12 @@ void MpiEngine::FinalizeAtExit(std::shared_ptr<MpiEngine> engine) {
       e = std::move(*g_final);
     }
     bool failed = e->failed();
+    // The failure goes to every other rank before MPI ends (at most 1 s:
+    // a dead peer never takes its message).
+    if (failed) {
+      std::unique_lock<std::mutex> lock(e->fail_mu_);
+      e->announced_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return e->announced_; });
+    }
     // Other references (a world the program never released) keep the
     // object, but its thread stops here: MPI ends now.
     {

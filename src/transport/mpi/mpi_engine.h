@@ -107,6 +107,17 @@ class MpiEngine {
                                     size_t bytes, OnDone on_done = {});
   std::shared_ptr<Completion> Irecv(CommId comm, int peer, int tag, void* data, size_t bytes,
                                     OnDone on_done = {});
+  // A standing receive: one that may never match (a channel keeps one
+  // posted per peer for the next notification). It does not keep the
+  // engine from stopping: at stop, and on Cancel, it is cancelled and
+  // fails with kAborted (its on_done then sees the error). At most one
+  // piece (bytes <= MC2_MPI_PIECE_BYTES).
+  std::shared_ptr<Completion> IrecvStanding(CommId comm, int peer, int tag, void* data,
+                                            size_t bytes, OnDone on_done);
+  // Cancels a standing receive unless it already completed (returns at
+  // once; the cancellation happens on the MPI thread, after every request
+  // posted before it).
+  void Cancel(const std::shared_ptr<Completion>& standing);
 
   // Collective over `parent`'s ranks (each calls it, in the same order):
   // MPI_Comm_split. Returns the new communicator, or nullopt for color < 0.
@@ -118,9 +129,11 @@ class MpiEngine {
   std::vector<std::string> AllGatherStrings(CommId comm, const std::string& mine);
 
   // Records `error` as the failure of every rank and sends it to every
-  // other rank over the control communicator. First failure wins. Called
-  // off the MPI thread, returns once the messages left (at most 1 s), so
-  // that a process that exits right after still warns the other hosts.
+  // other rank over the control communicator. First failure wins. When the
+  // program initialised MPI, returns once the messages left (at most 1 s),
+  // so that a process that exits right after still warns the other hosts;
+  // when mc2 did, returns at once and the exit handler (FinalizeAtExit)
+  // waits for them before MPI ends.
   void Abort(const Error& error);
   // Throws the recorded failure, if any.
   void CheckHealth() const;
@@ -142,7 +155,8 @@ class MpiEngine {
  private:
   MpiEngine() = default;
   struct Request {
-    enum Kind { kSend, kRecv, kCall } kind = kSend;
+    enum Kind { kSend, kRecv, kCall, kCancel } kind = kSend;
+    bool standing = false;  // kRecv: see IrecvStanding
     CommId comm = 0;
     int peer = 0, tag = 0;
     char* data = nullptr;

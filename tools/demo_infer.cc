@@ -1,0 +1,684 @@
+// `mc2 demo infer`: tensor-parallel inference of the reference transformer
+// (models::InferenceModel, include/mc2/models.h) on N local ranks: a batch
+// of prompts prefilled, then greedy decoding token by token with a KV cache
+// per rank, with every pipeline of the fused operators (serial, the
+// baseline, and the overlapped ones, on the same weights), side by side: time to first
+// token, per-token latency (p50, p99), tokens/s, the communication share
+// and uncovered communication of each phase, the pipeline the fused
+// operators ran in each phase, and whether the generated tokens (and the
+// logits they came from) are bitwise identical. Writes each run's trace
+// and an SVG timeline.
+//
+// Outside a job the command is the conductor: it checks the options,
+// optionally calibrates the emulated link (--link auto: the bandwidth at
+// which a serial prefill's communication takes --comm-ratio times its
+// compute, CalibrateLink), launches the job (re-executing itself
+// with --rank-job) and analyses the traces. Inside the job each rank
+// generates with every pipeline in turn, round after round, on one model
+// (InferenceModel::SetFusedOptions); rank 0 writes the results.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "core/link_config.h"
+#include "launcher.h"
+#include "mc2/mc2.h"
+#include "mc2/models.h"
+#include "output_paths.h"
+#include "trace/analysis.h"
+#include "trace/timeline_svg.h"
+#include "trace/trace_file.h"
+
+namespace mc2::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr int kExitFailed = 1;
+constexpr int kExitUsageDemo = 2;
+
+struct InferArgs {
+  int nranks = 2;
+  int tp = 0;  // 0: every rank in one TP group
+  std::string link = "auto";
+  double comm_ratio = 0.75;
+  std::string pipelines = "serial,chunked,fused,auto";
+  int splits = 4;
+  int iters = 3;   // timed generations per pipeline
+  int warmup = 1;  // untimed generations first
+  int layers = 2, hidden = 1024, heads = 16, ffn = 2048, vocab = 64;
+  int batch = 4, prompt_len = 128, new_tokens = 32;
+  bool no_sp = false;
+  std::string dtype = "f32";
+  uint64_t seed = 1;
+  int train_steps = 0;  // train on the task first (0: the seed's weights)
+  float lr = 3e-3f;
+  std::string out = "mc2-demo-infer";
+  std::string json_path;
+  bool rank_job = false;
+  std::string results;
+};
+
+[[noreturn]] void Usage(const std::string& message) {
+  fmt::print(stderr, "mc2 demo infer: {}\n", message);
+  throw CLI::RuntimeError(kExitUsageDemo);
+}
+
+std::vector<Pipeline> ParsePipelines(const std::string& text) {
+  std::vector<Pipeline> out;
+  std::stringstream in(text);
+  for (std::string name; std::getline(in, name, ',');) {
+    if (name.empty()) continue;
+    auto p = ParsePipeline(name);
+    if (!p)
+      Usage(
+          fmt::format("--pipelines: unknown pipeline '{}': expected serial, chunked, "
+                      "fused or auto, comma-separated",
+                      name));
+    if (std::find(out.begin(), out.end(), *p) != out.end())
+      Usage(fmt::format("--pipelines: '{}' is listed twice", name));
+    out.push_back(*p);
+  }
+  if (out.empty()) Usage("--pipelines is empty");
+  if (out.front() != Pipeline::kSerial) out.insert(out.begin(), Pipeline::kSerial);
+  return out;
+}
+
+int TpOf(const InferArgs& a) { return a.tp ? a.tp : a.nranks; }
+
+models::TransformerConfig ModelConfig(const InferArgs& a) {
+  models::TransformerConfig c;
+  c.layers = a.layers;
+  c.hidden = a.hidden;
+  c.heads = a.heads;
+  c.ffn = a.ffn;
+  c.vocab = a.vocab;
+  c.batch = a.batch;
+  c.seq_len = TpOf(a);  // not used by inference; valid for the grid
+  c.seed = a.seed;
+  c.gemm_dtype = a.dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  c.fused.splits = a.splits;
+  return c;
+}
+
+models::InferenceConfig InferConfig(const InferArgs& a) {
+  models::InferenceConfig in;
+  in.prompt_step = a.train_steps;  // a batch the training did not see
+  in.prompt_len = a.prompt_len;
+  in.new_tokens = a.new_tokens;
+  in.sequence_parallel = !a.no_sp;
+  in.keep_logits = true;  // compared across pipelines
+  return in;
+}
+
+// FNV-1a of the bytes: the logits compared across pipelines without
+// shipping them.
+std::string Fingerprint(const void* data, size_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return fmt::format("{:016x}", h);
+}
+
+json Counts(const std::map<std::string, int>& m) {
+  json j = json::object();
+  for (const auto& [k, v] : m) j[k] = v;
+  return j;
+}
+
+// ---------------------------------------------------------------------------
+// The rank side.
+
+int RunRankJob(const InferArgs& a) {
+  Group world = Group::FromEnv();
+  const bool root = world.rank() == 0;
+  const int tp = TpOf(a);
+  models::ProcessGrid grid = models::MakeGrid(world, tp);
+  const models::TransformerConfig c = ModelConfig(a);
+  models::InferenceModel model(grid, c, InferConfig(a));
+  if (a.train_steps > 0) {
+    // Sequences as long as prompt and continuation (a multiple of tp).
+    models::TransformerConfig tc = c;
+    tc.seq_len = (a.prompt_len + a.new_tokens + tp - 1) / tp * tp;
+    tc.lr = a.lr;
+    models::Transformer train(grid, tc);
+    models::StepStats st;
+    for (int step = 0; step < a.train_steps; ++step) st = train.TrainStep(step);
+    if (root) {
+      fmt::print(stderr, "  trained {} steps on {}, loss {:.4f}\n", a.train_steps,
+                 models::TaskName(tc.task), st.loss);
+    }
+    model.LoadWeights(train);
+  }
+  const std::vector<Pipeline> pipelines = ParsePipelines(a.pipelines);
+  const size_t np = pipelines.size();
+  struct Acc {
+    json prefill_s = json::array(), token_s = json::array(), decode_s = json::array();
+    models::Generation last;
+  };
+  std::vector<Acc> acc(np);
+  // Round robin over the pipelines, the starting one rotating, so that a
+  // change in the machine's load (it may be shared) falls on all alike.
+  const int rounds = a.warmup + a.iters;
+  for (int it = 0; it < rounds; ++it) {
+    for (size_t j = 0; j < np; ++j) {
+      const size_t k = (j + static_cast<size_t>(it)) % np;
+      FusedOptions f = c.fused;
+      f.pipeline = pipelines[k];
+      model.SetFusedOptions(f);
+      // The warm-up pays for first-call set-up; only the last round is
+      // traced (its steps: 0 the prefill, 1.. the decode).
+      const bool traced = it == rounds - 1;
+      if (traced) trace::Enable((fs::path(a.out) / PipelineName(pipelines[k])).string());
+      models::Generation g = model.Generate();
+      if (traced) {
+        trace::Flush();
+        trace::Disable();
+      }
+      if (it < a.warmup) continue;
+      Acc& r = acc[k];
+      r.prefill_s.push_back(g.prefill_seconds);
+      double decode = 0;
+      for (double s : g.token_seconds) {
+        r.token_s.push_back(s);
+        decode += s;
+      }
+      r.decode_s.push_back(decode);
+      r.last = std::move(g);
+    }
+    if (root)
+      fmt::print(stderr, "  round {}/{}{}\n", it + 1, rounds, it < a.warmup ? " (warm-up)" : "");
+  }
+  json runs = json::array();
+  for (size_t k = 0; k < np; ++k) {
+    const models::Generation& g = acc[k].last;
+    runs.push_back(
+        {{"pipeline", PipelineName(pipelines[k])},
+         {"prefill_seconds", acc[k].prefill_s},
+         {"token_seconds", acc[k].token_s},
+         {"decode_seconds", acc[k].decode_s},
+         {"tokens", g.tokens},
+         {"expected", g.expected},
+         {"logits_fingerprint", Fingerprint(g.logits.data(), g.logits.size() * sizeof(float))},
+         {"prefill_pipelines", Counts(g.prefill_pipelines)},
+         {"decode_pipelines", Counts(g.decode_pipelines)},
+         {"trace_dir", (fs::path(a.out) / PipelineName(pipelines[k])).string()}});
+  }
+  if (root) {
+    std::ofstream f(a.results);
+    f << json{{"ranks", world.size()}, {"tp", tp}, {"runs", runs}}.dump(1) << "\n";
+    if (!f) {
+      fmt::print(stderr, "mc2 demo infer: cannot write {}\n", a.results);
+      return kExitFailed;
+    }
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// The conductor.
+
+std::vector<std::string> RankArgv(const InferArgs& a, const std::string& pipelines, int iters,
+                                  int warmup, const std::string& out, const std::string& results) {
+  std::vector<std::string> v = {SelfExe(), "demo", "infer", "--rank-job", "--results", results};
+  auto add = [&v](const char* flag, std::string value) {
+    v.push_back(flag);
+    v.push_back(std::move(value));
+  };
+  add("--out", out);
+  add("--pipelines", pipelines);
+  add("--iters", std::to_string(iters));
+  add("--warmup", std::to_string(warmup));
+  add("--splits", std::to_string(a.splits));
+  add("--layers", std::to_string(a.layers));
+  add("--hidden", std::to_string(a.hidden));
+  add("--heads", std::to_string(a.heads));
+  add("--ffn", std::to_string(a.ffn));
+  add("--vocab", std::to_string(a.vocab));
+  add("--batch", std::to_string(a.batch));
+  add("--prompt-len", std::to_string(a.prompt_len));
+  add("--new-tokens", std::to_string(a.new_tokens));
+  add("--seed", std::to_string(a.seed));
+  add("--tp", std::to_string(a.tp));
+  add("--dtype", a.dtype);
+  add("--train-steps", std::to_string(a.train_steps));
+  add("--lr", fmt::format("{:.9g}", a.lr));
+  if (a.no_sp) v.push_back("--no-sp");
+  return v;
+}
+
+int Launch(const InferArgs& a, std::vector<std::string> argv, const std::string& link) {
+  LaunchOptions lo;
+  lo.nranks = a.nranks;
+  lo.argv = std::move(argv);
+  lo.prefix_output = false;
+  lo.heap_bytes = size_t{512} << 20;
+  if (link.empty())
+    unsetenv("MC2_LINK");
+  else
+    setenv("MC2_LINK", link.c_str(), 1);
+  setenv("MC2_DETERMINISTIC", "1", 1);  // the tokens and logits are compared bit for bit
+  unsetenv("MC2_TRACE");                // each run traces into its own directory
+  return RunLaunch(lo);
+}
+
+json ReadJson(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw Error(ErrorCode::kSystem, fmt::format("mc2 demo infer: the job left no {}", path));
+  return json::parse(f);
+}
+
+// Bandwidth at which the prefill's communication takes comm_ratio times
+// its compute, in serial mode (the decode's calls are latency-bound: the
+// bandwidth hardly matters to them). Two short traced serial runs, as
+// `mc2 demo` calibrates: without emulation (the bytes a rank sends and the
+// prefill's compute give a first guess), then at that bandwidth (the
+// prefill's measured communication, latencies and skew included,
+// corrects it).
+std::string CalibrateLink(const InferArgs& a, const fs::path& out) {
+  struct Measured {
+    double bytes = 0, compute_s = 0, comm_s = 0;
+  };
+  auto measure = [&](const std::string& link, const char* name) {
+    const fs::path dir = out / "calibrate" / name;
+    fs::create_directories(dir);
+    const std::string results = (dir / "results.json").string();
+    int status = Launch(a, RankArgv(a, "serial", 1, 1, dir.string(), results), link);
+    if (status != 0) throw CLI::RuntimeError(status);
+    trace::Report r = trace::Analyze(trace::LoadTrace((dir / "serial").string()));
+    Measured m;
+    for (const auto& op : r.operators)
+      if (op.cat == trace::Category::kComm) m.bytes += static_cast<double>(op.bytes);
+    m.bytes /= std::max<size_t>(r.ranks.size(), 1);
+    for (const auto& st : r.steps) {
+      if (st.step != 0) continue;
+      m.compute_s = st.b.compute_ns * 1e-9;
+      m.comm_s = st.b.comm_ns * 1e-9;
+    }
+    if (m.compute_s <= 0 || m.bytes <= 0)
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("mc2 demo infer: --link auto cannot calibrate: the serial run "
+                              "recorded {:.0f} bytes per rank and no prefill compute (one "
+                              "rank communicates nothing); give a link spec or none",
+                              m.bytes));
+    return m;
+  };
+  auto spec = [](double bw) {
+    return bw >= 1e7 ? fmt::format("bw={:.0f}MB/s,lat=5us", bw / 1e6)
+                     : fmt::format("bw={:.0f}KB/s,lat=5us", std::max(1.0, bw / 1e3));
+  };
+  fmt::print(stderr, "calibrating the emulated link (two short serial runs)...\n");
+  const Measured raw = measure("", "raw");
+  const int n = TpOf(a) > 1 ? TpOf(a) : a.nranks;
+  double bw = raw.bytes * (n - 1) / n / (a.comm_ratio * raw.compute_s);
+  const Measured paced = measure(spec(bw), "paced");
+  if (paced.comm_s > 0) bw *= paced.comm_s / (a.comm_ratio * paced.compute_s);
+  return spec(bw);
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+// The nearest-rank percentile q (0..100).
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t rank = static_cast<size_t>(std::ceil(q / 100.0 * static_cast<double>(v.size())));
+  return v[std::min(v.size() - 1, rank > 0 ? rank - 1 : 0)];
+}
+
+struct RunSummary {
+  std::string pipeline;
+  double ttft_ms = 0, p50_ms = 0, p99_ms = 0, decode_tps = 0, e2e_tps = 0;
+  trace::Breakdown prefill, decode;
+  std::string prefill_ran, decode_ran;
+  std::vector<int> tokens, expected;
+  std::string fingerprint;
+  std::string trace_json, svg;
+};
+
+std::string RanText(const json& counts) {
+  std::string s;
+  for (const auto& [name, calls] : counts.items())
+    s += fmt::format("{}{} ({} calls)", s.empty() ? "" : ", ", name, calls.get<int>());
+  return s.empty() ? "-" : s;
+}
+
+void CheckArgs(const InferArgs& a) {
+  const int tp = TpOf(a);
+  auto need = [](bool ok, const std::string& what) {
+    if (!ok) Usage(what);
+  };
+  need(a.nranks % tp == 0, fmt::format("--tp {} must divide -n {}", tp, a.nranks));
+  need(a.hidden % a.heads == 0,
+       fmt::format("--heads {} must divide --hidden {}", a.heads, a.hidden));
+  need((a.hidden / a.heads) % 2 == 0,
+       fmt::format("--hidden {} / --heads {} = {} must be even (rotary embeddings rotate pairs)",
+                   a.hidden, a.heads, a.hidden / a.heads));
+  need(a.heads % tp == 0, fmt::format("--tp {} must divide --heads {} (each TP rank holds its "
+                                      "heads and their KV cache)",
+                                      tp, a.heads));
+  need(a.ffn % tp == 0, fmt::format("--tp {} must divide --ffn {}", tp, a.ffn));
+  const int dp = a.nranks / tp;
+  need(a.batch % dp == 0, fmt::format("the data-parallel size -n {} / --tp {} = {} must divide "
+                                      "--batch {}",
+                                      a.nranks, tp, dp, a.batch));
+  models::ValidateConfig(ModelConfig(a), tp, dp);
+  ParsePipelines(a.pipelines);
+  if (a.link != "auto" && a.link != "none" && a.link != "off")
+    core::ParseLinkConfig(a.link, "--link");
+}
+
+std::vector<std::string> OwnOutputs() {
+  std::vector<std::string> names = {"results.json"};
+  for (const char* run : {"raw", "paced"}) {
+    names.push_back(fmt::format("calibrate/{}/serial/", run));
+    names.push_back(fmt::format("calibrate/{}/results.json", run));
+    names.push_back(fmt::format("calibrate/{}/", run));
+  }
+  names.push_back("calibrate/");
+  for (const char* p : {"serial", "chunked", "fused", "auto"}) {
+    names.push_back(fmt::format("trace-{}.json", p));
+    names.push_back(fmt::format("timeline-{}.svg", p));
+    names.push_back(fmt::format("{}/", p));
+  }
+  return names;
+}
+
+void Conduct(const InferArgs& a) {
+  const auto t_start = std::chrono::steady_clock::now();
+  CheckArgs(a);
+  if (!a.json_path.empty()) CheckWritableFile(a.json_path, "--json");
+  PrepareOutputDir(a.out, "--out");
+  const fs::path out = fs::absolute(a.out);
+  RemoveOwnOutputs(out.string(), OwnOutputs());
+  const int tp = TpOf(a);
+  const auto pipelines = ParsePipelines(a.pipelines);
+
+  std::string link = a.link;
+  bool calibrated = false;
+  if (link == "auto") {
+    link = CalibrateLink(a, out);
+    calibrated = true;
+  } else if (link == "none" || link == "off") {
+    link.clear();
+  }
+  const std::string link_label =
+      link.empty() ? "raw shared memory (no link emulation)"
+                   : fmt::format("emulated link {}{}", link,
+                                 calibrated ? fmt::format(" (calibrated: serial prefill's "
+                                                          "communication = {:.2f} x its compute)",
+                                                          a.comm_ratio)
+                                            : std::string());
+  fmt::print(stderr, "inference on {} ranks (tp {}), {}\n", a.nranks, tp, link_label);
+
+  std::string names;
+  for (Pipeline p : pipelines)
+    names += fmt::format("{}{}", names.empty() ? "" : ",", PipelineName(p));
+  const std::string results = (out / "results.json").string();
+  int status = Launch(a, RankArgv(a, names, a.iters, a.warmup, out.string(), results), link);
+  if (status != 0) {
+    fmt::print(stderr, "mc2 demo infer: the inference job failed (status {})\n", status);
+    throw CLI::RuntimeError(status);
+  }
+  json res = ReadJson(results);
+
+  std::vector<RunSummary> runs;
+  for (const auto& run : res["runs"]) {
+    RunSummary s;
+    s.pipeline = run["pipeline"].get<std::string>();
+    const auto prefill = run["prefill_seconds"].get<std::vector<double>>();
+    const auto tokens = run["token_seconds"].get<std::vector<double>>();
+    const auto decode = run["decode_seconds"].get<std::vector<double>>();
+    s.ttft_ms = Median(prefill) * 1e3;
+    s.p50_ms = Percentile(tokens, 50) * 1e3;
+    s.p99_ms = Percentile(tokens, 99) * 1e3;
+    const double decode_s = Median(decode);
+    s.decode_tps = decode_s > 0 ? a.batch * (a.new_tokens - 1) / decode_s : 0;
+    s.e2e_tps = a.batch * a.new_tokens / (Median(prefill) + decode_s);
+    s.tokens = run["tokens"].get<std::vector<int>>();
+    s.expected = run["expected"].get<std::vector<int>>();
+    s.fingerprint = run["logits_fingerprint"].get<std::string>();
+    s.prefill_ran = RanText(run["prefill_pipelines"]);
+    s.decode_ran = RanText(run["decode_pipelines"]);
+    const std::string dir = run["trace_dir"].get<std::string>();
+    trace::TraceData t = trace::LoadTrace(dir);
+    trace::Report r = trace::Analyze(t);
+    for (const auto& st : r.steps) (st.step == 0 ? s.prefill : s.decode) += st.b;
+    s.trace_json = (out / fmt::format("trace-{}.json", s.pipeline)).string();
+    trace::WriteChromeTrace(s.trace_json, t);
+    trace::PlotOptions po;
+    po.title = fmt::format("mc2 demo infer: {} pipeline, {} ranks, {}", s.pipeline, a.nranks,
+                           link.empty() ? "raw shm" : "emulated link " + link);
+    s.svg = (out / fmt::format("timeline-{}.svg", s.pipeline)).string();
+    std::ofstream(s.svg) << trace::RenderTimelineSvg(t, po);
+    runs.push_back(std::move(s));
+  }
+
+  const RunSummary& base = runs.front();
+  auto row = [&](const std::string& label, auto cell) {
+    std::string line = fmt::format("{:<34}", label);
+    for (const auto& r : runs) line += fmt::format("{:>14}", cell(r));
+    fmt::print("{}\n", line);
+  };
+  auto pct = [](const trace::Breakdown& b, int64_t ns) { return fmt::format("{:.1f}", b.Pct(ns)); };
+  fmt::print(
+      "\nmc2 demo infer: {} layers, hidden {}, {} heads, ffn {}, vocab {}, {} GEMMs; {} "
+      "prompts of {} tokens, {} new tokens each; {} ranks (tp {}, dp {}), prefill {}\n"
+      "{}; {} timed generations after {} warm-up, medians\n\n",
+      a.layers, a.hidden, a.heads, a.ffn, a.vocab, a.dtype, a.batch, a.prompt_len, a.new_tokens,
+      a.nranks, tp, a.nranks / tp, a.no_sp ? "without sequence parallelism" : "sequence-parallel",
+      link_label, a.iters, a.warmup);
+  row("", [](const RunSummary& r) { return r.pipeline; });
+  row("time to first token (ms)",
+      [](const RunSummary& r) { return fmt::format("{:.2f}", r.ttft_ms); });
+  row("per-token latency p50 (ms)",
+      [](const RunSummary& r) { return fmt::format("{:.3f}", r.p50_ms); });
+  row("per-token latency p99 (ms)",
+      [](const RunSummary& r) { return fmt::format("{:.3f}", r.p99_ms); });
+  row("decode tokens/s", [](const RunSummary& r) { return fmt::format("{:.0f}", r.decode_tps); });
+  row("end-to-end tokens/s", [](const RunSummary& r) { return fmt::format("{:.0f}", r.e2e_tps); });
+  row("prefill: communication (%)",
+      [&](const RunSummary& r) { return pct(r.prefill, r.prefill.comm_ns); });
+  row("prefill: uncovered comm (%)", [&](const RunSummary& r) {
+    return fmt::format("{} {}", pct(r.prefill, r.prefill.uncovered_ns),
+                       trace::VerdictName(r.prefill.UncoveredVerdict()));
+  });
+  row("prefill: free time (%)",
+      [&](const RunSummary& r) { return pct(r.prefill, r.prefill.free_ns); });
+  row("decode: communication (%)",
+      [&](const RunSummary& r) { return pct(r.decode, r.decode.comm_ns); });
+  row("decode: uncovered comm (%)",
+      [&](const RunSummary& r) { return pct(r.decode, r.decode.uncovered_ns); });
+  row("decode: free time (%)",
+      [&](const RunSummary& r) { return pct(r.decode, r.decode.free_ns); });
+  row("TTFT speedup vs serial", [&](const RunSummary& r) {
+    return fmt::format("{:.2f}x", r.ttft_ms > 0 ? base.ttft_ms / r.ttft_ms : 0.0);
+  });
+  row("decode speedup vs serial", [&](const RunSummary& r) {
+    return fmt::format("{:.2f}x", r.decode_tps > 0 ? r.decode_tps / base.decode_tps : 0.0);
+  });
+  bool identical = true;
+  for (const auto& r : runs)
+    identical = identical && r.tokens == base.tokens && r.fingerprint == base.fingerprint;
+  fmt::print("\ngenerated tokens identical across pipelines (and their logits, bitwise): {}\n",
+             identical ? "yes" : "NO");
+  size_t correct = 0;
+  for (size_t i = 0; i < base.tokens.size() && i < base.expected.size(); ++i)
+    correct += base.tokens[i] == base.expected[i];
+  const double accuracy =
+      base.tokens.empty() ? 0.0 : static_cast<double>(correct) / base.tokens.size();
+  fmt::print("generated tokens that continue the task ({}) correctly: {} of {} ({:.0f}%){}\n",
+             models::TaskName(models::TransformerConfig{}.task), correct, base.tokens.size(),
+             accuracy * 100,
+             a.train_steps > 0 ? fmt::format(", after {} training steps", a.train_steps)
+                               : std::string(" (untrained weights: --train-steps trains first)"));
+  fmt::print("\nWhat the fused operators ran, per phase:\n");
+  for (const auto& r : runs)
+    fmt::print("{:>8}: prefill {}\n          decode  {}\n", r.pipeline, r.prefill_ran,
+               r.decode_ran);
+  fmt::print(
+      "\nPhases: the traced generation's step 0 (prefill) and steps 1.. (decode), mean over "
+      "ranks.\n");
+  for (const auto& r : runs)
+    fmt::print("{:>8}: trace {}\n          timeline {}\n", r.pipeline, r.trace_json, r.svg);
+  fmt::print("finished in {:.0f} s\n",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+
+  if (!a.json_path.empty()) {
+    json j = {{"mode", "infer"},
+              {"ranks", a.nranks},
+              {"tp", tp},
+              {"link", link},
+              {"batch", a.batch},
+              {"prompt_len", a.prompt_len},
+              {"new_tokens", a.new_tokens},
+              {"sequence_parallel", !a.no_sp},
+              {"tokens_identical", identical},
+              {"train_steps", a.train_steps},
+              {"task_accuracy", accuracy}};
+    for (const auto& r : runs) {
+      j["runs"].push_back(
+          {{"pipeline", r.pipeline},
+           {"ttft_ms", r.ttft_ms},
+           {"token_p50_ms", r.p50_ms},
+           {"token_p99_ms", r.p99_ms},
+           {"decode_tokens_per_s", r.decode_tps},
+           {"tokens_per_s", r.e2e_tps},
+           {"prefill_comm_pct", r.prefill.Pct(r.prefill.comm_ns)},
+           {"prefill_uncovered_pct", r.prefill.Pct(r.prefill.uncovered_ns)},
+           {"decode_comm_pct", r.decode.Pct(r.decode.comm_ns)},
+           {"decode_uncovered_pct", r.decode.Pct(r.decode.uncovered_ns)},
+           {"prefill_ran", r.prefill_ran},
+           {"decode_ran", r.decode_ran},
+           {"ttft_speedup", r.ttft_ms > 0 ? base.ttft_ms / r.ttft_ms : 0.0},
+           {"decode_speedup", base.decode_tps > 0 ? r.decode_tps / base.decode_tps : 0.0}});
+    }
+    const std::string err = WriteOutputFile(a.json_path, j.dump(1) + "\n");
+    if (!err.empty()) {
+      fmt::print(stderr, "mc2 demo infer: cannot write --json {}: {}\n", a.json_path, err);
+      throw CLI::RuntimeError(kExitFailed);
+    }
+  }
+  if (!identical) throw CLI::RuntimeError(kExitFailed);
+}
+
+}  // namespace
+
+void RegisterDemoInfer(CLI::App& demo) {
+  auto a = std::make_shared<InferArgs>();
+  CLI::App* cmd = demo.add_subcommand(
+      "infer",
+      "Tensor-parallel inference: prefill a batch of prompts, then greedy decoding with a KV "
+      "cache, with every pipeline; time to first token, per-token latency, tokens/s");
+  cmd->add_option("-n,--nranks", a->nranks, "Ranks to launch")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--tp", a->tp,
+                  "Tensor-parallel group size (default: all ranks; the others "
+                  "are data-parallel replicas)")
+      ->check(CLI::Range(0, 64));
+  cmd->add_option("--link", a->link,
+                  "Emulated link: auto (calibrated so that a serial prefill's communication "
+                  "takes --comm-ratio x its compute), none (raw shared memory), or a spec such as "
+                  "bw=10GB/s,lat=5us (docs/link-emulation.md)")
+      ->capture_default_str();
+  cmd->add_option("--comm-ratio", a->comm_ratio, "--link auto: communication over compute")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 20.0));
+  cmd->add_option("--pipelines", a->pipelines,
+                  "Pipelines to compare, comma-separated: serial, chunked, fused, auto (serial "
+                  "always runs first, as the baseline)")
+      ->capture_default_str();
+  cmd->add_option("--splits", a->splits, "Chunks of the chunked and fused pipelines (1-16)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 16));
+  cmd->add_option("-i,--iters", a->iters, "Timed generations per pipeline")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000));
+  cmd->add_option("-w,--warmup", a->warmup, "Untimed generations first")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100));
+  cmd->add_option("--layers", a->layers, "Transformer blocks")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--hidden", a->hidden, "Hidden size")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--heads", a->heads, "Attention heads (the TP size must divide it)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--ffn", a->ffn, "SwiGLU inner width")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--vocab", a->vocab, "Vocabulary")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--batch", a->batch, "Prompts (global)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--prompt-len", a->prompt_len, "Tokens per prompt")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--new-tokens", a->new_tokens, "Tokens generated per prompt")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_flag("--no-sp", a->no_sp,
+                "Prefill without sequence parallelism (o and down end in MatmulAllReduce, as "
+                "in decode)");
+  cmd->add_option("-d,--dtype", a->dtype, "GEMM inputs: f32 or bf16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--seed", a->seed, "Seed of the weights and the prompts")->capture_default_str();
+  cmd->add_option("--train-steps", a->train_steps,
+                  "Train the model on its task (modadd) for this many steps first, so that the "
+                  "generated tokens can be checked against the task's continuation (0: the "
+                  "seed's weights)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000));
+  cmd->add_option("--lr", a->lr, "--train-steps: AdamW learning rate")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--out", a->out,
+                  "Directory for traces, timelines and results: a new or empty one, or one an "
+                  "earlier `mc2 demo infer` wrote (only the files it writes are replaced)")
+      ->capture_default_str();
+  cmd->add_option("--json", a->json_path,
+                  "Also write the table to this JSON file (- for standard output)");
+  cmd->add_flag("--rank-job", a->rank_job)->group("");  // internal
+  cmd->add_option("--results", a->results)->group("");  // internal
+  cmd->callback([a] {
+    try {
+      if (a->rank_job) {
+        if (!Group::LaunchedByMc2()) Usage("--rank-job is internal to `mc2 demo infer`");
+        int status = RunRankJob(*a);
+        if (status != 0) throw CLI::RuntimeError(status);
+        return;
+      }
+      Conduct(*a);
+    } catch (const Error& e) {
+      const bool usage = e.code() == ErrorCode::kInvalidArgument;
+      fmt::print(stderr, "mc2 demo infer: {}\n", usage ? e.message() : std::string(e.what()));
+      throw CLI::RuntimeError(usage ? kExitUsageDemo : kExitFailed);
+    }
+  });
+}
+
+}  // namespace mc2::tools
