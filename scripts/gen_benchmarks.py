@@ -18,7 +18,7 @@ import pathlib
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "bench", "torch_compare")
+KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "bench", "bench_batch", "torch_compare")
 REQUIRED = ("name", "kind", "date", "commit", "host", "command", "emulated", "result")
 # The judged figure of the all_reduce comparison.
 HEADLINE_SIZE = 16 << 20
@@ -37,8 +37,8 @@ scripts/gen_benchmarks.py
 ```
 
 The recorder runs COMMAND (`bench/compare_mpi.sh`, `mc2 bench`,
-`mc2 bench ops`, `mc2 demo` or `mc2 demo infer`), adds the option that
-makes it write JSON,
+`mc2 bench ops`, `mc2 bench batch`, `mc2 demo` or `mc2 demo infer`), adds
+the option that makes it write JSON,
 and writes `bench/results/NAME.json` with the date (UTC), the commit (and
 whether the tree had uncommitted changes), the host (CPU model, logical
 cores), the exact command, `emulated` (the link emulation in force, or
@@ -57,6 +57,7 @@ scripts/record_bench.py ops_matmul_all_reduce -- build/tools/mc2 bench ops -n 2 
 scripts/record_bench.py demo -- build/tools/mc2 demo
 scripts/record_bench.py infer_raw -- build/tools/mc2 demo infer --link none -i 15
 scripts/record_bench.py infer_link -- build/tools/mc2 demo infer --link auto -i 15
+scripts/record_bench.py batch_vs_separate -- build/tools/mc2 bench batch -n 2 --entries 200 --bytes 16K
 PYTHONPATH=build/python scripts/record_bench.py torch_vs_gloo -- bench/torch_compare.py -n 2 --reps 3
 ```
 
@@ -335,6 +336,13 @@ def headline(results, refs):
                          f"(auto's prefill ran {auto.get('prefill_ran')})",
                          f"{num(auto.get('ttft_speedup'))}x ({num(serial.get('ttft_ms'), '.1f')} / "
                          f"{num(auto.get('ttft_ms'), '.1f')} ms), tokens {same}", link_text(r), ref])
+        elif r["kind"] == "bench_batch":
+            j = r["result"]
+            for c in j.get("cases", []):
+                rows.append([f"batch of {c.get('entries')} {c.get('case')} entries, "
+                             f"{size_text(j.get('bytes', 0))} each, {j.get('ranks')} ranks: "
+                             f"separate calls / one batch",
+                             f"{num(c.get('speedup'))}x", link_text(r), ref])
         elif r["kind"] == "torch_compare":
             rows += torch_headline(r, ref)
     if not rows:
@@ -463,6 +471,24 @@ def bench_section(results, refs):
     return out
 
 
+def batch_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        out += [f"### `mc2 bench batch`, {j.get('ranks')} ranks, {j.get('entries')} entries of "
+                f"{size_text(j.get('bytes', 0))} [{refs[r['_file']]}]", "",
+                f"Link: {link_text(r)}. Time per batch in us: medians of {j.get('reps')} alternated "
+                f"repetitions of {j.get('iters')} iterations, slowest rank; #wrong = entries whose "
+                f"batch output differs from the separate call's.", ""]
+        header = [("case", False), ("entries", True), ("bytes per rank", True),
+                  ("separate us", True), ("batch us", True), ("speedup", True), ("#wrong", True)]
+        rows = [[c.get("case"), c.get("entries"), c.get("bytes_per_rank"),
+                 num(c.get("separate_us"), ".1f"), num(c.get("batch_us"), ".1f"),
+                 f"{num(c.get('speedup'))}x", c.get("wrong")] for c in j.get("cases", [])]
+        out += table(header, rows) + [""]
+    return out
+
+
 def torch_curve_at(j, backend, size):
     for nbytes, t in j.get("all_reduce", {}).get(backend, []):
         if nbytes == size:
@@ -555,6 +581,7 @@ def render(results):
     lines += demo_section(by_kind["demo"], refs)
     lines += infer_section(by_kind["demo_infer"], refs)
     lines += bench_section(by_kind["bench"], refs)
+    lines += batch_section(by_kind["bench_batch"], refs)
     lines += torch_section(by_kind["torch_compare"], refs)
     lines += ["### Sources", ""] + [source_line(refs[r["_file"]], r) for r in results] + [""]
     return "\n".join(lines)

@@ -8,6 +8,7 @@ COMMAND is one of
                                    summary_COLLECTIVE.json files it writes)
   BUILD/tools/mc2 bench ...       (the recorder adds --json FILE)
   BUILD/tools/mc2 bench ops ...   (the recorder adds --json FILE)
+  BUILD/tools/mc2 bench batch ... (the recorder adds --json FILE)
   BUILD/tools/mc2 demo ...        (the recorder adds --json FILE, and --out DIR
                                    in a temporary directory unless given)
   BUILD/tools/mc2 demo infer ...  (the same)
@@ -78,8 +79,8 @@ def parse_args(argv):
 
 
 def command_kind(command):
-    """Which tool the command runs: compare_mpi, bench, bench_ops, demo,
-    demo_infer or torch_compare."""
+    """Which tool the command runs: compare_mpi, bench, bench_ops, bench_batch,
+    demo, demo_infer or torch_compare."""
     if "torch_compare.py" in (os.path.basename(c) for c in command[:2]):
         return "torch_compare"
     if os.path.basename(command[0]) == "compare_mpi.sh" or (
@@ -87,11 +88,13 @@ def command_kind(command):
         return "compare_mpi"
     if os.path.basename(command[0]) == "mc2" and len(command) > 1:
         if command[1] == "bench":
-            return "bench_ops" if len(command) > 2 and command[2] == "ops" else "bench"
+            if len(command) > 2 and command[2] in ("ops", "batch"):
+                return "bench_" + command[2]
+            return "bench"
         if command[1] == "demo":
             return "demo_infer" if len(command) > 2 and command[2] == "infer" else "demo"
     die(f"cannot record '{shlex.join(command)}': expected bench/compare_mpi.sh, "
-        "mc2 bench, mc2 bench ops, mc2 demo or bench/torch_compare.py")
+        "mc2 bench, mc2 bench ops, mc2 bench batch, mc2 demo or bench/torch_compare.py")
 
 
 def option_value(command, name):
@@ -152,6 +155,7 @@ def main(argv):
     name, results, note, command = parse_args(argv)
     kind = command_kind(command)
     added = {"compare_mpi": ["--keep"], "bench": ["--json"], "bench_ops": ["--json"],
+             "bench_batch": ["--json"],
              "demo": ["--json"], "demo_infer": ["--json"], "torch_compare": ["--json"]}[kind]
     for opt in added:
         if option_value(command, opt) is not None:

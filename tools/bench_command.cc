@@ -68,7 +68,7 @@ void CheckOutput(const std::string& path, const char* flag) {
 
 // What may follow `mc2 bench`: a collective, or the fused operators' "ops".
 std::vector<std::string> CollAndOps() {
-  std::vector<std::string> names = {"ops"};
+  std::vector<std::string> names = {"ops", "batch"};
   for (int c = 0; c <= static_cast<int>(bench::Coll::kSendRecv); ++c)
     names.push_back(bench::CollName(static_cast<bench::Coll>(c)));
   return names;
@@ -227,8 +227,10 @@ void RegisterBench(CLI::App& app) {
   cmd->add_option("--tune-result", a->tune_result)->group("");  // internal
   // `mc2 bench ops ...` (tools/bench_ops.cc) has its own options and callback.
   RegisterBenchOps(*cmd);
+  // `mc2 bench batch ...` (tools/bench_batch.cc) likewise.
+  RegisterBenchBatch(*cmd);
   cmd->callback([a, cmd] {
-    if (cmd->got_subcommand("ops")) return;
+    if (cmd->got_subcommand("ops") || cmd->got_subcommand("batch")) return;
     RunCallback(*a);
   });
 }

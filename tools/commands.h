@@ -28,6 +28,9 @@ void RegisterBench(CLI::App& app);
 // `mc2 bench ops --operator OP -m M -k K -N N ...` and `mc2 bench ops --tune`,
 // a subcommand of `bench` (tools/bench_ops.cc)
 void RegisterBenchOps(CLI::App& bench);
+// `mc2 bench batch [-n N] [--entries E] [--bytes B] ...`: a batch of
+// collectives against separate calls, a subcommand of `bench` (tools/bench_batch.cc)
+void RegisterBenchBatch(CLI::App& bench);
 // `mc2 trace merge DIR -o FILE`, `mc2 trace report DIR [--json]`,
 // `mc2 trace plot DIR -o FILE.svg`
 void RegisterTrace(CLI::App& app);

@@ -64,6 +64,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -103,6 +104,47 @@ struct CompressionOptions {
   int warmup_steps = 0;
 };
 
+// Autotuning of the bucket cap (and, with kThreshold compression, of the
+// threshold) from measured steps, as Horovod's autotune does. The
+// candidates are every cap x every threshold, tried in that order from the
+// second synchronised step on (the first one rebuilds the buckets): each
+// for warmup_steps untimed steps, then steps_per_candidate timed ones. A
+// step's time is that between the ends of two synchronised Finish calls, so
+// it includes backward and the overlap the buckets allow. Then the ranks
+// agree with one all-reduce (max: a step is as fast as its slowest rank) of
+// each candidate's median step time, and every rank keeps the same, fastest
+// candidate (the earlier one on a tie); GradSync::tuning() reports it and a
+// log line (info level, MC2_LOG_LEVEL=info) names it. Each switch of the
+// layout moves the views (layout_version changes: fetch Grad again); the
+// gradients and residuals are carried over, and results stay exact (the
+// deterministic guarantee holds for every cap).
+struct AutotuneOptions {
+  bool enabled = false;
+  std::vector<size_t> bucket_caps = {size_t{1} << 20, size_t{4} << 20, size_t{16} << 20,
+                                     size_t{25} << 20};
+  // kThreshold compression only: thresholds to try (empty: only
+  // compression.threshold).
+  std::vector<float> thresholds = {};
+  int warmup_steps = 1;
+  int steps_per_candidate = 3;
+  // The time in seconds, read at the end of each synchronised Finish
+  // (empty: a steady clock). Tests inject a fake one.
+  std::function<double()> clock = {};
+};
+
+// What the autotuner did (GradSync::tuning()).
+struct GradSyncTuning {
+  bool tuning = false;          // still measuring candidates
+  bool decided = false;         // a candidate was chosen (and is in use)
+  size_t bucket_cap_bytes = 0;  // the cap in use
+  float threshold = 0;          // the threshold in use (kThreshold)
+  // Every candidate, and once decided the agreed (max over ranks) median
+  // step time of each, in seconds.
+  std::vector<size_t> candidate_caps;
+  std::vector<float> candidate_thresholds;
+  std::vector<double> median_seconds;
+};
+
 struct GradSyncOptions {
   // Bucket capacity in bytes (a parameter larger than the cap gets a bucket
   // of its own), and the smaller cap of each group's first bucket.
@@ -116,6 +158,8 @@ struct GradSyncOptions {
   // synchronised step (the views move then: fetch them again with Grad).
   bool rebuild_buckets = true;
   CompressionOptions compression = {};
+  // Off by default: the caps above are used as given.
+  AutotuneOptions autotune = {};
 };
 
 // What the last synchronised step moved. Bytes are those one rank
@@ -192,6 +236,8 @@ class GradSync {
   std::vector<std::vector<int>> Buckets() const;
   int layout_version() const;
   const GradSyncStats& stats() const;
+  // The autotuner's state and choice (all zero when autotune is off).
+  GradSyncTuning tuning() const;
   int num_params() const;
 
  private:

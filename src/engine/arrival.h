@@ -45,6 +45,7 @@ enum class OpKind : uint16_t {
   kReduceScatterV,
   kAllToAll,
   kAllToAllV,
+  kBatch,       // many collectives as one exchange (include/mc2/batch.h)
   kFused = 64,  // fused operators add their own kinds from here on
 };
 const char* OpKindName(OpKind kind);

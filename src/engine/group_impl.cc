@@ -51,6 +51,7 @@ const char* OpKindName(OpKind kind) {
     case OpKind::kReduceScatterV: return "reduce_scatterv";
     case OpKind::kAllToAll: return "all_to_all";
     case OpKind::kAllToAllV: return "all_to_allv";
+    case OpKind::kBatch: return "batch";
     case OpKind::kFused: return "fused";
   }
   return "op";
@@ -58,7 +59,9 @@ const char* OpKindName(OpKind kind) {
 
 std::string Fingerprint::Describe() const {
   std::string s = OpKindName(static_cast<OpKind>(kind));
-  if (kind >= static_cast<uint16_t>(OpKind::kAllReduce) &&
+  if (kind == static_cast<uint16_t>(OpKind::kBatch)) {
+    s += fmt::format("(entries={}, entries hash={:#x})", count, aux);
+  } else if (kind >= static_cast<uint16_t>(OpKind::kAllReduce) &&
       kind < static_cast<uint16_t>(OpKind::kFused)) {
     s += fmt::format("(count={}, dtype={}", count, DTypeName(static_cast<DType>(dtype)));
     if (kind == static_cast<uint16_t>(OpKind::kAllReduce) ||

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/log.h"
+#include "grad/autotune.h"
 #include "grad/exchange.h"
 #include "grad/layout.h"
 #include "mc2/collectives.h"
@@ -112,6 +114,7 @@ class GradSync::Impl {
     if (c.scheme == Compression::kTopK && !(c.topk_ratio > 0 && c.topk_ratio <= 1)) {
       Invalid("topk_ratio must be in (0, 1], got " + std::to_string(c.topk_ratio));
     }
+    if (o.autotune.enabled) MakeTuner(o.autotune);
   }
 
   ~Impl() {
@@ -153,6 +156,7 @@ class GradSync::Impl {
     CheckAgreement();
     std::vector<int> order(params_.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(order.size() - 1 - i);
+    order_ = order;
     Install(grad::PlanBuckets(params_, order, opt_.first_bucket_cap_bytes, opt_.bucket_cap_bytes));
     marked_.assign(params_.size(), 0);
     ResetStep();
@@ -210,7 +214,9 @@ class GradSync::Impl {
     stats_.finish_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     last_stats_ = stats_;
     ++synced_steps_;
+    const double end = tuner_ ? Now() : 0;
     if (opt_.rebuild_buckets && !rebuilt_) Rebuild();
+    if (tuner_) Tune(end);
     ResetStep();
   }
 
@@ -231,6 +237,21 @@ class GradSync::Impl {
   }
 
   int layout_version() const { return layout_version_; }
+
+  GradSyncTuning tuning() const {
+    GradSyncTuning t;
+    if (!tuner_) return t;
+    t.tuning = tuner_->tuning();
+    t.decided = !tuner_->tuning();
+    t.bucket_cap_bytes = opt_.bucket_cap_bytes;
+    t.threshold = opt_.compression.threshold;
+    for (const grad::TuneCandidate& c : tuner_->candidates()) {
+      t.candidate_caps.push_back(c.bucket_cap_bytes);
+      t.candidate_thresholds.push_back(c.threshold);
+    }
+    t.median_seconds = tuner_->agreed();
+    return t;
+  }
   const GradSyncStats& stats() const { return last_stats_; }
   int num_params() const { return static_cast<int>(params_.size()); }
 
@@ -301,6 +322,13 @@ class GradSync::Impl {
     o.Add(opt_.compression.topk_ratio);
     o.Add(opt_.compression.error_feedback);
     o.Add(opt_.compression.warmup_steps);
+    o.Add(opt_.autotune.enabled);
+    o.Add(opt_.autotune.bucket_caps.size());
+    o.Add(opt_.autotune.thresholds.size());
+    for (size_t cap : opt_.autotune.bucket_caps) o.Add(cap);
+    for (float t : opt_.autotune.thresholds) o.Add(t);
+    o.Add(opt_.autotune.warmup_steps);
+    o.Add(opt_.autotune.steps_per_candidate);
     int64_t mine[3] = {static_cast<int64_t>(params_.size()), static_cast<int64_t>(all.h),
                        static_cast<int64_t>(o.h)};
     std::vector<int64_t> every(3 * static_cast<size_t>(N));
@@ -429,12 +457,105 @@ class GradSync::Impl {
         throw Error(ErrorCode::kInternal, "GradSync: rank 0's ready order is not a permutation");
       }
     }
+    order_ = ord;
     auto plan = grad::PlanBuckets(params_, ord, opt_.first_bucket_cap_bytes, opt_.bucket_cap_bytes);
     bool same = plan.size() == plan_.size();
     for (size_t b = 0; same && b < plan.size(); ++b) same = plan[b].params == plan_[b].params;
     if (same) return;
     Install(std::move(plan));
     ++layout_version_;
+  }
+
+  // Checks the autotune options and starts the tuner on its first
+  // candidate (the layout Finalize installs).
+  void MakeTuner(const AutotuneOptions& a) {
+    if (a.bucket_caps.empty()) Invalid("autotune.bucket_caps is empty");
+    for (size_t cap : a.bucket_caps)
+      if (cap == 0) Invalid("autotune.bucket_caps: a cap must be > 0 bytes");
+    if (!a.thresholds.empty() && opt_.compression.scheme != Compression::kThreshold)
+      Invalid("autotune.thresholds apply to threshold compression only");
+    for (float t : a.thresholds)
+      if (!(t >= 0 && std::isfinite(t)))
+        Invalid("autotune.thresholds: a threshold must be finite and >= 0, got " +
+                std::to_string(t));
+    if (a.warmup_steps < 0)
+      Invalid("autotune.warmup_steps must be >= 0, got " + std::to_string(a.warmup_steps));
+    if (a.steps_per_candidate < 1)
+      Invalid("autotune.steps_per_candidate must be >= 1, got " +
+              std::to_string(a.steps_per_candidate));
+    std::vector<float> ts = a.thresholds;
+    if (ts.empty()) ts.push_back(opt_.compression.threshold);
+    std::vector<grad::TuneCandidate> cands;
+    for (size_t cap : a.bucket_caps)
+      for (float t : ts) cands.push_back({cap, t});
+    tuner_ = std::make_unique<grad::Autotuner>(std::move(cands), a.warmup_steps,
+                                               a.steps_per_candidate);
+    Apply(tuner_->candidates()[0]);
+  }
+
+  double Now() const {
+    if (opt_.autotune.clock) return opt_.autotune.clock();
+    return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  }
+
+  void Apply(const grad::TuneCandidate& c) {
+    opt_.bucket_cap_bytes = c.bucket_cap_bytes;
+    if (opt_.compression.scheme == Compression::kThreshold)
+      opt_.compression.threshold = c.threshold;
+  }
+
+  // Installs candidate `c` in the current bucket order (collective: every
+  // rank switches at the same synchronised step).
+  void Switch(const grad::TuneCandidate& c) {
+    Apply(c);
+    Install(grad::PlanBuckets(params_, order_, opt_.first_bucket_cap_bytes, opt_.bucket_cap_bytes));
+    ++layout_version_;
+  }
+
+  // After synchronised step `synced_steps_`, which ended at `end`: the
+  // tuner's step. The first step (which rebuilds the buckets) is not
+  // timed; a switch of layout is not part of the next step's time.
+  void Tune(double end) {
+    if (!tuner_->tuning()) return;
+    const double seconds = synced_steps_ >= 2 ? end - last_end_ : -1;
+    if (synced_steps_ < 2) {
+      last_end_ = Now();
+      return;
+    }
+    switch (tuner_->OnStep(seconds)) {
+      case grad::Autotuner::Next::kContinue:
+        break;
+      case grad::Autotuner::Next::kSwitch:
+        Switch(tuner_->candidates()[tuner_->current()]);
+        break;
+      case grad::Autotuner::Next::kDecide: {
+        const std::vector<double>& mine = tuner_->medians();
+        std::vector<double> agreed(mine.size());
+        AllReduce(groups_[0], mine.data(), agreed.data(), mine.size(), DType::kF64, ReduceOp::kMax)
+            .Wait();
+        const size_t last = tuner_->current();
+        const size_t best = tuner_->Decide(agreed);
+        const grad::TuneCandidate& c = tuner_->candidates()[best];
+        if (best != last) Switch(c);
+        std::string all;
+        for (size_t i = 0; i < agreed.size(); ++i) {
+          const grad::TuneCandidate& x = tuner_->candidates()[i];
+          all += (i ? ", " : "") + std::to_string(x.bucket_cap_bytes) + " B";
+          if (opt_.compression.scheme == Compression::kThreshold)
+            all += " @ " + std::to_string(x.threshold);
+          all += ": " + std::to_string(agreed[i] * 1e3) + " ms";
+        }
+        MC2_LOG(kInfo, "GradSync autotune: bucket cap {} bytes{} (median step time of each "
+                "candidate, slowest rank: {})",
+                c.bucket_cap_bytes,
+                opt_.compression.scheme == Compression::kThreshold
+                    ? ", threshold " + std::to_string(c.threshold)
+                    : std::string(),
+                all);
+        break;
+      }
+    }
+    last_end_ = Now();
   }
 
   void ResetStep() {
@@ -461,6 +582,9 @@ class GradSync::Impl {
   bool rebuilt_ = false;
   int layout_version_ = 0;
   int64_t synced_steps_ = 0;  // finished with sync on
+  std::vector<int> order_;    // the parameter order of the current layout
+  std::unique_ptr<grad::Autotuner> tuner_;  // null unless autotune is on
+  double last_end_ = 0;                     // Now() after the last synchronised step
 
   std::vector<char> marked_;
   std::vector<int> ready_order_;
@@ -489,6 +613,7 @@ std::span<const float> GradSync::Residual(int param) const { return impl_->Resid
 std::vector<std::vector<int>> GradSync::Buckets() const { return impl_->Buckets(); }
 int GradSync::layout_version() const { return impl_->layout_version(); }
 const GradSyncStats& GradSync::stats() const { return impl_->stats(); }
+GradSyncTuning GradSync::tuning() const { return impl_->tuning(); }
 int GradSync::num_params() const { return impl_->num_params(); }
 
 }  // namespace mc2

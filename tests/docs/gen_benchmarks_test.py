@@ -65,6 +65,12 @@ DEMO = record("demo", "demo", {"ranks": 2, "tp": 2, "link": "bw=81MB/s,lat=5us",
     {"pipeline": "fused", "ran": "fused s=16", "step_ms": 625.0, "speedup": 1.6, "comm_pct": 40.0,
      "uncovered_pct": 8.0, "tokens_per_s": 1638.0}]}, emulated="auto (bw=81MB/s,lat=5us)")
 
+BATCH = record("batch", "bench_batch", {
+    "tool": "mc2 bench batch", "ranks": 2, "entries": 200, "bytes": 16384, "iters": 20, "reps": 7,
+    "cases": [{"case": "all_reduce", "entries": 200, "bytes_per_rank": 3276800,
+               "separate_us": 4000.0, "batch_us": 400.0, "speedup": 10.0, "wrong": 0}]},
+    command="build/tools/mc2 bench batch -n 2")
+
 
 def run_gen(*args):
     return subprocess.run([sys.executable, str(GEN), *args], capture_output=True, text=True)
@@ -119,6 +125,13 @@ class GenBenchmarksTest(unittest.TestCase):
         self.assertIn("- [1] `ar.json`: 2030-01-02T03:04:05Z, commit `0123456789ab`, Test CPU, 2 cores, "
                       "raw shm: `bench/compare_mpi.sh -n 2 all_reduce`.", page)
 
+    def test_batch_summary_and_table(self):
+        self.write(BATCH)
+        page = self.generate()
+        self.assertIn("| batch of 200 all_reduce entries, 16 KiB each, 2 ranks: separate calls / one "
+                      "batch | 10.00x | raw shm | [1] |", page)
+        self.assertIn("| all_reduce | 200 | 3276800 | 4000.0 | 400.0 | 10.00x | 0 |", page)
+
     def test_ops_without_confirmation_use_the_sweep(self):
         ops = json.loads(json.dumps(OPS))
         del ops["result"]["confirm"]
@@ -169,6 +182,7 @@ class RecordBenchTest(unittest.TestCase):
         self.assertEqual(self.rec.command_kind(["bash", "bench/compare_mpi.sh"]), "compare_mpi")
         self.assertEqual(self.rec.command_kind(["build/tools/mc2", "bench", "all_reduce"]), "bench")
         self.assertEqual(self.rec.command_kind(["build/tools/mc2", "bench", "ops"]), "bench_ops")
+        self.assertEqual(self.rec.command_kind(["build/tools/mc2", "bench", "batch"]), "bench_batch")
         self.assertEqual(self.rec.command_kind(["mc2", "demo"]), "demo")
         with self.assertRaises(SystemExit):
             self.rec.command_kind(["ls", "-l"])
