@@ -13,6 +13,7 @@ COMMAND is one of
                                    in a temporary directory unless given)
   BUILD/tools/mc2 demo infer ...  (the same)
   bench/torch_compare.py ...      (the recorder adds --json FILE)
+  bench/torch_tp.py ...           (the recorder adds --json FILE)
 and must not carry those options itself. The command runs with the caller's
 environment; its standard output is shown and recorded.
 
@@ -80,9 +81,11 @@ def parse_args(argv):
 
 def command_kind(command):
     """Which tool the command runs: compare_mpi, bench, bench_ops, bench_batch,
-    demo, demo_infer or torch_compare."""
+    demo, demo_infer, torch_compare or torch_tp."""
     if "torch_compare.py" in (os.path.basename(c) for c in command[:2]):
         return "torch_compare"
+    if "torch_tp.py" in (os.path.basename(c) for c in command[:2]):
+        return "torch_tp"
     if os.path.basename(command[0]) == "compare_mpi.sh" or (
             len(command) > 1 and os.path.basename(command[1]) == "compare_mpi.sh"):
         return "compare_mpi"
@@ -94,7 +97,8 @@ def command_kind(command):
         if command[1] == "demo":
             return "demo_infer" if len(command) > 2 and command[2] == "infer" else "demo"
     die(f"cannot record '{shlex.join(command)}': expected bench/compare_mpi.sh, "
-        "mc2 bench, mc2 bench ops, mc2 bench batch, mc2 demo or bench/torch_compare.py")
+        "mc2 bench, mc2 bench ops, mc2 bench batch, mc2 demo, bench/torch_compare.py or "
+        "bench/torch_tp.py")
 
 
 def option_value(command, name):
@@ -156,7 +160,8 @@ def main(argv):
     kind = command_kind(command)
     added = {"compare_mpi": ["--keep"], "bench": ["--json"], "bench_ops": ["--json"],
              "bench_batch": ["--json"],
-             "demo": ["--json"], "demo_infer": ["--json"], "torch_compare": ["--json"]}[kind]
+             "demo": ["--json"], "demo_infer": ["--json"], "torch_compare": ["--json"],
+             "torch_tp": ["--json"]}[kind]
     for opt in added:
         if option_value(command, opt) is not None:
             die(f"the command carries {opt}: the recorder sets it")

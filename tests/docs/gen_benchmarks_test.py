@@ -71,6 +71,15 @@ BATCH = record("batch", "bench_batch", {
                "separate_us": 4000.0, "batch_us": 400.0, "speedup": 10.0, "wrong": 0}]},
     command="build/tools/mc2 bench batch -n 2")
 
+TORCH_TP = record("tp", "torch_tp", {
+    "config": {"seq": 512, "batch": 1, "hidden": 1024, "heads": 16, "ffn": 4096, "iters": 10,
+               "warmup": 3, "rounds": 3, "dtype": "float32", "pipeline": "auto", "splits": 4},
+    "runs": {"single": {"label": "unsharded, 1 process, 2 threads", "median_s": 0.4, "min_s": 0.39,
+                        "ratio_to_single": 1.0, "ok": True},
+             "mc2": {"label": "TP=2 mc2 (fused operators)", "median_s": 0.2, "min_s": 0.19,
+                     "ratio_to_single": 0.5, "ok": True}}},
+    command="bench/torch_tp.py")
+
 
 def run_gen(*args):
     return subprocess.run([sys.executable, str(GEN), *args], capture_output=True, text=True)
@@ -132,6 +141,13 @@ class GenBenchmarksTest(unittest.TestCase):
                       "batch | 10.00x | raw shm | [1] |", page)
         self.assertIn("| all_reduce | 200 | 3276800 | 4000.0 | 400.0 | 10.00x | 0 |", page)
 
+    def test_torch_tp_summary_and_table(self):
+        self.write(TORCH_TP)
+        page = self.generate()
+        self.assertIn("| torch transformer layer fwd+bwd: TP=2 mc2 (fused operators) / unsharded on "
+                      "the same 2 CPUs | 0.50x | raw shm | [1] |", page)
+        self.assertIn("| TP=2 mc2 (fused operators) | 200.0 | 190.0 | 0.50 | OK |", page)
+
     def test_ops_without_confirmation_use_the_sweep(self):
         ops = json.loads(json.dumps(OPS))
         del ops["result"]["confirm"]
@@ -184,6 +200,7 @@ class RecordBenchTest(unittest.TestCase):
         self.assertEqual(self.rec.command_kind(["build/tools/mc2", "bench", "ops"]), "bench_ops")
         self.assertEqual(self.rec.command_kind(["build/tools/mc2", "bench", "batch"]), "bench_batch")
         self.assertEqual(self.rec.command_kind(["mc2", "demo"]), "demo")
+        self.assertEqual(self.rec.command_kind(["bench/torch_tp.py", "--seq", "64"]), "torch_tp")
         with self.assertRaises(SystemExit):
             self.rec.command_kind(["ls", "-l"])
 
