@@ -50,6 +50,19 @@ set_tests_properties(python.torchrun_style/2 PROPERTIES
   ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;MC2_TIMEOUT=60s;OMP_NUM_THREADS=1"
   RESOURCE_LOCK mc2_jobs)
 
+# torchrun itself (`python3 -m torch.distributed.run`, 2 workers) starting
+# the backend's tests. `-r 1 -t 1`: Debian 12's torch 1.13 on Python 3.11
+# fails to parse its default redirect setting ("0") before it starts any
+# worker; naming one avoids that.
+add_test(NAME python.torchrun/2
+         COMMAND ${MC2_PYTHON} -m torch.distributed.run --standalone --nproc_per_node 2
+                 -r 1 -t 1 -m pytest -x -q -p no:cacheprovider
+                 ${CMAKE_CURRENT_SOURCE_DIR}/tests/test_backend.py)
+set_tests_properties(python.torchrun/2 PROPERTIES
+  LABELS python TIMEOUT 300
+  ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;MC2_TIMEOUT=60s;OMP_NUM_THREADS=1"
+  RESOURCE_LOCK mc2_jobs)
+
 # `cmake --install` of the package alone (component mc2_python) into a
 # temporary prefix, imported from there by a job of 2 ranks that runs a
 # fused operator; the prefix is removed afterwards.

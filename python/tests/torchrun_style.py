@@ -1,7 +1,7 @@
 """Runs a command as N ranks the way torchrun starts them (RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), without `mc2 run`:
-the test of the backend's own rendezvous. (Debian 12's torchrun fails in
-its agent before starting any worker, so the suite cannot use it.)
+the test of the backend's own rendezvous with any launcher that sets these
+variables (python.torchrun/2 runs torchrun itself).
 
     torchrun_style.py N command [args...]
 
