@@ -140,8 +140,12 @@ void RunScheme(int n, const CompressionOptions& c, int steps) {
         for (size_t s : kSizes) total += s;
         EXPECT_GE(st.dense_bytes,
                   2 * (static_cast<size_t>(n) - 1) * total * 4 / static_cast<size_t>(n) - 64);
-        if (cast) EXPECT_LT(st.wire_bytes, st.dense_bytes * 6 / 10);
-        if (c.scheme == Compression::kTopK) EXPECT_LT(st.wire_bytes, st.dense_bytes / 4);
+        if (cast) {
+          EXPECT_LT(st.wire_bytes, st.dense_bytes * 6 / 10);
+        }
+        if (c.scheme == Compression::kTopK) {
+          EXPECT_LT(st.wire_bytes, st.dense_bytes / 4);
+        }
       }
     }
     Barrier(g).Wait();
