@@ -80,8 +80,11 @@ TEST(GradSyncAutotune, RanksAgreeOnTheCandidateTheMeasurementsSupport) {
     GradSync sync(g, o);
     const size_t n = 30000;  // 120 KB per parameter
     std::vector<int> ids;
-    for (int p = 0; p < 6; ++p)
-      ids.push_back(sync.Register("p" + std::to_string(p), n, DType::kF32));
+    for (int p = 0; p < 6; ++p) {
+      std::string name = "p";  // not "p" + ...: GCC 12 warns falsely (-Wrestrict)
+      name += std::to_string(p);
+      ids.push_back(sync.Register(name, n, DType::kF32));
+    }
     sync.Finalize();
     EXPECT_EQ(sync.tuning().bucket_cap_bytes, caps[0]);
     EXPECT_TRUE(sync.tuning().tuning);
