@@ -33,6 +33,7 @@
 
 #include "commands.h"
 #include "core/link_config.h"
+#include "demo_job.h"
 #include "launcher.h"
 #include "mc2/mc2.h"
 #include "mc2/models.h"
@@ -48,7 +49,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr int kExitFailed = 1;
-constexpr int kExitUsageDemo = 2;
 
 struct DemoArgs {
   // Two ranks by default: one per core here, so that what overlaps is the
@@ -79,36 +79,7 @@ struct DemoArgs {
   std::string results;
 };
 
-[[noreturn]] void Usage(const std::string& message) {
-  fmt::print(stderr, "mc2 demo: {}\n", message);
-  throw CLI::RuntimeError(kExitUsageDemo);
-}
-
-
-std::vector<std::string> Split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string part; std::getline(in, part, sep);)
-    if (!part.empty()) out.push_back(part);
-  return out;
-}
-
-std::vector<Pipeline> ParsePipelines(const std::string& text) {
-  std::vector<Pipeline> out;
-  for (const auto& name : Split(text, ',')) {
-    auto p = ParsePipeline(name);
-    if (!p) Usage(fmt::format("--pipelines: unknown pipeline '{}': expected serial, chunked, "
-                              "fused or auto, comma-separated",
-                              name));
-    if (std::find(out.begin(), out.end(), *p) != out.end())
-      Usage(fmt::format("--pipelines: '{}' is listed twice", name));
-    out.push_back(*p);
-  }
-  if (out.empty()) Usage("--pipelines is empty");
-  if (out.front() != Pipeline::kSerial)
-    out.insert(out.begin(), Pipeline::kSerial);  // the baseline everything is compared with
-  return out;
-}
+[[noreturn]] void Usage(const std::string& message) { DemoUsage("mc2 demo", message); }
 
 models::TransformerConfig ModelConfig(const DemoArgs& a) {
   models::TransformerConfig c;
@@ -136,7 +107,7 @@ int RunRankJob(const DemoArgs& a) {
   const bool root = world.rank() == 0;
   const int tp = a.tp ? a.tp : world.size();
   json results = json::array();
-  for (Pipeline p : ParsePipelines(a.pipelines)) {
+  for (Pipeline p : ParsePipelines(a.pipelines, "mc2 demo")) {
     models::TransformerConfig c = ModelConfig(a);
     c.fused.pipeline = p;
     const std::string dir = (fs::path(a.out) / PipelineName(p)).string();
@@ -220,46 +191,20 @@ std::vector<std::string> RankArgv(const DemoArgs& a, const std::string& pipeline
 }
 
 int Launch(const DemoArgs& a, std::vector<std::string> argv, const std::string& link) {
-  LaunchOptions lo;
-  lo.nranks = a.nranks;
-  lo.argv = std::move(argv);
-  lo.prefix_output = false;
-  lo.heap_bytes = size_t{512} << 20;
-  if (link.empty()) unsetenv("MC2_LINK");
-  else setenv("MC2_LINK", link.c_str(), 1);
-  // The losses are compared bit for bit across pipelines.
-  setenv("MC2_DETERMINISTIC", "1", 1);
-  unsetenv("MC2_TRACE");  // each run traces into its own directory
-  return RunLaunch(lo);
+  return LaunchDemoJob(a.nranks, std::move(argv), link);
 }
 
-json ReadJson(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw Error(ErrorCode::kSystem, fmt::format("mc2 demo: the job left no {}", path));
-  return json::parse(f);
-}
-
-// Emulated bandwidth at which a step's communication takes `comm_ratio`
-// times its compute (measured in serial mode), so that hiding the
-// communication is what decides the step time. Two short traced serial
-// runs: without emulation (compute time and bytes moved give a first
-// guess), then at the guessed bandwidth (the measured communication time,
-// which includes latencies and the ranks' skew, corrects it).
+// Emulated link at which a step's communication takes `comm_ratio` times
+// its compute (measured in serial mode over the whole run), so that hiding
+// the communication is what decides the step time.
 std::string CalibrateLink(const DemoArgs& a, const fs::path& out) {
-  struct Measured {
-    double compute_s = 0, comm_s = 0, bytes = 0;
-  };
   auto measure = [&](const std::string& link, const char* name) {
-    const fs::path dir = out / "calibrate" / name;
-    fs::create_directories(dir);
-    const std::string results = (dir / "results.json").string();
-    int status = Launch(a, RankArgv(a, "serial", 1, 1, dir.string(), results), link);
-    if (status != 0) throw CLI::RuntimeError(status);
-    trace::Report r = trace::Analyze(trace::LoadTrace((dir / "serial").string()));
-    Measured m;
-    for (const auto& op : r.operators)
-      if (op.cat == trace::Category::kComm) m.bytes += static_cast<double>(op.bytes);
-    m.bytes /= std::max<size_t>(r.ranks.size(), 1);
+    trace::Report r = CalibrationRun(
+        out / "calibrate" / name, [&](const std::string& dir, const std::string& results) {
+          return Launch(a, RankArgv(a, "serial", 1, 1, dir, results), link);
+        });
+    LinkSample m;
+    m.bytes = CommBytesPerRank(r);
     m.compute_s = r.overall.compute_ns * 1e-9;
     m.comm_s = r.overall.comm_ns * 1e-9;
     if (m.compute_s <= 0 || m.bytes <= 0)
@@ -267,37 +212,11 @@ std::string CalibrateLink(const DemoArgs& a, const fs::path& out) {
                   "mc2 demo: the calibration run recorded no compute or no communication");
     return m;
   };
-  // Whole MB/s, or KB/s below 10 MB/s (rounding must never make it 0).
-  auto spec = [](double bw) {
-    return bw >= 1e7 ? fmt::format("bw={:.0f}MB/s,lat=5us", bw / 1e6)
-                     : fmt::format("bw={:.0f}KB/s,lat=5us", std::max(1.0, bw / 1e3));
-  };
-  fmt::print(stderr, "calibrating the emulated link (two short serial runs)...\n");
-  Measured raw = measure("", "raw");
-  // A rank sends about (n-1)/n of what a collective over n ranks moves
-  // (all-gather, reduce-scatter, all-to-all). With TP groups of tp > 1 the
-  // TP collectives dominate, n = tp; with tp == 1 every collective is a
-  // DP, EP or world one: n = the world (tp alone would give a factor of 0,
-  // hence a bandwidth of 0, the bug of `--tp 1 --link auto`). Only a first
-  // guess: the paced run below corrects it.
+  // With TP groups of tp > 1 the TP collectives dominate, n = tp; with
+  // tp == 1 every collective is a DP, EP or world one: n = the world (tp
+  // alone would give a factor of 0, hence a bandwidth of 0).
   const int tp = a.tp ? a.tp : a.nranks;
-  const double n = tp > 1 ? tp : a.nranks;
-  double bw = raw.bytes * (n - 1) / n / (a.comm_ratio * raw.compute_s);
-  if (!(bw > 0) || !std::isfinite(bw))
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("mc2 demo: --link auto cannot calibrate: {:.0f} bytes per rank "
-                            "over {} ranks give no bandwidth; give a link spec or none",
-                            raw.bytes, a.nranks));
-  Measured paced = measure(spec(bw), "paced");
-  if (paced.comm_s > 0) bw *= paced.comm_s / (a.comm_ratio * paced.compute_s);
-  return spec(bw);
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+  return tools::CalibrateLink(a.comm_ratio, tp > 1 ? tp : a.nranks, measure, "mc2 demo");
 }
 
 struct RunSummary {
@@ -349,7 +268,7 @@ void CheckArgs(const DemoArgs& a) {
          fmt::format("--moe-topk {} must be in 1..--moe-experts {}", a.moe_topk, a.moe_experts));
   }
   models::ValidateConfig(ModelConfig(a), tp, dp, a.ep);
-  ParsePipelines(a.pipelines);
+  ParsePipelines(a.pipelines, "mc2 demo");
   if (a.link != "auto" && a.link != "none" && a.link != "off")
     core::ParseLinkConfig(a.link, "--link");
 }
@@ -382,34 +301,19 @@ void Conduct(const DemoArgs& a) {
   const fs::path out = fs::absolute(a.out);
   RemoveOwnOutputs(out.string(), OwnOutputs());
   const int tp = a.tp ? a.tp : a.nranks;
-  auto pipelines = ParsePipelines(a.pipelines);
+  auto pipelines = ParsePipelines(a.pipelines, "mc2 demo");
 
-  std::string link = a.link;
-  bool calibrated = false;
-  if (link == "auto") {
-    link = CalibrateLink(a, out);
-    calibrated = true;
-  } else if (link == "none" || link == "off") {
-    link.clear();
-  }
-  const std::string link_label =
-      link.empty() ? "raw shared memory (no link emulation)"
-                   : fmt::format("emulated link {}{}", link,
-                                 calibrated ? fmt::format(" (calibrated: communication = "
-                                                          "{:.2f} x compute per serial step)",
-                                                          a.comm_ratio)
-                                            : std::string());
+  const DemoLink dl = ResolveLink(
+      a.link, [&] { return CalibrateLink(a, out); }, "communication per serial step",
+      a.comm_ratio);
+  const std::string& link = dl.spec;
+  const std::string& link_label = dl.label;
   fmt::print(stderr, "training on {} ranks (tp {}), {}\n", a.nranks, tp, link_label);
 
-  std::string names;
-  for (Pipeline p : pipelines) names += fmt::format("{}{}", names.empty() ? "" : ",", PipelineName(p));
   const std::string results = (out / "results.json").string();
-  int status = Launch(a, RankArgv(a, names, a.steps, a.warmup, out.string(), results), link);
-  if (status != 0) {
-    fmt::print(stderr, "mc2 demo: the training job failed (status {})\n", status);
-    throw CLI::RuntimeError(status);
-  }
-  json res = ReadJson(results);
+  json res = RunDemoJob(
+      a.nranks, RankArgv(a, PipelineList(pipelines), a.steps, a.warmup, out.string(), results),
+      link, results, "mc2 demo", "training");
 
   std::vector<RunSummary> runs;
   for (const auto& run : res["runs"]) {

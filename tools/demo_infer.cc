@@ -33,6 +33,7 @@
 
 #include "commands.h"
 #include "core/link_config.h"
+#include "demo_job.h"
 #include "launcher.h"
 #include "mc2/mc2.h"
 #include "mc2/models.h"
@@ -48,7 +49,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr int kExitFailed = 1;
-constexpr int kExitUsageDemo = 2;
 
 struct InferArgs {
   int nranks = 2;
@@ -72,30 +72,7 @@ struct InferArgs {
   std::string results;
 };
 
-[[noreturn]] void Usage(const std::string& message) {
-  fmt::print(stderr, "mc2 demo infer: {}\n", message);
-  throw CLI::RuntimeError(kExitUsageDemo);
-}
-
-std::vector<Pipeline> ParsePipelines(const std::string& text) {
-  std::vector<Pipeline> out;
-  std::stringstream in(text);
-  for (std::string name; std::getline(in, name, ',');) {
-    if (name.empty()) continue;
-    auto p = ParsePipeline(name);
-    if (!p)
-      Usage(
-          fmt::format("--pipelines: unknown pipeline '{}': expected serial, chunked, "
-                      "fused or auto, comma-separated",
-                      name));
-    if (std::find(out.begin(), out.end(), *p) != out.end())
-      Usage(fmt::format("--pipelines: '{}' is listed twice", name));
-    out.push_back(*p);
-  }
-  if (out.empty()) Usage("--pipelines is empty");
-  if (out.front() != Pipeline::kSerial) out.insert(out.begin(), Pipeline::kSerial);
-  return out;
-}
+[[noreturn]] void Usage(const std::string& message) { DemoUsage("mc2 demo infer", message); }
 
 int TpOf(const InferArgs& a) { return a.tp ? a.tp : a.nranks; }
 
@@ -163,7 +140,7 @@ int RunRankJob(const InferArgs& a) {
     }
     model.LoadWeights(train);
   }
-  const std::vector<Pipeline> pipelines = ParsePipelines(a.pipelines);
+  const std::vector<Pipeline> pipelines = ParsePipelines(a.pipelines, "mc2 demo infer");
   const size_t np = pipelines.size();
   struct Acc {
     json prefill_s = json::array(), token_s = json::array(), decode_s = json::array();
@@ -261,24 +238,7 @@ std::vector<std::string> RankArgv(const InferArgs& a, const std::string& pipelin
 }
 
 int Launch(const InferArgs& a, std::vector<std::string> argv, const std::string& link) {
-  LaunchOptions lo;
-  lo.nranks = a.nranks;
-  lo.argv = std::move(argv);
-  lo.prefix_output = false;
-  lo.heap_bytes = size_t{512} << 20;
-  if (link.empty())
-    unsetenv("MC2_LINK");
-  else
-    setenv("MC2_LINK", link.c_str(), 1);
-  setenv("MC2_DETERMINISTIC", "1", 1);  // the tokens and logits are compared bit for bit
-  unsetenv("MC2_TRACE");                // each run traces into its own directory
-  return RunLaunch(lo);
-}
-
-json ReadJson(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw Error(ErrorCode::kSystem, fmt::format("mc2 demo infer: the job left no {}", path));
-  return json::parse(f);
+  return LaunchDemoJob(a.nranks, std::move(argv), link);
 }
 
 // Bandwidth at which the prefill's communication takes comm_ratio times
@@ -289,20 +249,13 @@ json ReadJson(const std::string& path) {
 // prefill's measured communication, latencies and skew included,
 // corrects it).
 std::string CalibrateLink(const InferArgs& a, const fs::path& out) {
-  struct Measured {
-    double bytes = 0, compute_s = 0, comm_s = 0;
-  };
   auto measure = [&](const std::string& link, const char* name) {
-    const fs::path dir = out / "calibrate" / name;
-    fs::create_directories(dir);
-    const std::string results = (dir / "results.json").string();
-    int status = Launch(a, RankArgv(a, "serial", 1, 1, dir.string(), results), link);
-    if (status != 0) throw CLI::RuntimeError(status);
-    trace::Report r = trace::Analyze(trace::LoadTrace((dir / "serial").string()));
-    Measured m;
-    for (const auto& op : r.operators)
-      if (op.cat == trace::Category::kComm) m.bytes += static_cast<double>(op.bytes);
-    m.bytes /= std::max<size_t>(r.ranks.size(), 1);
+    trace::Report r = CalibrationRun(
+        out / "calibrate" / name, [&](const std::string& dir, const std::string& results) {
+          return Launch(a, RankArgv(a, "serial", 1, 1, dir, results), link);
+        });
+    LinkSample m;
+    m.bytes = CommBytesPerRank(r);
     for (const auto& st : r.steps) {
       if (st.step != 0) continue;
       m.compute_s = st.b.compute_ns * 1e-9;
@@ -316,24 +269,8 @@ std::string CalibrateLink(const InferArgs& a, const fs::path& out) {
                               m.bytes));
     return m;
   };
-  auto spec = [](double bw) {
-    return bw >= 1e7 ? fmt::format("bw={:.0f}MB/s,lat=5us", bw / 1e6)
-                     : fmt::format("bw={:.0f}KB/s,lat=5us", std::max(1.0, bw / 1e3));
-  };
-  fmt::print(stderr, "calibrating the emulated link (two short serial runs)...\n");
-  const Measured raw = measure("", "raw");
-  const int n = TpOf(a) > 1 ? TpOf(a) : a.nranks;
-  double bw = raw.bytes * (n - 1) / n / (a.comm_ratio * raw.compute_s);
-  const Measured paced = measure(spec(bw), "paced");
-  if (paced.comm_s > 0) bw *= paced.comm_s / (a.comm_ratio * paced.compute_s);
-  return spec(bw);
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+  return tools::CalibrateLink(a.comm_ratio, TpOf(a) > 1 ? TpOf(a) : a.nranks, measure,
+                             "mc2 demo infer");
 }
 
 // The nearest-rank percentile q (0..100).
@@ -381,7 +318,7 @@ void CheckArgs(const InferArgs& a) {
                                       "--batch {}",
                                       a.nranks, tp, dp, a.batch));
   models::ValidateConfig(ModelConfig(a), tp, dp);
-  ParsePipelines(a.pipelines);
+  ParsePipelines(a.pipelines, "mc2 demo infer");
   if (a.link != "auto" && a.link != "none" && a.link != "off")
     core::ParseLinkConfig(a.link, "--link");
 }
@@ -410,35 +347,19 @@ void Conduct(const InferArgs& a) {
   const fs::path out = fs::absolute(a.out);
   RemoveOwnOutputs(out.string(), OwnOutputs());
   const int tp = TpOf(a);
-  const auto pipelines = ParsePipelines(a.pipelines);
+  const auto pipelines = ParsePipelines(a.pipelines, "mc2 demo infer");
 
-  std::string link = a.link;
-  bool calibrated = false;
-  if (link == "auto") {
-    link = CalibrateLink(a, out);
-    calibrated = true;
-  } else if (link == "none" || link == "off") {
-    link.clear();
-  }
-  const std::string link_label =
-      link.empty() ? "raw shared memory (no link emulation)"
-                   : fmt::format("emulated link {}{}", link,
-                                 calibrated ? fmt::format(" (calibrated: serial prefill's "
-                                                          "communication = {:.2f} x its compute)",
-                                                          a.comm_ratio)
-                                            : std::string());
+  const DemoLink dl = ResolveLink(
+      a.link, [&] { return CalibrateLink(a, out); }, "the serial prefill's communication",
+      a.comm_ratio);
+  const std::string& link = dl.spec;
+  const std::string& link_label = dl.label;
   fmt::print(stderr, "inference on {} ranks (tp {}), {}\n", a.nranks, tp, link_label);
 
-  std::string names;
-  for (Pipeline p : pipelines)
-    names += fmt::format("{}{}", names.empty() ? "" : ",", PipelineName(p));
   const std::string results = (out / "results.json").string();
-  int status = Launch(a, RankArgv(a, names, a.iters, a.warmup, out.string(), results), link);
-  if (status != 0) {
-    fmt::print(stderr, "mc2 demo infer: the inference job failed (status {})\n", status);
-    throw CLI::RuntimeError(status);
-  }
-  json res = ReadJson(results);
+  json res = RunDemoJob(
+      a.nranks, RankArgv(a, PipelineList(pipelines), a.iters, a.warmup, out.string(), results),
+      link, results, "mc2 demo infer", "inference");
 
   std::vector<RunSummary> runs;
   for (const auto& run : res["runs"]) {

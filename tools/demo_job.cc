@@ -1,0 +1,141 @@
+#include "demo_job.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+
+#include "launcher.h"
+#include "trace/trace_file.h"
+#include "mc2/error.h"
+
+namespace mc2::tools {
+
+void DemoUsage(const char* command, const std::string& message) {
+  fmt::print(stderr, "{}: {}\n", command, message);
+  throw CLI::RuntimeError(kExitUsageDemo);
+}
+
+std::vector<Pipeline> ParsePipelines(const std::string& text, const char* command) {
+  std::vector<Pipeline> out;
+  std::stringstream in(text);
+  for (std::string name; std::getline(in, name, ',');) {
+    if (name.empty()) continue;
+    auto p = ParsePipeline(name);
+    if (!p)
+      DemoUsage(command, fmt::format("--pipelines: unknown pipeline '{}': expected serial, "
+                                     "chunked, fused or auto, comma-separated",
+                                     name));
+    if (std::find(out.begin(), out.end(), *p) != out.end())
+      DemoUsage(command, fmt::format("--pipelines: '{}' is listed twice", name));
+    out.push_back(*p);
+  }
+  if (out.empty()) DemoUsage(command, "--pipelines is empty");
+  if (out.front() != Pipeline::kSerial) out.insert(out.begin(), Pipeline::kSerial);
+  return out;
+}
+
+std::string PipelineList(const std::vector<Pipeline>& pipelines) {
+  std::string names;
+  for (Pipeline p : pipelines) names += fmt::format("{}{}", names.empty() ? "" : ",", PipelineName(p));
+  return names;
+}
+
+DemoLink ResolveLink(const std::string& option, const std::function<std::string()>& calibrate,
+                     const char* calibrated_what, double comm_ratio) {
+  DemoLink l;
+  if (option == "auto") {
+    l.spec = calibrate();
+    l.label = fmt::format("emulated link {} (calibrated: {} = {:.2f} x compute)", l.spec,
+                          calibrated_what, comm_ratio);
+  } else if (option == "none" || option == "off") {
+    l.label = "raw shared memory (no link emulation)";
+  } else {
+    l.spec = option;
+    l.label = "emulated link " + option;
+  }
+  return l;
+}
+
+nlohmann::json RunDemoJob(int nranks, std::vector<std::string> argv, const std::string& link,
+                          const std::string& results, const char* command, const char* job) {
+  int status = LaunchDemoJob(nranks, std::move(argv), link);
+  if (status != 0) {
+    fmt::print(stderr, "{}: the {} job failed (status {})\n", command, job, status);
+    throw CLI::RuntimeError(status);
+  }
+  return ReadJobJson(results, command);
+}
+
+int LaunchDemoJob(int nranks, std::vector<std::string> argv, const std::string& link) {
+  LaunchOptions lo;
+  lo.nranks = nranks;
+  lo.argv = std::move(argv);
+  lo.prefix_output = false;
+  lo.heap_bytes = size_t{512} << 20;
+  if (link.empty())
+    unsetenv("MC2_LINK");
+  else
+    setenv("MC2_LINK", link.c_str(), 1);
+  setenv("MC2_DETERMINISTIC", "1", 1);
+  unsetenv("MC2_TRACE");
+  return RunLaunch(lo);
+}
+
+nlohmann::json ReadJobJson(const std::string& path, const char* command) {
+  std::ifstream f(path);
+  if (!f) throw Error(ErrorCode::kSystem, fmt::format("{}: the job left no {}", command, path));
+  return nlohmann::json::parse(f);
+}
+
+trace::Report CalibrationRun(
+    const std::filesystem::path& dir,
+    const std::function<int(const std::string& dir, const std::string& results)>& launch) {
+  std::filesystem::create_directories(dir);
+  int status = launch(dir.string(), (dir / "results.json").string());
+  if (status != 0) throw CLI::RuntimeError(status);
+  return trace::Analyze(trace::LoadTrace((dir / "serial").string()));
+}
+
+double CommBytesPerRank(const trace::Report& r) {
+  double bytes = 0;
+  for (const auto& op : r.operators)
+    if (op.cat == trace::Category::kComm) bytes += static_cast<double>(op.bytes);
+  return bytes / static_cast<double>(std::max<size_t>(r.ranks.size(), 1));
+}
+
+std::string CalibrateLink(double comm_ratio, int n,
+                          const std::function<LinkSample(const std::string&, const char*)>& measure,
+                          const char* command) {
+  // Whole MB/s, or KB/s below 10 MB/s (rounding must never make it 0).
+  auto spec = [](double bw) {
+    return bw >= 1e7 ? fmt::format("bw={:.0f}MB/s,lat=5us", bw / 1e6)
+                     : fmt::format("bw={:.0f}KB/s,lat=5us", std::max(1.0, bw / 1e3));
+  };
+  fmt::print(stderr, "calibrating the emulated link (two short serial runs)...\n");
+  const LinkSample raw = measure("", "raw");
+  double bw = raw.bytes * (n - 1) / n / (comm_ratio * raw.compute_s);
+  if (!(bw > 0) || !std::isfinite(bw))
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: --link auto cannot calibrate: {:.0f} bytes per rank over "
+                            "collectives of {} ranks give no bandwidth; give a link spec or none",
+                            command, raw.bytes, n));
+  const LinkSample paced = measure(spec(bw), "paced");
+  if (paced.comm_s > 0) bw *= paced.comm_s / (comm_ratio * paced.compute_s);
+  return spec(bw);
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+}  // namespace mc2::tools
