@@ -96,19 +96,19 @@ TEST_F(ScratchTest, BlockFreedOnAnotherThreadJoinsThatThreadsCache) {
   EXPECT_EQ(ScratchCachedBytes(), 0u);
 }
 
-// ASan refuses such a request itself (allocation-size-too-big) before the
-// allocator could fail, so the case runs without it.
-#if defined(__SANITIZE_ADDRESS__)
-#define MC2_UNDER_ASAN 1
+// ASan and TSan refuse such a request themselves (allocation-size-too-big)
+// before the allocator could fail, so the case runs without them.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define MC2_UNDER_SANITIZER 1
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MC2_UNDER_ASAN 1
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define MC2_UNDER_SANITIZER 1
 #endif
 #endif
 
 TEST_F(ScratchTest, BlockLargerThanMemoryIsAnErrorNamingItsSize) {
-#ifdef MC2_UNDER_ASAN
-  GTEST_SKIP() << "ASan aborts on allocations this large";
+#ifdef MC2_UNDER_SANITIZER
+  GTEST_SKIP() << "the sanitizers abort on allocations this large";
 #else
   core::ScratchBlock cached(1 << 20);
   { core::ScratchBlock drop(std::move(cached)); }
