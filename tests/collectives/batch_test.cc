@@ -235,10 +235,13 @@ TEST(Batch, BitwiseEqualToSeparateCollectives) {
       Quick());
 }
 
-// Runs `body` on 3 ranks and returns each rank's error code (or -1).
-std::array<int, 3> CodesOn3(const std::function<void(Group&)>& body) {
-  std::array<std::atomic<int>, 3> codes;
-  for (auto& c : codes) c = -1;
+// Runs `body` on 3 ranks and returns each rank's error (code -1: none).
+struct RankError {
+  int code = -1;
+  std::string message;
+};
+std::array<RankError, 3> ErrorsOn3(const std::function<void(Group&)>& body) {
+  std::array<RankError, 3> errors;
   try {
     Group::RunInProcess(
         3,
@@ -246,17 +249,20 @@ std::array<int, 3> CodesOn3(const std::function<void(Group&)>& body) {
           try {
             body(g);
           } catch (const Error& e) {
-            codes[g.rank()] = static_cast<int>(e.code());
+            errors[g.rank()] = {static_cast<int>(e.code()), e.what()};
           }
         },
         Quick());
   } catch (const Error&) {
   }
-  return {codes[0].load(), codes[1].load(), codes[2].load()};
+  return errors;
 }
 
 void ExpectMismatchOnEveryRank(const std::function<void(Group&)>& body) {
-  for (int c : CodesOn3(body)) EXPECT_EQ(c, static_cast<int>(ErrorCode::kMismatch));
+  const auto errors = ErrorsOn3(body);
+  for (size_t r = 0; r < errors.size(); ++r)
+    EXPECT_EQ(errors[r].code, static_cast<int>(ErrorCode::kMismatch))
+        << "rank " << r << ": " << errors[r].message;
 }
 
 TEST(Batch, MismatchedEntriesFailOnEveryRank) {

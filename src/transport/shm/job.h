@@ -34,7 +34,8 @@ enum class FailureKind : int32_t {
   kNone = 0,
   kExit = 1,    // failure_value = exit status (non-zero)
   kSignal = 2,  // failure_value = signal number
-  kAbort = 3,   // a rank called Abort (e.g. after an mc2::Error); see reason
+  kAbort = 3,   // a rank called Abort (e.g. after an mc2::Error); failure_value =
+                //   its ErrorCode, see reason
   kLauncher = 4 // the launcher was interrupted (SIGINT/SIGTERM)
 };
 
@@ -50,7 +51,7 @@ struct JobControl {
   std::atomic<uint32_t> aborted;
   std::atomic<int32_t> failed_rank;     // -1 if not a rank
   std::atomic<int32_t> failure_kind;    // FailureKind
-  std::atomic<int32_t> failure_value;   // exit status or signal number
+  std::atomic<int32_t> failure_value;   // exit status, signal number or ErrorCode
   char reason[512];                     // NUL-terminated, written before `aborted`
   std::atomic<int32_t> pids[kMaxRanks]; // each rank stores getpid() at start-up
 };

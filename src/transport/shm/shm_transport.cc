@@ -62,6 +62,27 @@ std::string DescribeFailure(const JobControl* ctl) {
   return std::string(ctl->reason);
 }
 
+// The code every rank raises for the recorded failure: kPeerDied for a rank
+// that ended, kMismatch when a rank aborted on finding that the ranks called
+// different operations (the program's error is the same on every rank, and
+// which rank sees it first is a race), kAborted otherwise.
+ErrorCode RecordedCode(const JobControl* ctl) {
+  switch (static_cast<FailureKind>(ctl->failure_kind.load(std::memory_order_relaxed))) {
+    case FailureKind::kExit:
+    case FailureKind::kSignal:
+      return ErrorCode::kPeerDied;
+    case FailureKind::kAbort:
+      if (ctl->failure_value.load(std::memory_order_relaxed) ==
+          static_cast<int>(ErrorCode::kMismatch))
+        return ErrorCode::kMismatch;
+      return ErrorCode::kAborted;
+    case FailureKind::kLauncher:
+    case FailureKind::kNone:
+      break;
+  }
+  return ErrorCode::kAborted;
+}
+
 // "; rank 2 (pid 812) is stopped" for every peer process that is stopped
 // (SIGSTOP, a debugger) or traced, read from /proc/PID/stat; "" if none.
 // A timeout is often a chain -- rank 0 waits for rank 1, which waits in an
@@ -273,10 +294,8 @@ void ShmTransport::WaitGE(int owner, uint64_t off, uint64_t value,
 
 void ShmTransport::ThrowRecordedFailure(const transport::WaitContext* ctx) {
   const JobControl* ctl = mem_->control;
-  auto kind = static_cast<FailureKind>(ctl->failure_kind.load(std::memory_order_relaxed));
-  bool died = kind == FailureKind::kExit || kind == FailureKind::kSignal;
-  throw Error(died ? ErrorCode::kPeerDied : ErrorCode::kAborted, DescribeFailure(ctl), rank_,
-              ctx ? ctx->op : "", ctx ? ctx->seq : 0);
+  throw Error(RecordedCode(ctl), DescribeFailure(ctl), rank_, ctx ? ctx->op : "",
+              ctx ? ctx->seq : 0);
 }
 
 void ShmTransport::CheckHealth(bool thorough) {
@@ -302,7 +321,7 @@ void ShmTransport::CheckHealth(bool thorough) {
 }
 
 void ShmTransport::Abort(const Error& error) {
-  RecordFailure(mem_->control, rank_, FailureKind::kAbort, 0,
+  RecordFailure(mem_->control, rank_, FailureKind::kAbort, static_cast<int>(error.code()),
                 fmt::format("aborted by rank {}: {}", rank_, error.what()));
 }
 
@@ -378,10 +397,7 @@ std::unique_ptr<transport::Transport> MapJobTransport(int rank, int size, size_t
     while ((pid = jc->pids[r].load(std::memory_order_acquire)) == 0) {
       if (jc->aborted.load(std::memory_order_acquire)) {
         // A peer that died during set-up is kPeerDied, as it is later on.
-        const auto kind = static_cast<FailureKind>(jc->failure_kind.load(std::memory_order_relaxed));
-        const bool died = kind == FailureKind::kExit || kind == FailureKind::kSignal;
-        throw Error(died ? ErrorCode::kPeerDied : ErrorCode::kAborted, DescribeFailure(jc), rank,
-                    "init");
+        throw Error(RecordedCode(jc), DescribeFailure(jc), rank, "init");
       }
       if (transport::Clock::now() > deadline)
         throw Error(ErrorCode::kTimeout,
