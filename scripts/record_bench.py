@@ -14,6 +14,7 @@ COMMAND is one of
   BUILD/tools/mc2 demo infer ...  (the same)
   bench/torch_compare.py ...      (the recorder adds --json FILE)
   bench/torch_tp.py ...           (the recorder adds --json FILE)
+  bench/torch_compress.py ...     (the recorder adds --json FILE)
 and must not carry those options itself. The command runs with the caller's
 environment; its standard output is shown and recorded.
 
@@ -81,11 +82,13 @@ def parse_args(argv):
 
 def command_kind(command):
     """Which tool the command runs: compare_mpi, bench, bench_ops, bench_batch,
-    demo, demo_infer, torch_compare or torch_tp."""
+    demo, demo_infer, torch_compare, torch_tp or torch_compress."""
     if "torch_compare.py" in (os.path.basename(c) for c in command[:2]):
         return "torch_compare"
     if "torch_tp.py" in (os.path.basename(c) for c in command[:2]):
         return "torch_tp"
+    if "torch_compress.py" in (os.path.basename(c) for c in command[:2]):
+        return "torch_compress"
     if os.path.basename(command[0]) == "compare_mpi.sh" or (
             len(command) > 1 and os.path.basename(command[1]) == "compare_mpi.sh"):
         return "compare_mpi"
@@ -98,7 +101,7 @@ def command_kind(command):
             return "demo_infer" if len(command) > 2 and command[2] == "infer" else "demo"
     die(f"cannot record '{shlex.join(command)}': expected bench/compare_mpi.sh, "
         "mc2 bench, mc2 bench ops, mc2 bench batch, mc2 demo, bench/torch_compare.py or "
-        "bench/torch_tp.py")
+        "bench/torch_tp.py or bench/torch_compress.py")
 
 
 def option_value(command, name):
@@ -161,7 +164,7 @@ def main(argv):
     added = {"compare_mpi": ["--keep"], "bench": ["--json"], "bench_ops": ["--json"],
              "bench_batch": ["--json"],
              "demo": ["--json"], "demo_infer": ["--json"], "torch_compare": ["--json"],
-             "torch_tp": ["--json"]}[kind]
+             "torch_tp": ["--json"], "torch_compress": ["--json"]}[kind]
     for opt in added:
         if option_value(command, opt) is not None:
             die(f"the command carries {opt}: the recorder sets it")
