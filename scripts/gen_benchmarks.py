@@ -60,6 +60,7 @@ scripts/record_bench.py demo -- build/tools/mc2 demo
 scripts/record_bench.py infer_raw -- build/tools/mc2 demo infer --link none -i 15
 scripts/record_bench.py infer_link -- build/tools/mc2 demo infer --link auto -i 15
 scripts/record_bench.py pp_link -- build/tools/mc2 demo pp --pp 2 -m 8 --link auto -i 5
+scripts/record_bench.py pp_raw -- build/tools/mc2 demo pp --pp 2 -m 8 --link none -i 5
 scripts/record_bench.py batch_vs_separate -- build/tools/mc2 bench batch -n 2 --entries 200 --bytes 16K
 PYTHONPATH=build/python scripts/record_bench.py torch_vs_gloo -- bench/torch_compare.py -n 2 --reps 3
 PYTHONPATH=build/python scripts/record_bench.py torch_tp -- bench/torch_tp.py
