@@ -2,9 +2,12 @@
 // - the schedules: every stage runs each (chunk, micro-batch) forward and
 //   backward once, never waits in a cycle, and with uniform operation times
 //   idles exactly the bubble formula's fraction;
+// - the 3D grid's groups (DP x TP x PP, TP innermost);
 // - losses bitwise equal to the same model without pipeline parallelism
 //   and the same micro-batching (PP 2 and 4, 1F1B and interleaved, TP 2 x
-//   PP 2, DP 2 x PP 2); with one micro-batch, bitwise equal to Transformer;
+//   PP 2, DP 2 x PP 2, DP 2 x TP 2 x PP 2), every stage running its
+//   schedule's operations in order; with one micro-batch, bitwise equal to
+//   Transformer;
 //   with several, within a tolerance of Transformer on the whole batch
 //   (gradient accumulation sums the micro-batches' gradients in another
 //   order than one backward over the batch);
@@ -50,11 +53,25 @@ std::vector<double> PipeLosses(int ranks, int tp, int pp, const TransformerConfi
   std::mutex mu;
   Group::RunInProcess(ranks, [&](Group& world) {
     auto stats = TrainPipelineSteps(world, c, pipe, tp, pp, steps);
+    const int stage = world.rank() / (world.size() / pp);
+    const std::vector<ScheduleOp> order = MakeSchedule(pipe, pp, stage);
     std::vector<double> losses;
     for (const auto& s : stats) {
       losses.push_back(s.step.loss);
-      // Every operation of the schedule ran, inside the pipeline phase.
-      EXPECT_EQ(s.ops.size(), size_t(2 * pipe.micro_batches * pipe.virtual_stages));
+      // Every operation of the schedule ran, in its order, one after the
+      // other inside the pipeline phase.
+      ASSERT_EQ(s.ops.size(), order.size());
+      double last_end = 0;
+      for (size_t k = 0; k < order.size(); ++k) {
+        EXPECT_EQ(s.ops[k].forward, order[k].forward);
+        EXPECT_EQ(s.ops[k].chunk, order[k].local_chunk * pp + stage);
+        EXPECT_EQ(s.ops[k].micro, order[k].micro);
+        EXPECT_GE(s.ops[k].start, last_end);
+        EXPECT_GE(s.ops[k].end, s.ops[k].start);
+        EXPECT_LE(s.ops[k].uncovered, s.ops[k].recv_wait);
+        last_end = s.ops[k].end;
+      }
+      EXPECT_LE(last_end, s.pipeline_seconds);
       EXPECT_LE(s.busy_seconds, s.pipeline_seconds * 1.0001);
       EXPECT_GE(s.bubble, 0.0);
       EXPECT_LE(s.bubble, 1.0);
@@ -167,6 +184,48 @@ TEST(Pipeline, StagesThatAreTpOrDpGroups) {
   // DP 2 x PP 2 against DP 2 alone.
   ExpectSameBits(PipeLosses(4, 1, 2, c, Pipe(2), steps), PipeLosses(2, 1, 1, c, Pipe(2), steps),
                  "dp 2 x pp 2");
+}
+
+TEST(Pipeline, TheFullGridDpTpPp) {
+  // DP 2 x TP 2 x PP 2 on 8 ranks against DP 2 x TP 2 alone.
+  const TransformerConfig c = Model();
+  ExpectSameBits(PipeLosses(8, 2, 2, c, Pipe(2), 2), PipeLosses(4, 2, 1, c, Pipe(2), 2),
+                 "dp 2 x tp 2 x pp 2");
+}
+
+TEST(Grid, ThreeDimensionalLayout) {
+  // w = (pp_index * dp + dp_index) * tp + tp_index; the groups' members,
+  // in rank order, are the world ranks that formula gives.
+  const int tp = 2, pp = 2, dp = 2, n = tp * pp * dp;
+  Group::RunInProcess(n, [&](Group& world) {
+    ProcessGrid g = MakeGrid3D(world, tp, pp);
+    const int w = world.rank();
+    EXPECT_EQ(g.tp_size, tp);
+    EXPECT_EQ(g.dp_size, dp);
+    EXPECT_EQ(g.pp_size, pp);
+    EXPECT_EQ(w, (g.pp_rank * dp + g.dp_rank) * tp + g.tp_rank);
+    auto members = [&](const Group& grp) {
+      std::vector<int32_t> out(grp.size());
+      const int32_t me = w;
+      AllGather(grp, &me, out.data(), 1, DType::kI32).Wait();
+      return out;
+    };
+    auto rank_of = [&](int ppi, int dpi, int tpi) { return (ppi * dp + dpi) * tp + tpi; };
+    std::vector<int32_t> want;
+    for (int t = 0; t < tp; ++t) want.push_back(rank_of(g.pp_rank, g.dp_rank, t));
+    EXPECT_EQ(members(g.tp), want) << "tp group of " << w;
+    want.clear();
+    for (int d = 0; d < dp; ++d) want.push_back(rank_of(g.pp_rank, d, g.tp_rank));
+    EXPECT_EQ(members(g.dp), want) << "dp group of " << w;
+    want.clear();
+    for (int q = 0; q < pp; ++q) want.push_back(rank_of(q, g.dp_rank, g.tp_rank));
+    EXPECT_EQ(members(g.pp), want) << "pp group of " << w;
+    want.clear();
+    for (int d = 0; d < dp; ++d) {
+      for (int t = 0; t < tp; ++t) want.push_back(rank_of(g.pp_rank, d, t));
+    }
+    EXPECT_EQ(members(g.stage), want) << "stage of " << w;
+  });
 }
 
 TEST(Pipeline, MicroBatchedLossesNearTheWholeBatch) {
