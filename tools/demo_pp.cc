@@ -231,9 +231,7 @@ std::string CalibrateLink(const PpArgs& a, const fs::path& out) {
   const fs::path dir = out / "calibrate";
   fs::create_directories(dir);
   const std::string results = (dir / "results.json").string();
-  PpArgs c = a;
-  const std::string sched = a.pp > 1 ? "1f1b" : "1f1b";
-  json res = RunDemoJob(Ranks(a), RankArgv(c, sched, 1, 1, dir.string(), results), "", results,
+  json res = RunDemoJob(Ranks(a), RankArgv(a, "1f1b", 1, 1, dir.string(), results), "", results,
                         "mc2 demo pp", "calibration");
   const double bytes = res["message_bytes"].get<double>();
   std::vector<double> fwd;
