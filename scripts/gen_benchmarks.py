@@ -18,8 +18,8 @@ import pathlib
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "bench", "bench_batch", "torch_compare",
-         "torch_tp", "torch_compress")
+KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "demo_pp", "bench", "bench_batch",
+         "torch_compare", "torch_tp", "torch_compress")
 REQUIRED = ("name", "kind", "date", "commit", "host", "command", "emulated", "result")
 # The judged figure of the all_reduce comparison.
 HEADLINE_SIZE = 16 << 20
@@ -38,7 +38,8 @@ scripts/gen_benchmarks.py
 ```
 
 The recorder runs COMMAND (`bench/compare_mpi.sh`, `mc2 bench`,
-`mc2 bench ops`, `mc2 bench batch`, `mc2 demo` or `mc2 demo infer`), adds
+`mc2 bench ops`, `mc2 bench batch`, `mc2 demo`, `mc2 demo infer` or
+`mc2 demo pp`), adds
 the option that makes it write JSON,
 and writes `bench/results/NAME.json` with the date (UTC), the commit (and
 whether the tree had uncommitted changes), the host (CPU model, logical
@@ -58,6 +59,8 @@ scripts/record_bench.py ops_matmul_all_reduce -- build/tools/mc2 bench ops -n 2 
 scripts/record_bench.py demo -- build/tools/mc2 demo
 scripts/record_bench.py infer_raw -- build/tools/mc2 demo infer --link none -i 15
 scripts/record_bench.py infer_link -- build/tools/mc2 demo infer --link auto -i 15
+scripts/record_bench.py pp_link -- build/tools/mc2 demo pp --pp 2 -m 8 --link auto -i 5
+scripts/record_bench.py pp_raw -- build/tools/mc2 demo pp --pp 2 -m 8 --link none -i 5
 scripts/record_bench.py batch_vs_separate -- build/tools/mc2 bench batch -n 2 --entries 200 --bytes 16K
 PYTHONPATH=build/python scripts/record_bench.py torch_vs_gloo -- bench/torch_compare.py -n 2 --reps 3
 PYTHONPATH=build/python scripts/record_bench.py torch_tp -- bench/torch_tp.py
@@ -172,6 +175,25 @@ identical across them. Per pipeline:
   computation covered;
 - prefill ran / decode ran: the pipelines the fused operators ran in each
   phase (`auto` resolved per call).
+
+### Pipeline parallelism: `mc2 demo pp`
+
+`mc2 demo pp` trains the reference transformer split into pipeline stages
+(docs/models.md "Pipeline parallelism and the 3D grid") with each schedule
+in turn from the same seed, and checks that their losses are bitwise
+identical. Per schedule:
+
+- step ms: the whole step (pipeline, DP gradient exchange, AdamW), the
+  slowest rank, median over the timed steps; pipeline ms: the forwards and
+  backwards of every micro-batch, from a barrier to the last stage's end;
+- bubble formula %: (p - 1) / (m + p - 1) for 1F1B, (p - 1) / (v m + p - 1)
+  interleaved; bubble measured %: each stage's time in the pipeline phase
+  neither computing nor waiting for a transfer that was still moving after
+  its sender finished, from the schedule's own timestamps, mean over stages;
+- uncovered send/recv %: per stage, that transfer wait, as a share of the
+  pipeline phase;
+- collective comm %: the share of the traced step in which the library's
+  collectives ran (the TP operators, the DP exchange, the loss).
 
 ### PyTorch: `bench/torch_compare.py`
 
@@ -351,6 +373,15 @@ def headline(results, refs):
                          f"(auto's prefill ran {auto.get('prefill_ran')})",
                          f"{num(auto.get('ttft_speedup'))}x ({num(serial.get('ttft_ms'), '.1f')} / "
                          f"{num(auto.get('ttft_ms'), '.1f')} ms), tokens {same}", link_text(r), ref])
+        elif r["kind"] == "demo_pp":
+            j = r["result"]
+            for x in j.get("runs", []):
+                sched = x.get("schedule") + (f" v={x.get('virtual_stages')}"
+                                             if x.get("virtual_stages", 1) > 1 else "")
+                rows.append([f"mc2 demo pp, pp {j.get('pp')} x dp {j.get('dp')} x tp {j.get('tp')}, "
+                             f"{j.get('micro_batches')} micro-batches, {sched}: bubble measured / formula",
+                             f"{num(100 * x.get('bubble_measured', 0), '.1f')}% / "
+                             f"{num(100 * x.get('bubble_formula', 0), '.1f')}%", link_text(r), ref])
         elif r["kind"] == "bench_batch":
             j = r["result"]
             for c in j.get("cases", []):
@@ -478,6 +509,35 @@ def infer_section(results, refs):
                  num(x.get("prefill_comm_pct"), ".1f"), num(x.get("prefill_uncovered_pct"), ".1f"),
                  num(x.get("decode_comm_pct"), ".1f")]
                 for x in j.get("runs", [])]
+        out += table(header, rows) + [""]
+    return out
+
+
+def pp_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        out += [f"### Pipeline parallelism (`mc2 demo pp`), pp {j.get('pp')} x dp {j.get('dp')} x "
+                f"tp {j.get('tp')}, {j.get('layers')} layers, hidden {j.get('hidden')}, batch "
+                f"{j.get('batch')} x {j.get('seq_len')} in {j.get('micro_batches')} micro-batches "
+                f"[{refs[r['_file']]}]", "",
+                f"Link: {link_text(r)}. Losses "
+                f"{'bitwise identical' if j.get('losses_identical') else 'NOT identical'} across the "
+                "schedules. Bubble: a stage's idle share of the pipeline phase, mean over stages; "
+                "uncovered send/recv: per stage, % of the pipeline phase.", ""]
+        header = [("schedule", False), ("step ms", True), ("pipeline ms", True),
+                  ("bubble formula %", True), ("bubble measured %", True),
+                  ("uncovered send/recv % per stage", False), ("collective comm %", True),
+                  ("vs first", True)]
+        rows = []
+        for x in j.get("runs", []):
+            sched = x.get("schedule") + (f" v={x.get('virtual_stages')}"
+                                         if x.get("virtual_stages", 1) > 1 else "")
+            rows.append([sched, num(x.get("step_ms"), ".1f"), num(x.get("pipeline_ms"), ".1f"),
+                         num(100 * x.get("bubble_formula", 0), ".1f"),
+                         num(100 * x.get("bubble_measured", 0), ".1f"),
+                         " / ".join(num(u, ".2f") for u in x.get("stage_uncovered_pct", [])),
+                         num(x.get("comm_pct"), ".1f"), f"{num(x.get('speedup'))}x"])
         out += table(header, rows) + [""]
     return out
 
@@ -662,6 +722,7 @@ def render(results):
     lines += ops_section(by_kind["bench_ops"], refs)
     lines += demo_section(by_kind["demo"], refs)
     lines += infer_section(by_kind["demo_infer"], refs)
+    lines += pp_section(by_kind["demo_pp"], refs)
     lines += bench_section(by_kind["bench"], refs)
     lines += batch_section(by_kind["bench_batch"], refs)
     lines += torch_section(by_kind["torch_compare"], refs)
