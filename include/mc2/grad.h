@@ -146,6 +146,28 @@ struct GradSyncTuning {
   std::vector<double> median_seconds;
 };
 
+// How a bucket's uncompressed all-reduce runs on a group that spans levels
+// (hosts, docs/multi-host.md): the hierarchical algorithm (a reduce-scatter
+// inside each host, an all-reduce across hosts, an all-gather inside), the
+// flat one (every rank with every other), or whichever is measured faster
+// (kAuto: timed on each bucket when its layout is installed, agreed across
+// the bucket's group; docs/grad.md). Results are bitwise the same either
+// way. Groups on one host have one level: nothing to choose.
+enum class BucketAlgorithm : uint8_t { kAuto = 0, kHierarchical, kFlat };
+
+// What a bucket's all-reduce runs (GradSync::reductions()).
+struct BucketReduction {
+  size_t bytes = 0;
+  // "hierarchical" or "flat" on a group that spans levels; otherwise what
+  // the all-reduce runs there (e.g. "direct", "rabenseifner"), or "none"
+  // for a group of one rank.
+  std::string algorithm;
+  bool spans_levels = false;
+  bool measured = false;  // kAuto timed both (the agreed max over ranks):
+  double hierarchical_seconds = 0;
+  double flat_seconds = 0;
+};
+
 struct GradSyncOptions {
   // Bucket capacity in bytes (a parameter larger than the cap gets a bucket
   // of its own), and the smaller cap of each group's first bucket.
@@ -161,6 +183,7 @@ struct GradSyncOptions {
   CompressionOptions compression = {};
   // Off by default: the caps above are used as given.
   AutotuneOptions autotune = {};
+  BucketAlgorithm bucket_algorithm = BucketAlgorithm::kAuto;
 };
 
 // What the last synchronised step moved. Bytes are those one rank
@@ -239,6 +262,9 @@ class GradSync {
   const GradSyncStats& stats() const;
   // The autotuner's state and choice (all zero when autotune is off).
   GradSyncTuning tuning() const;
+  // What each bucket's uncompressed all-reduce runs, in bucket order (the
+  // current layout's; see BucketAlgorithm).
+  std::vector<BucketReduction> reductions() const;
   int num_params() const;
 
  private:

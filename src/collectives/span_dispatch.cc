@@ -29,7 +29,8 @@ Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts) {
   switch (a.kind) {
     case OpKind::kAllReduce:
       // The node pre-reduction must be a subtree of the canonical order.
-      if (s.aligned) {
+      // `direct` asks for the flat exchange (GradSync measures both).
+      if (s.aligned && opts.algorithm != Algorithm::kDirect) {
         fn = HierarchicalAllReduce;
         algo = "hierarchical";
       } else {

@@ -18,6 +18,7 @@
 #include "engine/group_impl.h"
 #include "engine/termination.h"
 #include "engine/world.h"
+#include "trace/recorder.h"
 
 namespace mc2::internal {
 
@@ -183,6 +184,7 @@ Group MakeNetWorldGroup(int64_t comm_f, const WorldOptions& options) {
           net->host_names.size(), local_size);
   // One host: the world is the node world, pure shared memory.
   if (net->host_names.size() == 1) return Access::MakeGroup(std::move(node));
+  trace::OnSpanWorldStart(node->rank(), net->rank, net->size);
   std::vector<int> members(net->size);
   std::iota(members.begin(), members.end(), 0);
   // User messages go on a communicator of their own, so that no user tag
@@ -199,9 +201,17 @@ Work SpanSubmit(GroupImpl& g, const char* name, std::chrono::nanoseconds timeout
   if (algorithm) work->SetAlgorithm(algorithm);
   std::chrono::nanoseconds to = timeout.count() > 0 ? timeout : g.world().timeout;
   g.span->net->engine->Submit(
-      work, [self = g.shared_from_this(), body = std::move(body), to]() mutable {
+      work, [self = g.shared_from_this(), body = std::move(body), to, name, algorithm]() mutable {
         std::shared_ptr<GroupImpl> keep = std::move(self);
         SpanGroup& s = *keep->span;
+        // The operation in the trace, with the algorithm it ran (its node
+        // phases record spans of their own).
+        trace::ScopedSpan span(trace::Category::kComm);
+        if (span.on()) {
+          span.span().name = name;
+          span.span().algorithm = algorithm;
+          span.span().rank = s.net->rank;
+        }
         try {
           s.net->mpi->CheckHealth();
           keep->tx().CheckHealth(/*thorough=*/false);

@@ -46,6 +46,10 @@ class BucketExchange {
   // Waits for whatever is running, ignoring failures.
   void WaitQuietly();
 
+  // The uncompressed all-reduce of a group that spans hosts: the flat
+  // exchange instead of the hierarchical one (grad/levels.h chooses).
+  void UseFlatAllReduce() { coll_.algorithm = Algorithm::kDirect; }
+
   std::span<float> residual() { return residual_; }
   // The collective last issued (complete when none is running).
   const Work& pending() const { return work_; }

@@ -15,6 +15,7 @@
 #include "grad/autotune.h"
 #include "grad/exchange.h"
 #include "grad/layout.h"
+#include "grad/levels.h"
 #include "mc2/collectives.h"
 #include "mc2/error.h"
 #include "mc2/grad.h"
@@ -114,6 +115,9 @@ class GradSync::Impl {
     if (c.scheme == Compression::kTopK && !(c.topk_ratio > 0 && c.topk_ratio <= 1)) {
       Invalid("topk_ratio must be in (0, 1], got " + std::to_string(c.topk_ratio));
     }
+    if (static_cast<int>(o.bucket_algorithm) > static_cast<int>(BucketAlgorithm::kFlat))
+      Invalid("bucket_algorithm " + std::to_string(static_cast<int>(o.bucket_algorithm)) +
+              " is not one of kAuto, kHierarchical, kFlat");
     if (o.autotune.enabled) MakeTuner(o.autotune);
   }
 
@@ -238,6 +242,7 @@ class GradSync::Impl {
 
   int layout_version() const { return layout_version_; }
 
+  std::vector<BucketReduction> reductions() const { return reductions_; }
   GradSyncTuning tuning() const {
     GradSyncTuning t;
     if (!tuner_) return t;
@@ -328,6 +333,7 @@ class GradSync::Impl {
     for (size_t cap : opt_.autotune.bucket_caps) o.Add(cap);
     for (float t : opt_.autotune.thresholds) o.Add(t);
     o.Add(opt_.autotune.warmup_steps);
+    o.Add(static_cast<int>(opt_.bucket_algorithm));
     o.Add(opt_.autotune.steps_per_candidate);
     int64_t mine[3] = {static_cast<int64_t>(params_.size()), static_cast<int64_t>(all.h),
                        static_cast<int64_t>(o.h)};
@@ -401,10 +407,23 @@ class GradSync::Impl {
     }
     std::vector<std::unique_ptr<grad::BucketExchange>> ex;
     std::vector<std::pair<int, int>> where(params_.size());
+    std::vector<BucketReduction> reductions;
     for (size_t b = 0; b < plan.size(); ++b) {
       void* data = storage[plan[b].group].data + off[b];
-      ex.push_back(std::make_unique<grad::BucketExchange>(
-          groups_[plan[b].group], data, plan[b].count, plan[b].dtype, plan[b].offsets, opt_));
+      const Group& g = groups_[plan[b].group];
+      ex.push_back(std::make_unique<grad::BucketExchange>(g, data, plan[b].count, plan[b].dtype,
+                                                          plan[b].offsets, opt_));
+      // On zeroed storage, before the values are carried over.
+      reductions.push_back(grad::ChooseBucketReduction(g, data, plan[b].count, plan[b].dtype,
+                                                       opt_.bucket_algorithm));
+      const BucketReduction& r = reductions.back();
+      if (r.algorithm == "flat") ex.back()->UseFlatAllReduce();
+      if (r.measured)
+        MC2_LOG(kInfo,
+                "GradSync: bucket {} ({} bytes) over {} ranks spanning hosts: hierarchical "
+                "all-reduce {:.3f} ms, flat {:.3f} ms (slowest rank): {}",
+                b, r.bytes, g.size(), r.hierarchical_seconds * 1e3, r.flat_seconds * 1e3,
+                r.algorithm);
       for (size_t s = 0; s < plan[b].params.size(); ++s) {
         where[plan[b].params[s]] = {static_cast<int>(b), static_cast<int>(s)};
       }
@@ -433,6 +452,7 @@ class GradSync::Impl {
     storage_ = std::move(storage);
     ex_ = std::move(ex);
     where_ = std::move(where);
+    reductions_ = std::move(reductions);
   }
 
   // After the first synchronised step: rank 0's ready order (then the
@@ -578,6 +598,7 @@ class GradSync::Impl {
   std::vector<size_t> bucket_off_;
   std::vector<Storage> storage_;  // by group
   std::vector<std::unique_ptr<grad::BucketExchange>> ex_;
+  std::vector<BucketReduction> reductions_;  // per bucket of ex_
   std::vector<std::pair<int, int>> where_;  // param -> (bucket, slot)
   bool rebuilt_ = false;
   int layout_version_ = 0;
@@ -614,6 +635,7 @@ std::vector<std::vector<int>> GradSync::Buckets() const { return impl_->Buckets(
 int GradSync::layout_version() const { return impl_->layout_version(); }
 const GradSyncStats& GradSync::stats() const { return impl_->stats(); }
 GradSyncTuning GradSync::tuning() const { return impl_->tuning(); }
+std::vector<BucketReduction> GradSync::reductions() const { return impl_->reductions(); }
 int GradSync::num_params() const { return impl_->num_params(); }
 
 }  // namespace mc2

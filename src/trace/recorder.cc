@@ -70,6 +70,15 @@ thread_local ThreadBuffer* t_buf = nullptr;
 thread_local const char* t_name = nullptr;
 thread_local int t_rank = -1;
 std::atomic<int> g_process_rank{0};
+// OnSpanWorldStart: spans of rank g_remap_from are rank g_remap_to's
+// (g_remap_from < 0: none).
+std::atomic<int> g_remap_from{-1};
+std::atomic<int> g_remap_to{-1};
+
+int Remap(int rank) {
+  const int from = g_remap_from.load(std::memory_order_acquire);
+  return from >= 0 && rank == from ? g_remap_to.load(std::memory_order_relaxed) : rank;
+}
 
 // Current step per rank, stored as step + 1 so that zero means "none".
 constexpr int kStepSlots = 1024;
@@ -138,8 +147,9 @@ void FlushRankLocked(Registry& r, int rank) {
   for (const ThreadBuffer* b : r.buffers)
     if (b->last_rank.load(std::memory_order_relaxed) == rank)
       info.dropped += b->dropped.load(std::memory_order_relaxed);
+  // Remap: spans recorded before the world spanned hosts.
   ForEachSpan(r, [&](const ThreadBuffer& b, const Span& s) {
-    if (s.rank != rank) return;
+    if (Remap(s.rank) != rank) return;
     if (!info.threads.count(b.tid)) {
       const char* n = b.name.load(std::memory_order_relaxed);
       info.threads[b.tid] = n ? std::string(n) : fmt::format("thread {}", b.tid);
@@ -197,6 +207,7 @@ const char* CategoryName(Category c) {
 void Record(Span s) {
   if (s.rank < 0) s.rank = ThreadRank();
   if (s.kind < kStepBegin) s.step = CurrentStep(s.rank);
+  s.rank = Remap(s.rank);
   ThreadBuffer* b = t_buf ? t_buf : RegisterThread();
   if (b->last_rank.load(std::memory_order_relaxed) != s.rank)
     b->last_rank.store(s.rank, std::memory_order_relaxed);
@@ -240,7 +251,7 @@ void Flush() {
   if (r.dir.empty()) return;
   std::set<int> ranks;
   for (const auto& [rank, meta] : r.ranks) ranks.insert(rank);
-  ForEachSpan(r, [&](const ThreadBuffer&, const Span& s) { ranks.insert(s.rank); });
+  ForEachSpan(r, [&](const ThreadBuffer&, const Span& s) { ranks.insert(Remap(s.rank)); });
   for (int rank : ranks) FlushRankLocked(r, rank);
 }
 
@@ -311,6 +322,17 @@ void OnWorldStart(int rank, int size) {
   m.clock_offset_ns = 0;
 }
 
+void OnSpanWorldStart(int node_rank, int global_rank, int global_size) {
+  Registry& r = Reg();
+  std::lock_guard<std::mutex> lock(r.mu);
+  g_remap_to.store(global_rank, std::memory_order_relaxed);
+  g_remap_from.store(node_rank, std::memory_order_release);
+  r.ranks.erase(node_rank);
+  RankMeta& m = r.ranks[global_rank];
+  m.world_size = global_size;
+  m.clock_offset_ns = 0;
+}
+
 void SetClockOffset(int rank, int64_t offset_ns) {
   Registry& r = Reg();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -320,7 +342,7 @@ void SetClockOffset(int rank, int64_t offset_ns) {
 
 void OnWorldEnd(int rank) {
   try {
-    if (!TraceDir().empty()) FlushRank(rank);
+    if (!TraceDir().empty()) FlushRank(Remap(rank));
   } catch (const std::exception& e) {
     MC2_LOG(kWarn, "writing the trace of rank {} failed: {}", rank, e.what());
   }
@@ -331,7 +353,7 @@ std::vector<SpanWithThread> Snapshot(int rank) {
   std::lock_guard<std::mutex> lock(r.mu);
   std::vector<SpanWithThread> out;
   ForEachSpan(r, [&](const ThreadBuffer& b, const Span& s) {
-    if (rank < 0 || s.rank == rank) out.push_back({s, b.tid});
+    if (rank < 0 || Remap(s.rank) == rank) out.push_back({s, b.tid});
   });
   return out;
 }

@@ -120,6 +120,12 @@ void OnWorldStart(int rank, int size);
 // threads stopped): writes that rank's file if tracing was enabled. Never
 // throws (a failure is logged).
 void OnWorldEnd(int rank);
+// Called by the engine when this process's world spans hosts: its ranks
+// are numbered per host (`node_rank` here), the job's are global. From
+// then on this process's spans of `node_rank` are recorded as
+// `global_rank`'s (of `global_size`), and its file is rank-<global_rank>,
+// so that the ranks of different hosts do not write the same file.
+void OnSpanWorldStart(int node_rank, int global_rank, int global_size);
 // Records the clock offset of `rank` (its clock minus rank 0's), for
 // engines whose ranks do not share a clock; merge subtracts it.
 void SetClockOffset(int rank, int64_t offset_ns);

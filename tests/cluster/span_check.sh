@@ -156,6 +156,20 @@ for r in 0 1 2 3; do
 done
 echo "send/recv: a receive from a silent rank across hosts timed out on every rank (${elapsed_ms} ms)"
 
+# GradSync over hosts: each bucket's all-reduce hierarchical or flat
+# (measured, agreed across ranks, forced either way), every result bitwise
+# the per-tensor all-reduce's; on one host nothing spans levels.
+grad=$build/tests/test_prog_span_grad
+"$mc2" run -n 4 "$grad" one-host >"$work/grad1.log" 2>&1 ||
+  { cat "$work/grad1.log"; fail "GradSync levels failed on one host"; }
+for hosts in ${name}h0:2,${name}h1:2 "$("${cluster[@]}" hosts 1)"; do
+  timeout 120 mpirun "${margs[@]}" -np 4 -H "$hosts" "$grad" hosts >"$work/grad.log" 2>&1 ||
+    { cat "$work/grad.log"; fail "GradSync levels failed on $hosts"; }
+  [[ $(grep -c "span_grad ok" "$work/grad.log") -eq 4 ]] ||
+    { cat "$work/grad.log"; fail "GradSync levels: not every rank passed on $hosts"; }
+  echo "GradSync on $hosts: $(grep -c '^bucket ' "$work/grad.log") buckets measured hierarchical vs flat, results bitwise per-tensor"
+done
+
 # Training steps of the reference transformer (TP over the 4 hosts; TP 2 x
 # DP 2 with MoE over EP 2), against one host.
 mkdir -p "$work/train1" "$work/train41"
