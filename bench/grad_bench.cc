@@ -7,9 +7,13 @@
 //     way of doing it, round-robin over repetitions so that every way sees
 //     the same machine: one all-reduce per tensor (issued together, then
 //     waited), GradSync uncompressed, f16, bf16, threshold (1e-6 and
-//     1e-3), top-k 1% and 10% with error feedback. Prints, per way, the
-//     median and min time of rank 0 and the bytes one rank receives
-//     (GradSyncStats::wire_bytes) against the dense all-reduce.
+//     1e-3), top-k 1% and 10% with error feedback, and `auto`
+//     (Compression::kAuto, bf16 against dense). Before the timed
+//     repetitions `auto` runs its measuring steps back to back (the
+//     gradients' refill stands for backward) and keeps what it chose.
+//     Prints, per way, the median and min time of rank 0, the bytes one
+//     rank receives (GradSyncStats::wire_bytes) against the dense
+//     all-reduce, and what `auto` chose with the medians it saw.
 //
 //   build/bench/grad_bench train [-n 2] [--steps 200] [--schemes LIST] [--warmup W]
 //                                [--json FILE]
@@ -161,7 +165,8 @@ int Exchange(const Args& a) {
       {"threshold_1e-6", false, {.scheme = mc2::Compression::kThreshold}},
       {"threshold_1e-3", false, {.scheme = mc2::Compression::kThreshold, .threshold = 1e-3f}},
       {"topk_1%", false, {.scheme = mc2::Compression::kTopK, .topk_ratio = 0.01}},
-      {"topk_10%", false, {.scheme = mc2::Compression::kTopK, .topk_ratio = 0.1}}};
+      {"topk_10%", false, {.scheme = mc2::Compression::kTopK, .topk_ratio = 0.1}},
+      {"auto", false, {.scheme = mc2::Compression::kAuto}}};
   if (!a.ways.empty()) {  // keep per_tensor and bucketed: the baselines
     std::vector<Way> kept;
     for (const Way& w : ways) {
@@ -185,6 +190,8 @@ int Exchange(const Args& a) {
   }
   std::vector<std::vector<double>> times(ways.size());
   std::vector<mc2::GradSyncStats> stats(ways.size());
+  std::vector<mc2::GradSyncTuning> tuning(ways.size());
+  int auto_steps = 0;
   mc2::WorldOptions wo;
   wo.link = a.link;
   wo.heap_bytes = static_cast<size_t>(a.mib * 4 * (1 << 20)) + (size_t{256} << 20);
@@ -199,25 +206,47 @@ int Exchange(const Args& a) {
           o.compression = w.c;
           o.bucket_cap_bytes = size_t{4} << 20;
           auto s = std::make_unique<mc2::GradSync>(g, o);
-          for (size_t t = 0; t < sizes.size(); ++t)
-            s->Register("t" + std::to_string(t), sizes[t], mc2::DType::kF32);
+          for (size_t t = 0; t < sizes.size(); ++t) {
+            std::string name = "t";  // not "t" + ...: GCC 12 warns falsely (-Wrestrict)
+            name += std::to_string(t);
+            s->Register(name, sizes[t], mc2::DType::kF32);
+          }
           s->Finalize();
           syncs.push_back(std::move(s));
         }
         // The per-tensor baseline: its own symmetric buffers, in place.
         std::vector<mc2::SymmetricBuffer> own;
         for (size_t sz : sizes) own.push_back(g.AllocSymmetric(sz * 4));
+        auto fill = [&](size_t wi, int rep) {
+          mc2::GradSync& s = *syncs[wi];
+          for (size_t t = 0; t < sizes.size(); ++t) {
+            float* d =
+                ways[wi].per_tensor ? own[t].as<float>() : s.GradAs<float>(static_cast<int>(t));
+            const uint64_t base =
+                (uint64_t(rep + 2) << 48) ^ (uint64_t(g.rank()) << 40) ^ (uint64_t(t) << 28);
+            for (size_t i = 0; i < sizes[t]; ++i) d[i] = Synthetic(base + i);
+          }
+        };
+        // `auto` decides first, from its own consecutive steps (the same
+        // number on every rank: the schedule depends on step counts only).
+        for (size_t wi = 0; wi < ways.size(); ++wi) {
+          mc2::GradSync& s = *syncs[wi];
+          int steps = 0;
+          while (ways[wi].c.scheme == mc2::Compression::kAuto && s.tuning().compression_deciding) {
+            fill(wi, 1000 + steps++);
+            for (size_t t = sizes.size(); t-- > 0;) s.MarkReady(static_cast<int>(t));
+            s.Finish();
+          }
+          if (g.rank() == 0) {
+            std::lock_guard<std::mutex> lock(mu);
+            tuning[wi] = s.tuning();
+            auto_steps = std::max(auto_steps, steps);
+          }
+        }
         for (int rep = -1; rep < a.reps; ++rep) {  // rep -1: warm-up
           for (size_t wi = 0; wi < ways.size(); ++wi) {
             mc2::GradSync& s = *syncs[wi];
-            // Fresh gradients (not timed).
-            for (size_t t = 0; t < sizes.size(); ++t) {
-              float* d =
-                  ways[wi].per_tensor ? own[t].as<float>() : s.GradAs<float>(static_cast<int>(t));
-              const uint64_t base =
-                  (uint64_t(rep + 2) << 48) ^ (uint64_t(g.rank()) << 40) ^ (uint64_t(t) << 28);
-              for (size_t i = 0; i < sizes[t]; ++i) d[i] = Synthetic(base + i);
-            }
+            fill(wi, rep);  // fresh gradients (not timed)
             mc2::Barrier(g).Wait();
             const auto t0 = Clock::now();
             if (ways[wi].per_tensor) {
@@ -254,6 +283,7 @@ int Exchange(const Args& a) {
               "wire/dense", "vs_bucketed");
   json out = {{"ranks", a.n},   {"elements", total}, {"tensors", a.tensors},
               {"link", a.link}, {"reps", a.reps},    {"ways", json::array()}};
+  std::string auto_line;
   const double base = Median(times[1]);
   for (size_t wi = 0; wi < ways.size(); ++wi) {
     const double med = Median(times[wi]);
@@ -266,8 +296,25 @@ int Exchange(const Args& a) {
                            {"min_s", mn},
                            {"wire_bytes", stats[wi].wire_bytes},
                            {"dense_bytes", dense},
-                           {"sent_elements", stats[wi].sent_elements}});
+                           {"sent_elements", stats[wi].sent_elements},
+                           {"scheme", mc2::CompressionName(stats[wi].scheme)}});
+    if (ways[wi].c.scheme == mc2::Compression::kAuto) {
+      const mc2::GradSyncTuning& t = tuning[wi];
+      const char* lossy = mc2::CompressionName(ways[wi].c.auto_scheme);
+      out["auto"] = {{"lossy", lossy},
+                     {"chose", mc2::CompressionName(t.compression)},
+                     {"dense_step_s", t.dense_step_seconds},
+                     {"lossy_step_s", t.lossy_step_seconds},
+                     {"min_speedup", ways[wi].c.auto_min_speedup},
+                     {"measuring_steps", auto_steps}};
+      auto_line = fmt::format(
+          "auto: chose {} after {} steps (median step, slowest rank: none {:.3f} ms, {} {:.3f} "
+          "ms; {} kept only when {:.2f}x faster)\n",
+          mc2::CompressionName(t.compression), auto_steps, t.dense_step_seconds * 1e3, lossy,
+          t.lossy_step_seconds * 1e3, lossy, ways[wi].c.auto_min_speedup);
+    }
   }
+  std::fputs(auto_line.c_str(), stdout);
   if (!a.json_path.empty()) std::ofstream(a.json_path) << out.dump(2) << "\n";
   return 0;
 }

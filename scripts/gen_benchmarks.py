@@ -5,21 +5,36 @@ Usage: scripts/gen_benchmarks.py [--results DIR] [--output FILE | --check FILE]
 
 --output FILE   where to write the page (default: docs/benchmarks.md)
 --check FILE    write nothing; exit 1 with a diff if FILE differs from the
-                page the results give (the `docs` ctest runs this)
+                page the results give (the `docs` ctest runs this), or if a
+                loss-curve plot next to it does
 
+Each grad_train result also gets its loss curves drawn as
+images/NAME_loss.svg next to the page (scripts/plot_curves.py), linked from it.
 The page is a pure function of the result files (scripts/record_bench.py
 writes them), so it can be regenerated at any time and never drifts from
 them. Results are shown in the order of their file names.
 """
 
 import difflib
+import importlib.util
 import json
 import pathlib
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _load_plotter():
+    spec = importlib.util.spec_from_file_location("plot_curves",
+                                                  pathlib.Path(__file__).with_name("plot_curves.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+plot_curves = _load_plotter()
 KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "bench", "bench_batch", "torch_compare",
-         "torch_tp")
+         "torch_tp", "grad_overlap", "grad_exchange", "grad_train")
 REQUIRED = ("name", "kind", "date", "commit", "host", "command", "emulated", "result")
 # The judged figure of the all_reduce comparison.
 HEADLINE_SIZE = 16 << 20
@@ -61,6 +76,13 @@ scripts/record_bench.py infer_link -- build/tools/mc2 demo infer --link auto -i 
 scripts/record_bench.py batch_vs_separate -- build/tools/mc2 bench batch -n 2 --entries 200 --bytes 16K
 PYTHONPATH=build/python scripts/record_bench.py torch_vs_gloo -- bench/torch_compare.py -n 2 --reps 3
 PYTHONPATH=build/python scripts/record_bench.py torch_tp -- bench/torch_tp.py
+scripts/record_bench.py grad_overlap_dp2 -- build/bench/grad_bench overlap -n 2 --ratio 0.5
+scripts/record_bench.py grad_overlap_dp4 -- build/bench/grad_bench overlap -n 4 --ratio 0.5
+scripts/record_bench.py grad_exchange_raw -- build/bench/grad_bench exchange -n 2 --mib 16
+scripts/record_bench.py grad_exchange_link -- build/bench/grad_bench exchange -n 2 --mib 16 \
+    --link bw=200MB/s,lat=10us
+scripts/record_bench.py grad_train -- build/bench/grad_bench train -n 2 --steps 200 \
+    --schemes none,bf16,f16,topk@0.3,topk@0.01,threshold,auto
 ```
 
 Record on a quiet machine, from a Release build of a committed tree: on a
@@ -184,7 +206,27 @@ private buffers) for the cost of the Python call, and the median DDP
 training step of a 50.4 M-parameter MLP on each backend and on one rank
 without DDP (docs/python.md).
 
-### Exploring
+### Gradient synchronisation: `bench/grad_bench`
+
+`grad_bench` measures GradSync (docs/grad.md) on in-process ranks, in
+three modes, each alternating the ways it compares:
+
+- `overlap`: a synthetic backward (one weight-gradient GEMM per layer, last
+  layer first) over an emulated link calibrated so that the gradient
+  all-reduce takes `--ratio` x the backward's compute. Step time (median,
+  rank 0) of GradSync marking each gradient as it is computed
+  (overlapped), of the same GradSync marking everything after backward,
+  and of one all-reduce per tensor after backward; speedup = the
+  after-backward step / this step.
+- `exchange`: one gradient-sync step (every tensor marked, then `Finish`)
+  per way: one all-reduce per tensor, GradSync uncompressed (bucketed), and
+  each compression scheme; wire bytes = what one rank receives
+  (`GradSyncStats::wire_bytes`), against the dense all-reduce's. `auto`
+  (bf16 against dense, measured over its own steps first) and what it chose.
+- `train`: the reference transformer trained from the same weights once per
+  scheme; the mean loss of the last 10 steps against the first scheme's
+  (uncompressed), and the loss curves as a plot.
+
 
 These print tables for a human and are not recorded: `bench/ops_table.sh`
 (every dense operator and rank count in three regimes: balanced over an
@@ -347,6 +389,32 @@ def headline(results, refs):
                              f"{num(c.get('speedup'))}x", link_text(r), ref])
         elif r["kind"] == "torch_compare":
             rows += torch_headline(r, ref)
+        elif r["kind"] == "grad_overlap":
+            j = r["result"]
+            w = {x.get("name"): x.get("median_s") for x in j.get("ways", [])}
+            rows.append([f"GradSync, DP {j.get('ranks')}, sync = {num(j.get('ratio'))} x backward: "
+                         "step syncing after backward / overlapped step",
+                         f"{num(ratio(w.get('after_backward'), w.get('overlapped')))}x",
+                         link_text(r), ref])
+            rows.append([f"GradSync, DP {j.get('ranks')}: per-tensor all-reduces after backward / "
+                         "bucketed after backward",
+                         f"{num(ratio(w.get('per_tensor_after'), w.get('after_backward')))}x",
+                         link_text(r), ref])
+        elif r["kind"] == "grad_exchange":
+            j = r["result"]
+            a = j.get("auto") or {}
+            if a:
+                rows.append([f"GradSync auto compression, {j.get('ranks')} ranks, "
+                             f"{num(j.get('elements', 0) * 4 / 2**20, '.0f')} MiB of gradients: "
+                             f"chose (dense / {a.get('lossy')} step)",
+                             f"{a.get('chose')} ({num(ratio(a.get('dense_step_s'), a.get('lossy_step_s')))}x)",
+                             link_text(r), ref])
+        elif r["kind"] == "grad_train":
+            j = r["result"]
+            for run in j.get("runs", [])[1:]:
+                rows.append([f"transformer, {j.get('steps')} steps, DP {j.get('ranks')}: last-10 "
+                             f"loss, {run.get('scheme')} vs {j['runs'][0].get('scheme')}",
+                             f"{run.get('rel_to_first', 0) * 100:+.2f}%", link_text(r), ref])
         elif r["kind"] == "torch_tp":
             runs = r["result"].get("runs", {})
             single = runs.get("single", {}).get("median_s")
@@ -592,6 +660,88 @@ def torch_tp_section(results, refs):
     return out
 
 
+def grad_overlap_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        mib = j.get("layers", 0) * j.get("hidden", 0) ** 2 * 4 / 2**20
+        out += [f"### GradSync overlapped with backward, DP {j.get('ranks')} [{refs[r['_file']]}]", "",
+                f"`grad_bench overlap`: {j.get('layers')} layers of {j.get('hidden')} x "
+                f"{j.get('hidden')} f32 gradients ({num(mib, '.1f')} MiB), backward compute "
+                f"{num(j.get('compute_s', 0) * 1e3)} ms, link {link_text(r)} (all-reduce = "
+                f"{num(j.get('ratio'))} x compute). Step time of rank 0, medians of alternated "
+                "repetitions; speedup = the after-backward step / this step.", ""]
+        ways = j.get("ways", [])
+        after = next((w.get("median_s") for w in ways if w.get("name") == "after_backward"), None)
+        rows = [[w.get("name"), num(w.get("median_s", 0) * 1e3), num(w.get("min_s", 0) * 1e3),
+                 f"{num(ratio(after, w.get('median_s')))}x"] for w in ways]
+        out += table([("way", False), ("median ms", True), ("min ms", True), ("speedup", True)],
+                     rows) + [""]
+    return out
+
+
+def grad_exchange_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        out += [f"### GradSync compression: bytes and time, {j.get('ranks')} ranks, "
+                f"{num(j.get('elements', 0) * 4 / 2**20, '.0f')} MiB in {j.get('tensors')} tensors "
+                f"[{refs[r['_file']]}]", "",
+                f"`grad_bench exchange`, link {link_text(r)}: one gradient-sync step per way, "
+                f"medians of {j.get('reps')} alternated repetitions (rank 0); wire bytes = what "
+                "one rank receives; vs bucketed = the uncompressed GradSync step / this step.", ""]
+        ways = j.get("ways", [])
+        base = next((w.get("median_s") for w in ways if w.get("name") == "bucketed"), None)
+        rows = [[w.get("name"), w.get("scheme", ""), num(w.get("median_s", 0) * 1e3, ".2f"),
+                 w.get("wire_bytes"), num(ratio(w.get("wire_bytes"), w.get("dense_bytes")), ".3f"),
+                 f"{num(ratio(base, w.get('median_s')))}x"] for w in ways]
+        out += table([("way", False), ("ran", False), ("median ms", True), ("wire bytes", True),
+                      ("wire / dense", True), ("vs bucketed", True)], rows) + [""]
+        a = j.get("auto")
+        if a:
+            out += [f"`auto` measured dense against {a.get('lossy')} over {a.get('measuring_steps')} "
+                    f"steps (median step, slowest rank: dense {num(a.get('dense_step_s', 0) * 1e3)} "
+                    f"ms, {a.get('lossy')} {num(a.get('lossy_step_s', 0) * 1e3)} ms; kept only when "
+                    f"{num(a.get('min_speedup'))}x faster) and chose **{a.get('chose')}**.", ""]
+    return out
+
+
+def train_plot_name(r):
+    return f"images/{pathlib.Path(r['_file']).stem}_loss.svg"
+
+
+def train_plot(r):
+    j = r["result"]
+    return plot_curves.train_svg(j, f"grad_bench train: loss per step, DP {j.get('ranks')}, "
+                                    f"{j.get('steps')} steps")
+
+
+def grad_train_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        runs = j.get("runs", [])
+        first = runs[0].get("scheme") if runs else "?"
+        out += [f"### GradSync compression: training, DP {j.get('ranks')}, {j.get('steps')} steps "
+                f"[{refs[r['_file']]}]", "",
+                f"`grad_bench train`: the reference transformer from the same weights once per "
+                f"scheme ({j.get('warmup')} warm-up steps uncompressed; topk@R sends the fraction R "
+                f"of each bucket, with error feedback). Last-10 = the mean loss of the last 10 "
+                f"steps; vs {first} = its relative difference.", ""]
+        rows = [[x.get("scheme"), num(x.get("losses", [None])[0], ".4f"),
+                 num(x.get("tail_mean"), ".4f"), f"{x.get('rel_to_first', 0) * 100:+.2f}%",
+                 num(x.get("seconds"), ".1f")] for x in runs]
+        out += table([("scheme", False), ("first loss", True), ("last-10 loss", True),
+                      (f"vs {first}", True), ("run s", True)], rows) + [""]
+        out += [f"![loss curves]({train_plot_name(r)})", ""]
+    return out
+
+
+def plots(results):
+    """{path relative to the page: SVG text} for every grad_train result."""
+    return {train_plot_name(r): train_plot(r) for r in results if r["kind"] == "grad_train"}
+
+
 def render(results):
     lines = ["# Benchmarks", "",
              "<!-- Generated by scripts/gen_benchmarks.py from bench/results/*.json: edit those",
@@ -616,6 +766,9 @@ def render(results):
     lines += batch_section(by_kind["bench_batch"], refs)
     lines += torch_section(by_kind["torch_compare"], refs)
     lines += torch_tp_section(by_kind["torch_tp"], refs)
+    lines += grad_overlap_section(by_kind["grad_overlap"], refs)
+    lines += grad_exchange_section(by_kind["grad_exchange"], refs)
+    lines += grad_train_section(by_kind["grad_train"], refs)
     lines += ["### Sources", ""] + [source_line(refs[r["_file"]], r) for r in results] + [""]
     return "\n".join(lines)
 
@@ -640,10 +793,21 @@ def main(argv):
         i += 2
     if not results_dir.is_dir():
         die(f"results directory {results_dir} does not exist")
-    page = render(load_results(results_dir))
+    results = load_results(results_dir)
+    page = render(results)
+    images = plots(results)
     if check is None:
         output.write_text(page)
+        for rel, svg in images.items():
+            (output.parent / rel).parent.mkdir(exist_ok=True)
+            (output.parent / rel).write_text(svg)
         return 0
+    for rel, svg in images.items():
+        path = check.parent / rel
+        if not path.exists() or path.read_text() != svg:
+            print(f"gen_benchmarks.py: {path} is missing or differs from what {results_dir} gives; "
+                  "run scripts/gen_benchmarks.py and commit it", file=sys.stderr)
+            return 1
     try:
         current = check.read_text()
     except OSError as e:
