@@ -35,6 +35,18 @@
 //     tensor after backward. Prints the medians and the speedup of the
 //     overlapped step over the step that syncs after backward.
 //
+//   build/bench/grad_bench overlap --model demo [-n 2] [--reps 4] [--ratio 0.5] [--json FILE]
+//     The same on the data-parallel training step of `mc2 demo`'s model
+//     (2 layers, hidden 1024, 16 heads, ffn 2048, 4 x 256 tokens per step,
+//     DP = n, TP = 1): its backward is timed without a link first, then the
+//     link is calibrated so that the gradients' all-reduce takes --ratio x
+//     that backward, and three copies of the model train side by side, one
+//     step each in turn: GradSync buckets marked during backward
+//     (overlapped), every gradient marked after backward
+//     (TransformerConfig::grad_overlap off), and one all-reduce per tensor
+//     marked during backward (grad_bucket_cap_bytes = 1). Step times are
+//     rank 0's StepStats::seconds.
+//
 // Gradients are synthetic in `exchange`: normal-like values of scale 1e-3
 // with a tail of small ones, different per rank and step.
 #include <fmt/format.h>
@@ -74,6 +86,8 @@ struct Args {
   std::string schemes = "none,bf16,f16,threshold,topk";
   std::string json_path;
   std::string ways;  // exchange: a comma-separated subset (empty: all)
+  std::string model = "synthetic";  // overlap: synthetic or demo
+  bool reps_given = false;
 };
 
 [[noreturn]] void Usage(const char* msg) {
@@ -104,7 +118,9 @@ Args Parse(int argc, char** argv) {
     else if (k == "--tensors")
       a.tensors = std::stoi(val());
     else if (k == "--reps")
-      a.reps = std::stoi(val());
+      a.reps = std::stoi(val()), a.reps_given = true;
+    else if (k == "--model")
+      a.model = val();
     else if (k == "--steps")
       a.steps = std::stoi(val());
     else if (k == "--warmup")
@@ -130,6 +146,8 @@ Args Parse(int argc, char** argv) {
       a.hidden < 1 || !(a.ratio > 0)) {
     Usage("bad value");
   }
+  if (a.model != "synthetic" && a.model != "demo") Usage("--model must be synthetic or demo");
+  if (a.model == "demo" && a.mode != "overlap") Usage("--model applies to overlap only");
   return a;
 }
 
@@ -408,7 +426,96 @@ struct OverlapRank {
   }
 };
 
+mc2::models::TransformerConfig DemoModel() {
+  mc2::models::TransformerConfig c;  // mc2 demo's defaults (tools/demo_command.cc)
+  c.layers = 2;
+  c.hidden = 1024;
+  c.heads = 16;
+  c.ffn = 2048;
+  c.vocab = 64;
+  c.seq_len = 256;
+  c.batch = 4;
+  c.lr = 3e-4f;
+  return c;
+}
+
+int OverlapModel(const Args& a) {
+  const mc2::models::TransformerConfig base = DemoModel();
+  if (base.batch % a.n != 0) Usage("--model demo: -n must divide the model's batch of 4");
+  const int reps = a.reps_given ? a.reps : 4;
+  // 1. The backward alone (rank 0's median, no link) and the gradients' size.
+  double backward = 0;
+  size_t grad_bytes = 0;
+  {
+    std::vector<double> t;
+    mc2::Group::RunInProcess(a.n, [&](mc2::Group& world) {
+      mc2::models::ProcessGrid grid = mc2::models::MakeGrid(world, 1);
+      mc2::models::Transformer m(grid, base);
+      for (int s = 0; s < 1 + std::min(reps, 3); ++s) {
+        const mc2::models::StepStats st = m.TrainStep(s);
+        if (world.rank() == 0 && s > 0) t.push_back(st.backward_seconds);
+      }
+      if (world.rank() == 0)
+        for (const auto& p : m.Parameters()) grad_bytes += p.rows * p.cols * sizeof(float);
+    });
+    backward = Median(t);
+  }
+  // 2. The link: the all-reduce's bytes per rank (2 (N-1)/N B) in ratio x backward.
+  const double wire = 2.0 * (a.n - 1) / a.n * static_cast<double>(grad_bytes);
+  const double bw = wire / (a.ratio * backward);
+  const std::string link = fmt::format("bw={:.0f}B/s,lat=5us", bw);
+  const char* names[] = {"overlapped", "after_backward", "per_tensor"};
+  std::vector<mc2::models::TransformerConfig> cfgs(3, base);
+  cfgs[1].grad_overlap = false;
+  cfgs[2].grad_bucket_cap_bytes = 1;
+  std::vector<std::vector<double>> times(3);
+  mc2::WorldOptions wo;
+  wo.link = link;
+  wo.heap_bytes = 4 * grad_bytes + (size_t{512} << 20);
+  std::mutex mu;
+  mc2::Group::RunInProcess(
+      a.n,
+      [&](mc2::Group& world) {
+        mc2::models::ProcessGrid grid = mc2::models::MakeGrid(world, 1);
+        std::vector<std::unique_ptr<mc2::models::Transformer>> ms;
+        for (const auto& c : cfgs) ms.push_back(std::make_unique<mc2::models::Transformer>(grid, c));
+        for (int s = 0; s < 1 + reps; ++s) {  // step 0: warm-up (and the bucket rebuild)
+          for (int w = 0; w < 3; ++w) {
+            mc2::Barrier(world).Wait();
+            const mc2::models::StepStats st = ms[w]->TrainStep(s);
+            if (world.rank() == 0 && s > 0) {
+              std::lock_guard<std::mutex> lock(mu);
+              times[w].push_back(st.seconds);
+            }
+          }
+        }
+        mc2::Barrier(world).Wait();
+      },
+      wo);
+  std::printf(
+      "# grad_bench overlap --model demo: DP %d, %d layers, hidden %d, ffn %d, %d x %d tokens, "
+      "%.1f MiB of f32 gradients, backward %.2f ms, link %s (all-reduce = %.2f x backward), "
+      "%d timed steps per way\n",
+      a.n, base.layers, base.hidden, base.ffn, base.batch, base.seq_len, grad_bytes / 1048576.0,
+      backward * 1e3, link.c_str(), a.ratio, reps);
+  std::printf("%-18s %12s %12s %10s\n", "way", "median_ms", "min_ms", "speedup");
+  json out = {{"model", "demo"},       {"ranks", a.n},          {"layers", base.layers},
+              {"hidden", base.hidden}, {"ffn", base.ffn},       {"grad_bytes", grad_bytes},
+              {"link", link},          {"compute_s", backward}, {"ratio", a.ratio},
+              {"reps", reps},          {"ways", json::array()}};
+  const double after = Median(times[1]);
+  for (int w = 0; w < 3; ++w) {
+    const double med = Median(times[w]);
+    const double mn = *std::min_element(times[w].begin(), times[w].end());
+    std::printf("%-18s %12.3f %12.3f %9.2fx\n", names[w], med * 1e3, mn * 1e3, after / med);
+    out["ways"].push_back({{"name", names[w]}, {"median_s", med}, {"min_s", mn}});
+  }
+  if (!a.json_path.empty()) std::ofstream(a.json_path) << out.dump(2) << "\n";
+  return 0;
+}
+
 int Overlap(const Args& a) {
+  if (a.model == "demo") return OverlapModel(a);
   const size_t h = static_cast<size_t>(a.hidden);
   const size_t grad_bytes = static_cast<size_t>(a.layers) * h * h * sizeof(float);
   // 1. The backward's compute alone (rank 0's median), no link.
