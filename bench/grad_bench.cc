@@ -448,6 +448,8 @@ int OverlapModel(const Args& a) {
   size_t grad_bytes = 0;
   {
     std::vector<double> t;
+    mc2::WorldOptions raw;
+    raw.heap_bytes = size_t{1} << 30;  // the model's buckets and workspaces
     mc2::Group::RunInProcess(a.n, [&](mc2::Group& world) {
       mc2::models::ProcessGrid grid = mc2::models::MakeGrid(world, 1);
       mc2::models::Transformer m(grid, base);
@@ -457,7 +459,7 @@ int OverlapModel(const Args& a) {
       }
       if (world.rank() == 0)
         for (const auto& p : m.Parameters()) grad_bytes += p.rows * p.cols * sizeof(float);
-    });
+    }, raw);
     backward = Median(t);
   }
   // 2. The link: the all-reduce's bytes per rank (2 (N-1)/N B) in ratio x backward.
@@ -471,7 +473,7 @@ int OverlapModel(const Args& a) {
   std::vector<std::vector<double>> times(3);
   mc2::WorldOptions wo;
   wo.link = link;
-  wo.heap_bytes = 4 * grad_bytes + (size_t{512} << 20);
+  wo.heap_bytes = 3 * (size_t{1} << 30);  // three models
   std::mutex mu;
   mc2::Group::RunInProcess(
       a.n,

@@ -76,8 +76,8 @@ scripts/record_bench.py infer_link -- build/tools/mc2 demo infer --link auto -i 
 scripts/record_bench.py batch_vs_separate -- build/tools/mc2 bench batch -n 2 --entries 200 --bytes 16K
 PYTHONPATH=build/python scripts/record_bench.py torch_vs_gloo -- bench/torch_compare.py -n 2 --reps 3
 PYTHONPATH=build/python scripts/record_bench.py torch_tp -- bench/torch_tp.py
-scripts/record_bench.py grad_overlap_dp2 -- build/bench/grad_bench overlap -n 2 --ratio 0.5
-scripts/record_bench.py grad_overlap_dp4 -- build/bench/grad_bench overlap -n 4 --ratio 0.5
+scripts/record_bench.py grad_overlap_dp2 -- build/bench/grad_bench overlap --model demo -n 2 --ratio 0.5
+scripts/record_bench.py grad_overlap_dp4 -- build/bench/grad_bench overlap --model demo -n 4 --ratio 0.5
 scripts/record_bench.py grad_exchange_raw -- build/bench/grad_bench exchange -n 2 --mib 16
 scripts/record_bench.py grad_exchange_link -- build/bench/grad_bench exchange -n 2 --mib 16 \
     --link bw=200MB/s,lat=10us
@@ -211,13 +211,15 @@ without DDP (docs/python.md).
 `grad_bench` measures GradSync (docs/grad.md) on in-process ranks, in
 three modes, each alternating the ways it compares:
 
-- `overlap`: a synthetic backward (one weight-gradient GEMM per layer, last
-  layer first) over an emulated link calibrated so that the gradient
-  all-reduce takes `--ratio` x the backward's compute. Step time (median,
-  rank 0) of GradSync marking each gradient as it is computed
-  (overlapped), of the same GradSync marking everything after backward,
-  and of one all-reduce per tensor after backward; speedup = the
-  after-backward step / this step.
+- `overlap --model demo`: the data-parallel training step of `mc2 demo`'s
+  model (TP 1) over an emulated link calibrated so that the gradient
+  all-reduce takes `--ratio` x the backward (timed first without a link).
+  Three copies of the model train in turn: GradSync buckets marked during
+  backward (overlapped), every gradient marked after backward, and one
+  all-reduce per tensor marked during backward; speedup = the
+  after-backward step / this step. Without `--model demo` the backward is
+  synthetic (one weight-gradient GEMM per layer) and the per-tensor way
+  runs after backward.
 - `exchange`: one gradient-sync step (every tensor marked, then `Finish`)
   per way: one all-reduce per tensor, GradSync uncompressed (bucketed), and
   each compression scheme; wire bytes = what one rank receives
@@ -392,14 +394,21 @@ def headline(results, refs):
         elif r["kind"] == "grad_overlap":
             j = r["result"]
             w = {x.get("name"): x.get("median_s") for x in j.get("ways", [])}
-            rows.append([f"GradSync, DP {j.get('ranks')}, sync = {num(j.get('ratio'))} x backward: "
-                         "step syncing after backward / overlapped step",
+            what = "demo model" if j.get("model") == "demo" else "synthetic backward"
+            rows.append([f"GradSync, {what}, DP {j.get('ranks')}, sync = {num(j.get('ratio'))} x "
+                         "backward: step syncing after backward / overlapped step",
                          f"{num(ratio(w.get('after_backward'), w.get('overlapped')))}x",
                          link_text(r), ref])
-            rows.append([f"GradSync, DP {j.get('ranks')}: per-tensor all-reduces after backward / "
-                         "bucketed after backward",
-                         f"{num(ratio(w.get('per_tensor_after'), w.get('after_backward')))}x",
-                         link_text(r), ref])
+            if "per_tensor" in w:
+                rows.append([f"GradSync, {what}, DP {j.get('ranks')}: one all-reduce per tensor / "
+                             "buckets (both overlapped)",
+                             f"{num(ratio(w.get('per_tensor'), w.get('overlapped')))}x",
+                             link_text(r), ref])
+            if "per_tensor_after" in w:
+                rows.append([f"GradSync, {what}, DP {j.get('ranks')}: per-tensor all-reduces after "
+                             "backward / bucketed after backward",
+                             f"{num(ratio(w.get('per_tensor_after'), w.get('after_backward')))}x",
+                             link_text(r), ref])
         elif r["kind"] == "grad_exchange":
             j = r["result"]
             a = j.get("auto") or {}
@@ -664,13 +673,24 @@ def grad_overlap_section(results, refs):
     out = []
     for r in results:
         j = r["result"]
-        mib = j.get("layers", 0) * j.get("hidden", 0) ** 2 * 4 / 2**20
-        out += [f"### GradSync overlapped with backward, DP {j.get('ranks')} [{refs[r['_file']]}]", "",
-                f"`grad_bench overlap`: {j.get('layers')} layers of {j.get('hidden')} x "
-                f"{j.get('hidden')} f32 gradients ({num(mib, '.1f')} MiB), backward compute "
-                f"{num(j.get('compute_s', 0) * 1e3)} ms, link {link_text(r)} (all-reduce = "
-                f"{num(j.get('ratio'))} x compute). Step time of rank 0, medians of alternated "
-                "repetitions; speedup = the after-backward step / this step.", ""]
+        if j.get("model") == "demo":
+            title = f"the demo model's training step, DP {j.get('ranks')}"
+            what = (f"`grad_bench overlap --model demo`: `mc2 demo`'s model ({j.get('layers')} "
+                    f"layers, hidden {j.get('hidden')}, ffn {j.get('ffn')}, "
+                    f"{num(j.get('grad_bytes', 0) / 2**20, '.1f')} MiB of f32 gradients), TP 1, "
+                    f"backward {num(j.get('compute_s', 0) * 1e3)} ms without a link, link "
+                    f"{link_text(r)} (gradient all-reduce = {num(j.get('ratio'))} x backward). "
+                    f"Whole training step of rank 0, medians of {j.get('reps')} steps per way, the "
+                    "ways in turn; speedup = the after-backward step / this step.")
+        else:
+            mib = j.get("layers", 0) * j.get("hidden", 0) ** 2 * 4 / 2**20
+            title = f"a synthetic backward, DP {j.get('ranks')}"
+            what = (f"`grad_bench overlap`: {j.get('layers')} layers of {j.get('hidden')} x "
+                    f"{j.get('hidden')} f32 gradients ({num(mib, '.1f')} MiB), backward compute "
+                    f"{num(j.get('compute_s', 0) * 1e3)} ms, link {link_text(r)} (all-reduce = "
+                    f"{num(j.get('ratio'))} x compute). Step time of rank 0, medians of alternated "
+                    "repetitions; speedup = the after-backward step / this step.")
+        out += [f"### GradSync overlapped with backward: {title} [{refs[r['_file']]}]", "", what, ""]
         ways = j.get("ways", [])
         after = next((w.get("median_s") for w in ways if w.get("name") == "after_backward"), None)
         rows = [[w.get("name"), num(w.get("median_s", 0) * 1e3), num(w.get("min_s", 0) * 1e3),

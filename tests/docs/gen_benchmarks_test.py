@@ -193,11 +193,20 @@ class GenBenchmarksTest(unittest.TestCase):
     def test_grad_sections_summary_and_plot(self):
         self.write(GRAD_OVERLAP, GRAD_EXCHANGE, GRAD_TRAIN)
         page = self.generate()
-        self.assertIn("| GradSync, DP 2, sync = 0.50 x backward: step syncing after backward / "
-                      "overlapped step | 1.50x |", page)
-        self.assertIn("| GradSync, DP 2: per-tensor all-reduces after backward / bucketed after "
-                      "backward | 2.00x |", page)
+        self.assertIn("| GradSync, synthetic backward, DP 2, sync = 0.50 x backward: step syncing "
+                      "after backward / overlapped step | 1.50x |", page)
+        self.assertIn("| GradSync, synthetic backward, DP 2: per-tensor all-reduces after backward / "
+                      "bucketed after backward | 2.00x |", page)
         self.assertIn("| overlapped | 100.00 | 90.00 | 1.50x |", page)
+        demo = json.loads(json.dumps(GRAD_OVERLAP))
+        demo["name"] = "go_demo"
+        demo["result"].update({"model": "demo", "ffn": 2048, "grad_bytes": 1 << 20, "reps": 4})
+        demo["result"]["ways"][2]["name"] = "per_tensor"
+        self.write(demo)
+        page = self.generate()
+        self.assertIn("| GradSync, demo model, DP 2: one all-reduce per tensor / buckets (both "
+                      "overlapped) | 3.00x |", page)
+        self.assertIn("the demo model's training step, DP 2", page)
         self.assertIn("| bf16 | bf16 | 200.00 | 2000 | 0.500 | 2.00x |", page)
         self.assertIn("chose (dense / bf16 step) | bf16 (2.00x) |", page)
         self.assertIn("and chose **bf16**.", page)
