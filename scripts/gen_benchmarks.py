@@ -79,9 +79,9 @@ PYTHONPATH=build/python scripts/record_bench.py torch_tp -- bench/torch_tp.py
 scripts/record_bench.py grad_overlap_dp2 -- build/bench/grad_bench overlap --model demo -n 2 --ratio 0.5
 scripts/record_bench.py grad_overlap_dp4 -- build/bench/grad_bench overlap --model demo -n 4 --ratio 0.5
 scripts/record_bench.py grad_exchange_raw -- build/bench/grad_bench exchange -n 2 --mib 16
-scripts/record_bench.py grad_exchange_link -- build/bench/grad_bench exchange -n 2 --mib 16 \
-    --link bw=200MB/s,lat=10us
-scripts/record_bench.py grad_train -- build/bench/grad_bench train -n 2 --steps 200 \
+scripts/record_bench.py grad_exchange_link -- build/bench/grad_bench exchange -n 2 --mib 16 \\
+    --link bw=20MB/s,lat=10us
+scripts/record_bench.py grad_train -- build/bench/grad_bench train -n 2 --steps 200 \\
     --schemes none,bf16,f16,topk@0.3,topk@0.01,threshold,auto
 ```
 
@@ -395,9 +395,13 @@ def headline(results, refs):
             j = r["result"]
             w = {x.get("name"): x.get("median_s") for x in j.get("ways", [])}
             what = "demo model" if j.get("model") == "demo" else "synthetic backward"
+            bs = {x.get("name"): x.get("backward_sync_s") for x in j.get("ways", [])}
+            part = (f" (backward + gradient wait "
+                    f"{num(ratio(bs.get('after_backward'), bs.get('overlapped')))}x)"
+                    if bs.get("overlapped") else "")
             rows.append([f"GradSync, {what}, DP {j.get('ranks')}, sync = {num(j.get('ratio'))} x "
                          "backward: step syncing after backward / overlapped step",
-                         f"{num(ratio(w.get('after_backward'), w.get('overlapped')))}x",
+                         f"{num(ratio(w.get('after_backward'), w.get('overlapped')))}x{part}",
                          link_text(r), ref])
             if "per_tensor" in w:
                 rows.append([f"GradSync, {what}, DP {j.get('ranks')}: one all-reduce per tensor / "
@@ -693,10 +697,17 @@ def grad_overlap_section(results, refs):
         out += [f"### GradSync overlapped with backward: {title} [{refs[r['_file']]}]", "", what, ""]
         ways = j.get("ways", [])
         after = next((w.get("median_s") for w in ways if w.get("name") == "after_backward"), None)
+        header = [("way", False), ("median ms", True), ("min ms", True), ("speedup", True)]
         rows = [[w.get("name"), num(w.get("median_s", 0) * 1e3), num(w.get("min_s", 0) * 1e3),
                  f"{num(ratio(after, w.get('median_s')))}x"] for w in ways]
-        out += table([("way", False), ("median ms", True), ("min ms", True), ("speedup", True)],
-                     rows) + [""]
+        if ways and all("backward_sync_s" in w for w in ways):  # demo model: backward + grad wait
+            after_bs = next((w["backward_sync_s"] for w in ways if w.get("name") == "after_backward"),
+                            None)
+            header += [("bwd+sync ms", True), ("bwd+sync speedup", True)]
+            for row, w in zip(rows, ways):
+                row += [num(w["backward_sync_s"] * 1e3),
+                        f"{num(ratio(after_bs, w['backward_sync_s']))}x"]
+        out += table(header, rows) + [""]
     return out
 
 

@@ -202,11 +202,15 @@ class GenBenchmarksTest(unittest.TestCase):
         demo["name"] = "go_demo"
         demo["result"].update({"model": "demo", "ffn": 2048, "grad_bytes": 1 << 20, "reps": 4})
         demo["result"]["ways"][2]["name"] = "per_tensor"
+        for way, bs in zip(demo["result"]["ways"], (0.08, 0.1, 0.2)):
+            way["backward_sync_s"] = bs
         self.write(demo)
         page = self.generate()
         self.assertIn("| GradSync, demo model, DP 2: one all-reduce per tensor / buckets (both "
                       "overlapped) | 3.00x |", page)
         self.assertIn("the demo model's training step, DP 2", page)
+        self.assertIn("overlapped step | 1.50x (backward + gradient wait 1.25x) |", page)
+        self.assertIn("| overlapped | 100.00 | 90.00 | 1.50x | 80.00 | 1.25x |", page)
         self.assertIn("| bf16 | bf16 | 200.00 | 2000 | 0.500 | 2.00x |", page)
         self.assertIn("chose (dense / bf16 step) | bf16 (2.00x) |", page)
         self.assertIn("and chose **bf16**.", page)
