@@ -7,9 +7,13 @@
 //     way of doing it, round-robin over repetitions so that every way sees
 //     the same machine: one all-reduce per tensor (issued together, then
 //     waited), GradSync uncompressed, f16, bf16, threshold (1e-6 and
-//     1e-3), top-k 1% and 10% with error feedback. Prints, per way, the
-//     median and min time of rank 0 and the bytes one rank receives
-//     (GradSyncStats::wire_bytes) against the dense all-reduce.
+//     1e-3), top-k 1% and 10% with error feedback, and `auto`
+//     (Compression::kAuto, bf16 against dense). Before the timed
+//     repetitions `auto` runs its measuring steps back to back (the
+//     gradients' refill stands for backward) and keeps what it chose.
+//     Prints, per way, the median and min time of rank 0, the bytes one
+//     rank receives (GradSyncStats::wire_bytes) against the dense
+//     all-reduce, and what `auto` chose with the medians it saw.
 //
 //   build/bench/grad_bench train [-n 2] [--steps 200] [--schemes LIST] [--warmup W]
 //                                [--json FILE]
@@ -30,6 +34,21 @@
 //     GradSync marking everything after backward, and one all-reduce per
 //     tensor after backward. Prints the medians and the speedup of the
 //     overlapped step over the step that syncs after backward.
+//
+//   build/bench/grad_bench overlap --model demo [-n 2] [--reps 4] [--ratio 0.5] [--json FILE]
+//     The same on the data-parallel training step of `mc2 demo`'s model
+//     (2 layers, hidden 1024, 16 heads, ffn 2048, 4 x 256 tokens per step,
+//     DP = n, TP = 1): its backward is timed without a link first, then the
+//     link is calibrated so that the gradients' all-reduce takes --ratio x
+//     that backward, and three copies of the model train side by side, one
+//     step each in turn: GradSync buckets marked during backward
+//     (overlapped), every gradient marked after backward
+//     (TransformerConfig::grad_overlap off), and one all-reduce per tensor
+//     marked during backward (grad_bucket_cap_bytes = 1). Step times are
+//     rank 0's StepStats::seconds (forward, backward, waiting for the
+//     gradients); bwd+sync is the part the gradient sync can change,
+//     backward_seconds + sync_wait_seconds. The forward caps the whole
+//     step's speedup at (F + B + S) / (F + B) for a sync S hidden entirely.
 //
 // Gradients are synthetic in `exchange`: normal-like values of scale 1e-3
 // with a tail of small ones, different per rank and step.
@@ -70,6 +89,8 @@ struct Args {
   std::string schemes = "none,bf16,f16,threshold,topk";
   std::string json_path;
   std::string ways;  // exchange: a comma-separated subset (empty: all)
+  std::string model = "synthetic";  // overlap: synthetic or demo
+  bool reps_given = false;
 };
 
 [[noreturn]] void Usage(const char* msg) {
@@ -100,7 +121,9 @@ Args Parse(int argc, char** argv) {
     else if (k == "--tensors")
       a.tensors = std::stoi(val());
     else if (k == "--reps")
-      a.reps = std::stoi(val());
+      a.reps = std::stoi(val()), a.reps_given = true;
+    else if (k == "--model")
+      a.model = val();
     else if (k == "--steps")
       a.steps = std::stoi(val());
     else if (k == "--warmup")
@@ -126,6 +149,8 @@ Args Parse(int argc, char** argv) {
       a.hidden < 1 || !(a.ratio > 0)) {
     Usage("bad value");
   }
+  if (a.model != "synthetic" && a.model != "demo") Usage("--model must be synthetic or demo");
+  if (a.model == "demo" && a.mode != "overlap") Usage("--model applies to overlap only");
   return a;
 }
 
@@ -161,7 +186,8 @@ int Exchange(const Args& a) {
       {"threshold_1e-6", false, {.scheme = mc2::Compression::kThreshold}},
       {"threshold_1e-3", false, {.scheme = mc2::Compression::kThreshold, .threshold = 1e-3f}},
       {"topk_1%", false, {.scheme = mc2::Compression::kTopK, .topk_ratio = 0.01}},
-      {"topk_10%", false, {.scheme = mc2::Compression::kTopK, .topk_ratio = 0.1}}};
+      {"topk_10%", false, {.scheme = mc2::Compression::kTopK, .topk_ratio = 0.1}},
+      {"auto", false, {.scheme = mc2::Compression::kAuto}}};
   if (!a.ways.empty()) {  // keep per_tensor and bucketed: the baselines
     std::vector<Way> kept;
     for (const Way& w : ways) {
@@ -185,6 +211,8 @@ int Exchange(const Args& a) {
   }
   std::vector<std::vector<double>> times(ways.size());
   std::vector<mc2::GradSyncStats> stats(ways.size());
+  std::vector<mc2::GradSyncTuning> tuning(ways.size());
+  int auto_steps = 0;
   mc2::WorldOptions wo;
   wo.link = a.link;
   wo.heap_bytes = static_cast<size_t>(a.mib * 4 * (1 << 20)) + (size_t{256} << 20);
@@ -199,25 +227,47 @@ int Exchange(const Args& a) {
           o.compression = w.c;
           o.bucket_cap_bytes = size_t{4} << 20;
           auto s = std::make_unique<mc2::GradSync>(g, o);
-          for (size_t t = 0; t < sizes.size(); ++t)
-            s->Register("t" + std::to_string(t), sizes[t], mc2::DType::kF32);
+          for (size_t t = 0; t < sizes.size(); ++t) {
+            std::string name = "t";  // not "t" + ...: GCC 12 warns falsely (-Wrestrict)
+            name += std::to_string(t);
+            s->Register(name, sizes[t], mc2::DType::kF32);
+          }
           s->Finalize();
           syncs.push_back(std::move(s));
         }
         // The per-tensor baseline: its own symmetric buffers, in place.
         std::vector<mc2::SymmetricBuffer> own;
         for (size_t sz : sizes) own.push_back(g.AllocSymmetric(sz * 4));
+        auto fill = [&](size_t wi, int rep) {
+          mc2::GradSync& s = *syncs[wi];
+          for (size_t t = 0; t < sizes.size(); ++t) {
+            float* d =
+                ways[wi].per_tensor ? own[t].as<float>() : s.GradAs<float>(static_cast<int>(t));
+            const uint64_t base =
+                (uint64_t(rep + 2) << 48) ^ (uint64_t(g.rank()) << 40) ^ (uint64_t(t) << 28);
+            for (size_t i = 0; i < sizes[t]; ++i) d[i] = Synthetic(base + i);
+          }
+        };
+        // `auto` decides first, from its own consecutive steps (the same
+        // number on every rank: the schedule depends on step counts only).
+        for (size_t wi = 0; wi < ways.size(); ++wi) {
+          mc2::GradSync& s = *syncs[wi];
+          int steps = 0;
+          while (ways[wi].c.scheme == mc2::Compression::kAuto && s.tuning().compression_deciding) {
+            fill(wi, 1000 + steps++);
+            for (size_t t = sizes.size(); t-- > 0;) s.MarkReady(static_cast<int>(t));
+            s.Finish();
+          }
+          if (g.rank() == 0) {
+            std::lock_guard<std::mutex> lock(mu);
+            tuning[wi] = s.tuning();
+            auto_steps = std::max(auto_steps, steps);
+          }
+        }
         for (int rep = -1; rep < a.reps; ++rep) {  // rep -1: warm-up
           for (size_t wi = 0; wi < ways.size(); ++wi) {
             mc2::GradSync& s = *syncs[wi];
-            // Fresh gradients (not timed).
-            for (size_t t = 0; t < sizes.size(); ++t) {
-              float* d =
-                  ways[wi].per_tensor ? own[t].as<float>() : s.GradAs<float>(static_cast<int>(t));
-              const uint64_t base =
-                  (uint64_t(rep + 2) << 48) ^ (uint64_t(g.rank()) << 40) ^ (uint64_t(t) << 28);
-              for (size_t i = 0; i < sizes[t]; ++i) d[i] = Synthetic(base + i);
-            }
+            fill(wi, rep);  // fresh gradients (not timed)
             mc2::Barrier(g).Wait();
             const auto t0 = Clock::now();
             if (ways[wi].per_tensor) {
@@ -254,6 +304,7 @@ int Exchange(const Args& a) {
               "wire/dense", "vs_bucketed");
   json out = {{"ranks", a.n},   {"elements", total}, {"tensors", a.tensors},
               {"link", a.link}, {"reps", a.reps},    {"ways", json::array()}};
+  std::string auto_line;
   const double base = Median(times[1]);
   for (size_t wi = 0; wi < ways.size(); ++wi) {
     const double med = Median(times[wi]);
@@ -266,8 +317,25 @@ int Exchange(const Args& a) {
                            {"min_s", mn},
                            {"wire_bytes", stats[wi].wire_bytes},
                            {"dense_bytes", dense},
-                           {"sent_elements", stats[wi].sent_elements}});
+                           {"sent_elements", stats[wi].sent_elements},
+                           {"scheme", mc2::CompressionName(stats[wi].scheme)}});
+    if (ways[wi].c.scheme == mc2::Compression::kAuto) {
+      const mc2::GradSyncTuning& t = tuning[wi];
+      const char* lossy = mc2::CompressionName(ways[wi].c.auto_scheme);
+      out["auto"] = {{"lossy", lossy},
+                     {"chose", mc2::CompressionName(t.compression)},
+                     {"dense_step_s", t.dense_step_seconds},
+                     {"lossy_step_s", t.lossy_step_seconds},
+                     {"min_speedup", ways[wi].c.auto_min_speedup},
+                     {"measuring_steps", auto_steps}};
+      auto_line = fmt::format(
+          "auto: chose {} after {} steps (median step, slowest rank: none {:.3f} ms, {} {:.3f} "
+          "ms; {} kept only when {:.2f}x faster)\n",
+          mc2::CompressionName(t.compression), auto_steps, t.dense_step_seconds * 1e3, lossy,
+          t.lossy_step_seconds * 1e3, lossy, ways[wi].c.auto_min_speedup);
+    }
   }
+  std::fputs(auto_line.c_str(), stdout);
   if (!a.json_path.empty()) std::ofstream(a.json_path) << out.dump(2) << "\n";
   return 0;
 }
@@ -361,7 +429,102 @@ struct OverlapRank {
   }
 };
 
+mc2::models::TransformerConfig DemoModel() {
+  mc2::models::TransformerConfig c;  // mc2 demo's defaults (tools/demo_command.cc)
+  c.layers = 2;
+  c.hidden = 1024;
+  c.heads = 16;
+  c.ffn = 2048;
+  c.vocab = 64;
+  c.seq_len = 256;
+  c.batch = 4;
+  c.lr = 3e-4f;
+  return c;
+}
+
+int OverlapModel(const Args& a) {
+  const mc2::models::TransformerConfig base = DemoModel();
+  if (base.batch % a.n != 0) Usage("--model demo: -n must divide the model's batch of 4");
+  const int reps = a.reps_given ? a.reps : 4;
+  // 1. The backward alone (rank 0's median, no link) and the gradients' size.
+  double backward = 0;
+  size_t grad_bytes = 0;
+  {
+    std::vector<double> t;
+    mc2::WorldOptions raw;
+    raw.heap_bytes = size_t{1} << 30;  // the model's buckets and workspaces
+    mc2::Group::RunInProcess(a.n, [&](mc2::Group& world) {
+      mc2::models::ProcessGrid grid = mc2::models::MakeGrid(world, 1);
+      mc2::models::Transformer m(grid, base);
+      for (int s = 0; s < 1 + std::min(reps, 3); ++s) {
+        const mc2::models::StepStats st = m.TrainStep(s);
+        if (world.rank() == 0 && s > 0) t.push_back(st.backward_seconds);
+      }
+      if (world.rank() == 0)
+        for (const auto& p : m.Parameters()) grad_bytes += p.rows * p.cols * sizeof(float);
+    }, raw);
+    backward = Median(t);
+  }
+  // 2. The link: the all-reduce's bytes per rank (2 (N-1)/N B) in ratio x backward.
+  const double wire = 2.0 * (a.n - 1) / a.n * static_cast<double>(grad_bytes);
+  const double bw = wire / (a.ratio * backward);
+  const std::string link = fmt::format("bw={:.0f}B/s,lat=5us", bw);
+  const char* names[] = {"overlapped", "after_backward", "per_tensor"};
+  std::vector<mc2::models::TransformerConfig> cfgs(3, base);
+  cfgs[1].grad_overlap = false;
+  cfgs[2].grad_bucket_cap_bytes = 1;
+  std::vector<std::vector<double>> times(3), bwd_sync(3);
+  mc2::WorldOptions wo;
+  wo.link = link;
+  wo.heap_bytes = 3 * (size_t{1} << 30);  // three models
+  std::mutex mu;
+  mc2::Group::RunInProcess(
+      a.n,
+      [&](mc2::Group& world) {
+        mc2::models::ProcessGrid grid = mc2::models::MakeGrid(world, 1);
+        std::vector<std::unique_ptr<mc2::models::Transformer>> ms;
+        for (const auto& c : cfgs) ms.push_back(std::make_unique<mc2::models::Transformer>(grid, c));
+        for (int s = 0; s < 1 + reps; ++s) {  // step 0: warm-up (and the bucket rebuild)
+          for (int w = 0; w < 3; ++w) {
+            mc2::Barrier(world).Wait();
+            const mc2::models::StepStats st = ms[w]->TrainStep(s);
+            if (world.rank() == 0 && s > 0) {
+              std::lock_guard<std::mutex> lock(mu);
+              times[w].push_back(st.seconds);
+              bwd_sync[w].push_back(st.backward_seconds + st.sync_wait_seconds);
+            }
+          }
+        }
+        mc2::Barrier(world).Wait();
+      },
+      wo);
+  std::printf(
+      "# grad_bench overlap --model demo: DP %d, %d layers, hidden %d, ffn %d, %d x %d tokens, "
+      "%.1f MiB of f32 gradients, backward %.2f ms, link %s (all-reduce = %.2f x backward), "
+      "%d timed steps per way\n",
+      a.n, base.layers, base.hidden, base.ffn, base.batch, base.seq_len, grad_bytes / 1048576.0,
+      backward * 1e3, link.c_str(), a.ratio, reps);
+  std::printf("%-18s %12s %12s %10s %16s %10s\n", "way", "median_ms", "min_ms", "speedup",
+              "bwd+sync_ms", "speedup");
+  json out = {{"model", "demo"},       {"ranks", a.n},          {"layers", base.layers},
+              {"hidden", base.hidden}, {"ffn", base.ffn},       {"grad_bytes", grad_bytes},
+              {"link", link},          {"compute_s", backward}, {"ratio", a.ratio},
+              {"reps", reps},          {"ways", json::array()}};
+  const double after = Median(times[1]), after_bs = Median(bwd_sync[1]);
+  for (int w = 0; w < 3; ++w) {
+    const double med = Median(times[w]), bs = Median(bwd_sync[w]);
+    const double mn = *std::min_element(times[w].begin(), times[w].end());
+    std::printf("%-18s %12.3f %12.3f %9.2fx %16.3f %9.2fx\n", names[w], med * 1e3, mn * 1e3,
+                after / med, bs * 1e3, after_bs / bs);
+    out["ways"].push_back(
+        {{"name", names[w]}, {"median_s", med}, {"min_s", mn}, {"backward_sync_s", bs}});
+  }
+  if (!a.json_path.empty()) std::ofstream(a.json_path) << out.dump(2) << "\n";
+  return 0;
+}
+
 int Overlap(const Args& a) {
+  if (a.model == "demo") return OverlapModel(a);
   const size_t h = static_cast<size_t>(a.hidden);
   const size_t grad_bytes = static_cast<size_t>(a.layers) * h * h * sizeof(float);
   // 1. The backward's compute alone (rank 0's median), no link.

@@ -5,21 +5,37 @@ Usage: scripts/gen_benchmarks.py [--results DIR] [--output FILE | --check FILE]
 
 --output FILE   where to write the page (default: docs/benchmarks.md)
 --check FILE    write nothing; exit 1 with a diff if FILE differs from the
-                page the results give (the `docs` ctest runs this)
+                page the results give (the `docs` ctest runs this), or if a
+                loss-curve plot next to it does
 
+Each grad_train result also gets its loss curves drawn as
+images/NAME_loss.svg next to the page (scripts/plot_curves.py), linked from it.
 The page is a pure function of the result files (scripts/record_bench.py
 writes them), so it can be regenerated at any time and never drifts from
 them. Results are shown in the order of their file names.
 """
 
 import difflib
+import importlib.util
 import json
 import pathlib
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _load_plotter():
+    spec = importlib.util.spec_from_file_location("plot_curves",
+                                                  pathlib.Path(__file__).with_name("plot_curves.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+plot_curves = _load_plotter()
 KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "demo_pp", "bench", "bench_batch",
-         "torch_compare", "torch_tp", "torch_compress")
+         "torch_compare", "torch_tp", "torch_compress", "grad_overlap", "grad_exchange",
+         "grad_train")
 REQUIRED = ("name", "kind", "date", "commit", "host", "command", "emulated", "result")
 # The judged figure of the all_reduce comparison.
 HEADLINE_SIZE = 16 << 20
@@ -65,6 +81,13 @@ scripts/record_bench.py batch_vs_separate -- build/tools/mc2 bench batch -n 2 --
 PYTHONPATH=build/python scripts/record_bench.py torch_vs_gloo -- bench/torch_compare.py -n 2 --reps 3
 PYTHONPATH=build/python scripts/record_bench.py torch_tp -- bench/torch_tp.py
 scripts/record_bench.py torch_compress -- bench/torch_compress.py
+scripts/record_bench.py grad_overlap_dp2 -- build/bench/grad_bench overlap --model demo -n 2 --ratio 0.5
+scripts/record_bench.py grad_overlap_dp4 -- build/bench/grad_bench overlap --model demo -n 4 --ratio 0.5
+scripts/record_bench.py grad_exchange_raw -- build/bench/grad_bench exchange -n 2 --mib 16
+scripts/record_bench.py grad_exchange_link -- build/bench/grad_bench exchange -n 2 --mib 16 \\
+    --link bw=20MB/s,lat=10us
+scripts/record_bench.py grad_train -- build/bench/grad_bench train -n 2 --steps 200 \\
+    --schemes none,bf16,f16,topk@0.3,topk@0.01,threshold,auto
 ```
 
 Record on a quiet machine, from a Release build of a committed tree: on a
@@ -218,6 +241,29 @@ bytes one rank received per step with the scheme (wire) and what an
 uncompressed all-reduce receives (dense), and the median step time
 (forward, backward with the hook's exchanges, optimizer step; the slowest
 rank's). Judged: bf16 and top-k end within 2% of none's loss.
+
+### Gradient synchronisation: `bench/grad_bench`
+
+`grad_bench` measures GradSync (docs/grad.md) on in-process ranks, in
+three modes, each alternating the ways it compares:
+
+- `overlap --model demo`: the data-parallel training step of `mc2 demo`'s
+  model (TP 1) over an emulated link calibrated so that the gradient
+  all-reduce takes `--ratio` x the backward (timed first without a link).
+  Three copies of the model train in turn: GradSync buckets marked during
+  backward (overlapped), every gradient marked after backward, and one
+  all-reduce per tensor marked during backward; speedup = the
+  after-backward step / this step. Without `--model demo` the backward is
+  synthetic (one weight-gradient GEMM per layer) and the per-tensor way
+  runs after backward.
+- `exchange`: one gradient-sync step (every tensor marked, then `Finish`)
+  per way: one all-reduce per tensor, GradSync uncompressed (bucketed), and
+  each compression scheme; wire bytes = what one rank receives
+  (`GradSyncStats::wire_bytes`), against the dense all-reduce's. `auto`
+  (bf16 against dense, measured over its own steps first) and what it chose.
+- `train`: the reference transformer trained from the same weights once per
+  scheme; the mean loss of the last 10 steps against the first scheme's
+  (uncompressed), and the loss curves as a plot.
 
 ### Exploring
 
@@ -400,6 +446,43 @@ def headline(results, refs):
                                  "bytes", f"{num(x.get('loss_vs_none', 0) * 100, '+.2f')}%, "
                                  f"{num(x.get('wire_bytes_per_step', 0) / max(1, x.get('dense_bytes_per_step', 0)))}x",
                                  link_text(r), ref])
+        elif r["kind"] == "grad_overlap":
+            j = r["result"]
+            w = {x.get("name"): x.get("median_s") for x in j.get("ways", [])}
+            what = "demo model" if j.get("model") == "demo" else "synthetic backward"
+            bs = {x.get("name"): x.get("backward_sync_s") for x in j.get("ways", [])}
+            part = (f" (backward + gradient wait "
+                    f"{num(ratio(bs.get('after_backward'), bs.get('overlapped')))}x)"
+                    if bs.get("overlapped") else "")
+            rows.append([f"GradSync, {what}, DP {j.get('ranks')}, sync = {num(j.get('ratio'))} x "
+                         "backward: step syncing after backward / overlapped step",
+                         f"{num(ratio(w.get('after_backward'), w.get('overlapped')))}x{part}",
+                         link_text(r), ref])
+            if "per_tensor" in w:
+                rows.append([f"GradSync, {what}, DP {j.get('ranks')}: one all-reduce per tensor / "
+                             "buckets (both overlapped)",
+                             f"{num(ratio(w.get('per_tensor'), w.get('overlapped')))}x",
+                             link_text(r), ref])
+            if "per_tensor_after" in w:
+                rows.append([f"GradSync, {what}, DP {j.get('ranks')}: per-tensor all-reduces after "
+                             "backward / bucketed after backward",
+                             f"{num(ratio(w.get('per_tensor_after'), w.get('after_backward')))}x",
+                             link_text(r), ref])
+        elif r["kind"] == "grad_exchange":
+            j = r["result"]
+            a = j.get("auto") or {}
+            if a:
+                rows.append([f"GradSync auto compression, {j.get('ranks')} ranks, "
+                             f"{num(j.get('elements', 0) * 4 / 2**20, '.0f')} MiB of gradients: "
+                             f"chose (dense / {a.get('lossy')} step)",
+                             f"{a.get('chose')} ({num(ratio(a.get('dense_step_s'), a.get('lossy_step_s')))}x)",
+                             link_text(r), ref])
+        elif r["kind"] == "grad_train":
+            j = r["result"]
+            for run in j.get("runs", [])[1:]:
+                rows.append([f"transformer, {j.get('steps')} steps, DP {j.get('ranks')}: last-10 "
+                             f"loss, {run.get('scheme')} vs {j['runs'][0].get('scheme')}",
+                             f"{run.get('rel_to_first', 0) * 100:+.2f}%", link_text(r), ref])
         elif r["kind"] == "torch_tp":
             runs = r["result"].get("runs", {})
             single = runs.get("single", {}).get("median_s")
@@ -702,6 +785,106 @@ def torch_compress_section(results, refs):
     return out
 
 
+def grad_overlap_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        if j.get("model") == "demo":
+            title = f"the demo model's training step, DP {j.get('ranks')}"
+            what = (f"`grad_bench overlap --model demo`: `mc2 demo`'s model ({j.get('layers')} "
+                    f"layers, hidden {j.get('hidden')}, ffn {j.get('ffn')}, "
+                    f"{num(j.get('grad_bytes', 0) / 2**20, '.1f')} MiB of f32 gradients), TP 1, "
+                    f"backward {num(j.get('compute_s', 0) * 1e3)} ms without a link, link "
+                    f"{link_text(r)} (gradient all-reduce = {num(j.get('ratio'))} x backward). "
+                    f"Whole training step of rank 0, medians of {j.get('reps')} steps per way, the "
+                    "ways in turn; speedup = the after-backward step / this step.")
+        else:
+            mib = j.get("layers", 0) * j.get("hidden", 0) ** 2 * 4 / 2**20
+            title = f"a synthetic backward, DP {j.get('ranks')}"
+            what = (f"`grad_bench overlap`: {j.get('layers')} layers of {j.get('hidden')} x "
+                    f"{j.get('hidden')} f32 gradients ({num(mib, '.1f')} MiB), backward compute "
+                    f"{num(j.get('compute_s', 0) * 1e3)} ms, link {link_text(r)} (all-reduce = "
+                    f"{num(j.get('ratio'))} x compute). Step time of rank 0, medians of alternated "
+                    "repetitions; speedup = the after-backward step / this step.")
+        out += [f"### GradSync overlapped with backward: {title} [{refs[r['_file']]}]", "", what, ""]
+        ways = j.get("ways", [])
+        after = next((w.get("median_s") for w in ways if w.get("name") == "after_backward"), None)
+        header = [("way", False), ("median ms", True), ("min ms", True), ("speedup", True)]
+        rows = [[w.get("name"), num(w.get("median_s", 0) * 1e3), num(w.get("min_s", 0) * 1e3),
+                 f"{num(ratio(after, w.get('median_s')))}x"] for w in ways]
+        if ways and all("backward_sync_s" in w for w in ways):  # demo model: backward + grad wait
+            after_bs = next((w["backward_sync_s"] for w in ways if w.get("name") == "after_backward"),
+                            None)
+            header += [("bwd+sync ms", True), ("bwd+sync speedup", True)]
+            for row, w in zip(rows, ways):
+                row += [num(w["backward_sync_s"] * 1e3),
+                        f"{num(ratio(after_bs, w['backward_sync_s']))}x"]
+        out += table(header, rows) + [""]
+    return out
+
+
+def grad_exchange_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        out += [f"### GradSync compression: bytes and time, {j.get('ranks')} ranks, "
+                f"{num(j.get('elements', 0) * 4 / 2**20, '.0f')} MiB in {j.get('tensors')} tensors "
+                f"[{refs[r['_file']]}]", "",
+                f"`grad_bench exchange`, link {link_text(r)}: one gradient-sync step per way, "
+                f"medians of {j.get('reps')} alternated repetitions (rank 0); wire bytes = what "
+                "one rank receives; vs bucketed = the uncompressed GradSync step / this step.", ""]
+        ways = j.get("ways", [])
+        base = next((w.get("median_s") for w in ways if w.get("name") == "bucketed"), None)
+        rows = [[w.get("name"), w.get("scheme", ""), num(w.get("median_s", 0) * 1e3, ".2f"),
+                 w.get("wire_bytes"), num(ratio(w.get("wire_bytes"), w.get("dense_bytes")), ".3f"),
+                 f"{num(ratio(base, w.get('median_s')))}x"] for w in ways]
+        out += table([("way", False), ("ran", False), ("median ms", True), ("wire bytes", True),
+                      ("wire / dense", True), ("vs bucketed", True)], rows) + [""]
+        a = j.get("auto")
+        if a:
+            out += [f"`auto` measured dense against {a.get('lossy')} over {a.get('measuring_steps')} "
+                    f"steps (median step, slowest rank: dense {num(a.get('dense_step_s', 0) * 1e3)} "
+                    f"ms, {a.get('lossy')} {num(a.get('lossy_step_s', 0) * 1e3)} ms; kept only when "
+                    f"{num(a.get('min_speedup'))}x faster) and chose **{a.get('chose')}**.", ""]
+    return out
+
+
+def train_plot_name(r):
+    return f"images/{pathlib.Path(r['_file']).stem}_loss.svg"
+
+
+def train_plot(r):
+    j = r["result"]
+    return plot_curves.train_svg(j, f"grad_bench train: loss per step, DP {j.get('ranks')}, "
+                                    f"{j.get('steps')} steps")
+
+
+def grad_train_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        runs = j.get("runs", [])
+        first = runs[0].get("scheme") if runs else "?"
+        out += [f"### GradSync compression: training, DP {j.get('ranks')}, {j.get('steps')} steps "
+                f"[{refs[r['_file']]}]", "",
+                f"`grad_bench train`: the reference transformer from the same weights once per "
+                f"scheme ({j.get('warmup')} warm-up steps uncompressed; topk@R sends the fraction R "
+                f"of each bucket, with error feedback). Last-10 = the mean loss of the last 10 "
+                f"steps; vs {first} = its relative difference.", ""]
+        rows = [[x.get("scheme"), num(x.get("losses", [None])[0], ".4f"),
+                 num(x.get("tail_mean"), ".4f"), f"{x.get('rel_to_first', 0) * 100:+.2f}%",
+                 num(x.get("seconds"), ".1f")] for x in runs]
+        out += table([("scheme", False), ("first loss", True), ("last-10 loss", True),
+                      (f"vs {first}", True), ("run s", True)], rows) + [""]
+        out += [f"![loss curves]({train_plot_name(r)})", ""]
+    return out
+
+
+def plots(results):
+    """{path relative to the page: SVG text} for every grad_train result."""
+    return {train_plot_name(r): train_plot(r) for r in results if r["kind"] == "grad_train"}
+
+
 def render(results):
     lines = ["# Benchmarks", "",
              "<!-- Generated by scripts/gen_benchmarks.py from bench/results/*.json: edit those",
@@ -728,6 +911,9 @@ def render(results):
     lines += torch_section(by_kind["torch_compare"], refs)
     lines += torch_tp_section(by_kind["torch_tp"], refs)
     lines += torch_compress_section(by_kind["torch_compress"], refs)
+    lines += grad_overlap_section(by_kind["grad_overlap"], refs)
+    lines += grad_exchange_section(by_kind["grad_exchange"], refs)
+    lines += grad_train_section(by_kind["grad_train"], refs)
     lines += ["### Sources", ""] + [source_line(refs[r["_file"]], r) for r in results] + [""]
     return "\n".join(lines)
 
@@ -752,10 +938,21 @@ def main(argv):
         i += 2
     if not results_dir.is_dir():
         die(f"results directory {results_dir} does not exist")
-    page = render(load_results(results_dir))
+    results = load_results(results_dir)
+    page = render(results)
+    images = plots(results)
     if check is None:
         output.write_text(page)
+        for rel, svg in images.items():
+            (output.parent / rel).parent.mkdir(exist_ok=True)
+            (output.parent / rel).write_text(svg)
         return 0
+    for rel, svg in images.items():
+        path = check.parent / rel
+        if not path.exists() or path.read_text() != svg:
+            print(f"gen_benchmarks.py: {path} is missing or differs from what {results_dir} gives; "
+                  "run scripts/gen_benchmarks.py and commit it", file=sys.stderr)
+            return 1
     try:
         current = check.read_text()
     except OSError as e:

@@ -16,6 +16,8 @@ COMMAND is one of
   bench/torch_compare.py ...      (the recorder adds --json FILE)
   bench/torch_tp.py ...           (the recorder adds --json FILE)
   bench/torch_compress.py ...     (the recorder adds --json FILE)
+  BUILD/bench/grad_bench overlap|exchange|train ...
+                                  (the recorder adds --json FILE)
 and must not carry those options itself. The command runs with the caller's
 environment; its standard output is shown and recorded.
 
@@ -83,7 +85,8 @@ def parse_args(argv):
 
 def command_kind(command):
     """Which tool the command runs: compare_mpi, bench, bench_ops, bench_batch,
-    demo, demo_infer, demo_pp, torch_compare, torch_tp or torch_compress."""
+    demo, demo_infer, demo_pp, torch_compare, torch_tp, torch_compress, grad_overlap,
+    grad_exchange or grad_train."""
     if "torch_compare.py" in (os.path.basename(c) for c in command[:2]):
         return "torch_compare"
     if "torch_tp.py" in (os.path.basename(c) for c in command[:2]):
@@ -93,6 +96,11 @@ def command_kind(command):
     if os.path.basename(command[0]) == "compare_mpi.sh" or (
             len(command) > 1 and os.path.basename(command[1]) == "compare_mpi.sh"):
         return "compare_mpi"
+    if os.path.basename(command[0]) == "grad_bench" and len(command) > 1:
+        if command[1] in ("overlap", "exchange", "train"):
+            return "grad_" + command[1]
+        die(f"cannot record '{shlex.join(command)}': grad_bench needs a mode "
+            "(overlap, exchange or train) first")
     if os.path.basename(command[0]) == "mc2" and len(command) > 1:
         if command[1] == "bench":
             if len(command) > 2 and command[2] in ("ops", "batch"):
@@ -102,8 +110,8 @@ def command_kind(command):
             sub = command[2] if len(command) > 2 else ""
             return {"infer": "demo_infer", "pp": "demo_pp"}.get(sub, "demo")
     die(f"cannot record '{shlex.join(command)}': expected bench/compare_mpi.sh, "
-        "mc2 bench, mc2 bench ops, mc2 bench batch, mc2 demo, bench/torch_compare.py or "
-        "bench/torch_tp.py or bench/torch_compress.py")
+        "mc2 bench, mc2 bench ops, mc2 bench batch, mc2 demo, bench/torch_compare.py, "
+        "bench/torch_tp.py, bench/torch_compress.py or grad_bench")
 
 
 def option_value(command, name):
@@ -141,8 +149,15 @@ def emulated_link(kind, command, result):
 
     mc2 bench ops and mc2 demo (infer) take --link (the demo's default is auto) and
     report the link they used (the calibrated one for `auto`); mc2 bench and
-    compare_mpi.sh follow MC2_LINK.
+    compare_mpi.sh follow MC2_LINK. grad_bench overlap always calibrates its
+    own link (reported as `link`); grad_bench exchange takes --link; grad_bench
+    train follows MC2_LINK.
     """
+    if kind == "grad_overlap":
+        return f"calibrated ({result.get('link')})"
+    if kind == "grad_exchange":
+        requested = option_value(command, "--link") or "none"
+        return None if requested == "none" else requested
     demos = ("demo", "demo_infer", "demo_pp")
     requested = option_value(command, "--link") if kind in ("bench_ops",) + demos else None
     if requested is None and kind in demos:
@@ -167,7 +182,8 @@ def main(argv):
              "bench_batch": ["--json"],
              "demo": ["--json"], "demo_infer": ["--json"], "demo_pp": ["--json"],
              "torch_compare": ["--json"], "torch_tp": ["--json"],
-             "torch_compress": ["--json"]}[kind]
+             "torch_compress": ["--json"], "grad_overlap": ["--json"],
+             "grad_exchange": ["--json"], "grad_train": ["--json"]}[kind]
     for opt in added:
         if option_value(command, opt) is not None:
             die(f"the command carries {opt}: the recorder sets it")

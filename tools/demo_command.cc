@@ -38,6 +38,7 @@
 #include "mc2/mc2.h"
 #include "mc2/models.h"
 #include "output_paths.h"
+#include "demo_grad_sync.h"
 #include "trace/analysis.h"
 #include "trace/timeline_svg.h"
 #include "trace/trace_file.h"
@@ -54,7 +55,8 @@ struct DemoArgs {
   // Two ranks by default: one per core here, so that what overlaps is the
   // link and the compute, not two ranks time-sharing a core.
   int nranks = 2;
-  int tp = 0;  // 0: every rank in one TP group
+  int tp = 0;  // 0: every rank in one TP group (or -n / --dp)
+  int dp = 0;  // 0: -n / --tp
   std::string link = "auto";
   double comm_ratio = 0.75;  // --link auto: communication / compute per step
   std::string pipelines = "serial,chunked,fused,auto";
@@ -225,6 +227,8 @@ struct RunSummary {
   double block_ms = 0;
   double tokens_per_s = 0;
   trace::Breakdown b;
+  GradSyncOverlap grad;  // the gradient all-reduces and what hid them
+  int timed_steps = 0;
   std::string ran;  // the pipelines the fused operators reported
   std::vector<double> losses;
   std::string trace_json, svg;
@@ -329,6 +333,8 @@ void Conduct(const DemoArgs& a) {
     trace::TraceData t = trace::LoadTrace(dir);
     trace::Report r = trace::Analyze(t);
     s.b = r.overall;
+    s.grad = AnalyzeGradSync(t);
+    s.timed_steps = static_cast<int>(r.steps.size());
     std::map<std::string, int64_t> ran;
     for (const auto& op : r.operators)
       for (const auto& [name, calls] : op.pipelines) ran[name] += calls;
@@ -372,6 +378,15 @@ void Conduct(const DemoArgs& a) {
   });
   row("compute utilisation (%)",
       [](const RunSummary& r) { return fmt::format("{:.1f}", r.b.Pct(r.b.compute_ns)); });
+  // The gradient all-reduces (GradSync): their time per step and rank, and
+  // the share of it the backward's compute hid.
+  row("gradient all-reduce (ms)", [](const RunSummary& r) {
+    const int per = std::max(1, r.grad.ranks) * std::max(1, r.timed_steps);
+    return r.grad.calls ? fmt::format("{:.1f}", r.grad.comm_ns / 1e6 / per) : std::string("-");
+  });
+  row("  hidden under compute (%)", [](const RunSummary& r) {
+    return r.grad.calls ? fmt::format("{:.1f}", r.grad.HiddenPct()) : std::string("-");
+  });
   row("tokens/s", [](const RunSummary& r) { return fmt::format("{:.0f}", r.tokens_per_s); });
   row("speedup vs serial", [&](const RunSummary& r) {
     return fmt::format("{:.2f}x", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0);
@@ -393,7 +408,8 @@ void Conduct(const DemoArgs& a) {
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
 
   if (!a.json_path.empty()) {
-    json j = {{"ranks", a.nranks}, {"tp", tp}, {"link", link}, {"losses_identical", identical}};
+    json j = {{"ranks", a.nranks}, {"tp", tp},     {"dp", a.nranks / tp},
+              {"link", link},      {"losses_identical", identical}};
     for (const auto& r : runs)
       j["runs"].push_back({{"pipeline", r.pipeline}, {"ran", r.ran}, {"step_ms", r.step_ms},
                            {"block_ms", r.block_ms}, {"tokens_per_s", r.tokens_per_s},
@@ -402,6 +418,11 @@ void Conduct(const DemoArgs& a) {
                            {"free_pct", r.b.Pct(r.b.free_ns)},
                            {"compute_pct", r.b.Pct(r.b.compute_ns)},
                            {"speedup", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0},
+                           {"grad_all_reduces", r.grad.calls},
+                           {"grad_all_reduce_ms",
+                            r.grad.comm_ns / 1e6 / (std::max(1, r.grad.ranks) *
+                                                    std::max(1, r.timed_steps))},
+                           {"grad_hidden_pct", r.grad.HiddenPct()},
                            {"losses", r.losses}});
     const std::string err = WriteOutputFile(a.json_path, j.dump(1) + "\n");
     if (!err.empty()) {
@@ -423,7 +444,10 @@ void RegisterDemo(CLI::App& app) {
   cmd->add_option("-n,--nranks", a->nranks, "Ranks to launch")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
-  cmd->add_option("--tp", a->tp, "Tensor-parallel group size (default: all ranks)")
+  cmd->add_option("--tp", a->tp, "Tensor-parallel group size (default: all ranks, or -n / --dp)")
+      ->check(CLI::Range(0, 64));
+  cmd->add_option("--dp", a->dp,
+                  "Data-parallel size (default: -n / --tp); --dp alone sets --tp to -n / --dp")
       ->check(CLI::Range(0, 64));
   cmd->add_option("--link", a->link,
                   "Emulated link: auto (calibrated so that a step's communication takes as long "
@@ -499,6 +523,13 @@ void RegisterDemo(CLI::App& app) {
         int status = RunRankJob(*a);
         if (status != 0) throw CLI::RuntimeError(status);
         return;
+      }
+      if (a->dp > 0) {  // --dp: the TP size follows (or must agree)
+        if (a->nranks % a->dp != 0)
+          Usage(fmt::format("--dp {} must divide -n {}", a->dp, a->nranks));
+        if (a->tp == 0) a->tp = a->nranks / a->dp;
+        if (a->tp * a->dp != a->nranks)
+          Usage(fmt::format("--tp {} x --dp {} must be -n {}", a->tp, a->dp, a->nranks));
       }
       Conduct(*a);
     } catch (const Error& e) {

@@ -51,6 +51,9 @@
 // With error_feedback (kThreshold and kTopK), what a rank did not send is
 // kept as its residual and added to its gradient of the next synchronised
 // step; sent value + new residual == gradient + old residual, exactly.
+// - kAuto: auto_scheme (bf16 by default) when a few measured steps show it
+//   makes the step faster than the dense exchange (agreed over the ranks),
+//   else no compression (CompressionOptions::auto_*).
 //
 // Invariants: every rank of the main group registers the same parameters
 // (name, count, dtype, group size) in the same order; expert parameters are
@@ -84,8 +87,9 @@ enum class Compression : uint8_t {
   kBF16,       // bfloat16 on the wire, reduced in f32
   kThreshold,  // sparse: |g| >= threshold
   kTopK,       // sparse: the largest topk_ratio of each bucket
+  kAuto,       // auto_scheme when measured steps show it pays, else kNone
 };
-// "none", "f16", "bf16", "threshold", "topk"; Parse is the inverse.
+// "none", "f16", "bf16", "threshold", "topk", "auto"; Parse is the inverse.
 const char* CompressionName(Compression c);
 std::optional<Compression> ParseCompression(std::string_view name);
 
@@ -103,6 +107,19 @@ struct CompressionOptions {
   // (as Deep Gradient Compression warms up): the early gradients, large and
   // changing fast, are the ones compression hurts most.
   int warmup_steps = 0;
+  // kAuto: the lossy scheme measured against the dense all-reduce (kF16,
+  // kBF16, kThreshold or kTopK, with the options above). After the first
+  // synchronised step (and the warm-up steps above), the dense exchange
+  // and then auto_scheme each run auto_warmup_steps untimed and auto_steps
+  // timed steps (step time as the autotuner measures it, with its clock:
+  // AutotuneOptions::clock); the ranks agree on the medians (max over
+  // ranks) and keep auto_scheme only when the dense median exceeds
+  // auto_min_speedup x its median, else compression is turned off.
+  // GradSync::tuning() and a log line (info level) report the choice.
+  Compression auto_scheme = Compression::kBF16;
+  int auto_warmup_steps = 1;
+  int auto_steps = 3;
+  double auto_min_speedup = 1.05;
 };
 
 // Autotuning of the bucket cap (and, with kThreshold compression, of the
@@ -133,7 +150,7 @@ struct AutotuneOptions {
   std::function<double()> clock = {};
 };
 
-// What the autotuner did (GradSync::tuning()).
+// What the autotuner and `auto` compression did (GradSync::tuning()).
 struct GradSyncTuning {
   bool tuning = false;          // still measuring candidates
   bool decided = false;         // a candidate was chosen (and is in use)
@@ -144,6 +161,16 @@ struct GradSyncTuning {
   std::vector<size_t> candidate_caps;
   std::vector<float> candidate_thresholds;
   std::vector<double> median_seconds;
+  // Compression (filled whether or not autotune is on): the scheme the
+  // next step uses (kAuto: kNone while measuring and when compression was
+  // turned off, auto_scheme once it was kept).
+  Compression compression = Compression::kNone;
+  // kAuto only: still measuring; a choice was made; the agreed (max over
+  // ranks) median step time of the dense and of the lossy steps, seconds.
+  bool compression_deciding = false;
+  bool compression_decided = false;
+  double dense_step_seconds = 0;
+  double lossy_step_seconds = 0;
 };
 
 // How a bucket's uncompressed all-reduce runs on a group that spans levels
@@ -196,6 +223,7 @@ struct GradSyncStats {
   size_t wire_bytes = 0;      // what the chosen scheme moved instead
   size_t sent_elements = 0;   // elements this rank contributed (sparse: pairs)
   double finish_seconds = 0;  // spent in Finish (waiting and decoding)
+  Compression scheme = Compression::kNone;  // what the step used (kNone in warm-up)
 };
 
 class GradSync {
@@ -260,7 +288,8 @@ class GradSync {
   std::vector<std::vector<int>> Buckets() const;
   int layout_version() const;
   const GradSyncStats& stats() const;
-  // The autotuner's state and choice (all zero when autotune is off).
+  // The autotuner's state and choice (zero when autotune is off), and the
+  // compression in use with kAuto's measurement and choice.
   GradSyncTuning tuning() const;
   // What each bucket's uncompressed all-reduce runs, in bucket order (the
   // current layout's; see BucketAlgorithm).

@@ -152,6 +152,15 @@ struct TransformerConfig {
   // expert replicas and the world (the TP-replicated tensors). An invalid
   // setting throws kInvalidArgument when the model is built.
   CompressionOptions grad_compression = {};
+  // How those exchanges are scheduled (baselines for benchmarks; the
+  // defaults are the fast ones): with grad_overlap each sublayer's
+  // gradients are marked ready during backward, so that their all-reduce
+  // runs under the rest of it; without, every gradient is marked at the end
+  // of backward. grad_bucket_cap_bytes: 0 packs about one sublayer per
+  // bucket; otherwise the GradSync bucket cap (1: one all-reduce per
+  // tensor).
+  bool grad_overlap = true;
+  size_t grad_bucket_cap_bytes = 0;
 
   // AdamW.
   float lr = 3e-3f;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/log.h"
+#include "grad/auto_compression.h"
 #include "grad/autotune.h"
 #include "grad/exchange.h"
 #include "grad/layout.h"
@@ -35,13 +36,15 @@ const char* CompressionName(Compression c) {
       return "threshold";
     case Compression::kTopK:
       return "topk";
+    case Compression::kAuto:
+      return "auto";
   }
   return "?";
 }
 
 std::optional<Compression> ParseCompression(std::string_view name) {
   for (Compression c : {Compression::kNone, Compression::kF16, Compression::kBF16,
-                        Compression::kThreshold, Compression::kTopK}) {
+                        Compression::kThreshold, Compression::kTopK, Compression::kAuto}) {
     if (name == CompressionName(c)) return c;
   }
   if (name == "fp16") return Compression::kF16;
@@ -99,10 +102,11 @@ size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 // the step ends.
 class GradSync::Impl {
  public:
-  Impl(const Group& g, const GradSyncOptions& o) : opt_(o) {
+  Impl(const Group& g, const GradSyncOptions& o) : opt_(o), given_(o) {
     if (!g.valid()) Invalid("the group is invalid");
     groups_.push_back(g);
-    const CompressionOptions& c = o.compression;
+    if (o.compression.scheme == Compression::kAuto) MakeAuto(o.compression);
+    const CompressionOptions& c = opt_.compression;
     if (o.bucket_cap_bytes == 0 || o.first_bucket_cap_bytes == 0) {
       Invalid("bucket caps must be > 0 bytes");
     }
@@ -139,7 +143,9 @@ class GradSync::Impl {
     }
     if (opt_.compression.scheme != Compression::kNone && dtype != DType::kF32) {
       Invalid("parameter \"" + name + "\": compression " +
-              CompressionName(opt_.compression.scheme) + " takes f32 gradients, not " +
+              (auto_ ? std::string("auto (") + CompressionName(auto_->lossy()) + ")"
+                     : std::string(CompressionName(opt_.compression.scheme))) +
+              " takes f32 gradients, not " +
               DTypeName(dtype));
     }
     if (group < 0 || group >= static_cast<int>(groups_.size())) {
@@ -188,7 +194,7 @@ class GradSync::Impl {
     if (!sync) return;
     --pending_[where_[p].first];
     while (next_start_ < ex_.size() && pending_[next_start_] == 0) {
-      ex_[next_start_]->Start(&stats_, synced_steps_ >= opt_.compression.warmup_steps);
+      ex_[next_start_]->Start(&stats_, Compress());
       ++next_start_;
     }
   }
@@ -203,9 +209,10 @@ class GradSync::Impl {
     }
     const auto t0 = Clock::now();
     trace::Scope span("grad_sync.finish", trace::Category::kWait);
+    stats_.scheme = Compress() ? opt_.compression.scheme : Compression::kNone;
     try {
       while (next_start_ < ex_.size()) {
-        ex_[next_start_]->Start(&stats_, synced_steps_ >= opt_.compression.warmup_steps);
+        ex_[next_start_]->Start(&stats_, Compress());
         ++next_start_;
       }
       for (auto& e : ex_) e->Advance();
@@ -218,9 +225,14 @@ class GradSync::Impl {
     stats_.finish_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     last_stats_ = stats_;
     ++synced_steps_;
-    const double end = tuner_ ? Now() : 0;
+    // kAuto's measurement comes first; the autotuner starts after it.
+    const bool choosing = auto_ && auto_->deciding();
+    const double end = tuner_ || choosing ? Now() : 0;
     if (opt_.rebuild_buckets && !rebuilt_) Rebuild();
-    if (tuner_) Tune(end);
+    if (choosing)
+      ChooseCompression(end);
+    else if (tuner_)
+      Tune(end);
     ResetStep();
   }
 
@@ -245,6 +257,13 @@ class GradSync::Impl {
   std::vector<BucketReduction> reductions() const { return reductions_; }
   GradSyncTuning tuning() const {
     GradSyncTuning t;
+    t.compression = auto_ ? auto_->chosen() : opt_.compression.scheme;
+    if (auto_) {
+      t.compression_deciding = auto_->deciding();
+      t.compression_decided = !auto_->deciding();
+      t.dense_step_seconds = auto_->dense_seconds();
+      t.lossy_step_seconds = auto_->lossy_seconds();
+    }
     if (!tuner_) return t;
     t.tuning = tuner_->tuning();
     t.decided = !tuner_->tuning();
@@ -327,6 +346,11 @@ class GradSync::Impl {
     o.Add(opt_.compression.topk_ratio);
     o.Add(opt_.compression.error_feedback);
     o.Add(opt_.compression.warmup_steps);
+    o.Add(auto_ != nullptr);
+    o.Add(static_cast<int>(given_.compression.auto_scheme));
+    o.Add(given_.compression.auto_warmup_steps);
+    o.Add(given_.compression.auto_steps);
+    o.Add(given_.compression.auto_min_speedup);
     o.Add(opt_.autotune.enabled);
     o.Add(opt_.autotune.bucket_caps.size());
     o.Add(opt_.autotune.thresholds.size());
@@ -438,7 +462,7 @@ class GradSync::Impl {
                     static_cast<char*>(ex_[ob]->data()) + plan_[ob].offsets[os] * esz,
                     params_[p].count * esz);
         std::span<float> from = ex_[ob]->residual(), to = ex[nb]->residual();
-        if (!from.empty()) {
+        if (!from.empty() && !to.empty()) {
           std::memcpy(to.data() + plan[nb].offsets[ns], from.data() + plan_[ob].offsets[os],
                       params_[p].count * sizeof(float));
         }
@@ -492,7 +516,7 @@ class GradSync::Impl {
     if (a.bucket_caps.empty()) Invalid("autotune.bucket_caps is empty");
     for (size_t cap : a.bucket_caps)
       if (cap == 0) Invalid("autotune.bucket_caps: a cap must be > 0 bytes");
-    if (!a.thresholds.empty() && opt_.compression.scheme != Compression::kThreshold)
+    if (!a.thresholds.empty() && (auto_ || opt_.compression.scheme != Compression::kThreshold))
       Invalid("autotune.thresholds apply to threshold compression only");
     for (float t : a.thresholds)
       if (!(t >= 0 && std::isfinite(t)))
@@ -511,6 +535,57 @@ class GradSync::Impl {
     tuner_ = std::make_unique<grad::Autotuner>(std::move(cands), a.warmup_steps,
                                                a.steps_per_candidate);
     Apply(tuner_->candidates()[0]);
+  }
+
+  // kAuto: checks its options, and from now on the exchanges are built for
+  // the lossy scheme (buffers, residuals); each step's Compress() says
+  // whether it uses it.
+  void MakeAuto(const CompressionOptions& c) {
+    if (c.auto_scheme == Compression::kNone || c.auto_scheme == Compression::kAuto)
+      Invalid(std::string("compression.auto_scheme must be a lossy scheme (f16, bf16, threshold, "
+                          "topk), got ") +
+              CompressionName(c.auto_scheme));
+    if (c.auto_warmup_steps < 0)
+      Invalid("compression.auto_warmup_steps must be >= 0, got " +
+              std::to_string(c.auto_warmup_steps));
+    if (c.auto_steps < 1)
+      Invalid("compression.auto_steps must be >= 1, got " + std::to_string(c.auto_steps));
+    if (!(c.auto_min_speedup >= 1 && std::isfinite(c.auto_min_speedup)))
+      Invalid("compression.auto_min_speedup must be finite and >= 1, got " +
+              std::to_string(c.auto_min_speedup));
+    auto_ = std::make_unique<grad::AutoCompression>(c.auto_scheme, c.auto_warmup_steps,
+                                                     c.auto_steps, c.auto_min_speedup);
+    opt_.compression.scheme = c.auto_scheme;
+  }
+
+  // Whether the step in progress exchanges compressed: not in the warm-up
+  // steps, and with kAuto only when the lossy scheme is measured or kept.
+  bool Compress() const {
+    return synced_steps_ >= opt_.compression.warmup_steps && (!auto_ || auto_->lossy_now());
+  }
+
+  // kAuto, after synchronised step `synced_steps_`, which ended at `end`.
+  // The first step (it rebuilds the buckets) and the warm-up steps are not
+  // measured. When compression does not pay, the buckets are rebuilt
+  // without the lossy scheme's buffers (collective: every rank decides at
+  // the same step); a sparse scheme's residual left then is dropped.
+  void ChooseCompression(double end) {
+    const int64_t from = std::max<int64_t>(1, opt_.compression.warmup_steps);
+    if (synced_steps_ > from &&
+        auto_->OnStep(end - last_end_) == grad::Autotuner::Next::kDecide) {
+      const std::vector<double>& mine = auto_->medians();
+      std::vector<double> agreed(mine.size());
+      AllReduce(groups_[0], mine.data(), agreed.data(), mine.size(), DType::kF64, ReduceOp::kMax)
+          .Wait();
+      if (auto_->Decide(agreed[0], agreed[1]) == Compression::kNone) {
+        opt_.compression.scheme = Compression::kNone;
+        Install(grad::PlanBuckets(params_, order_, opt_.first_bucket_cap_bytes,
+                                  opt_.bucket_cap_bytes));
+        ++layout_version_;
+      }
+      MC2_LOG(kInfo, "{}", auto_->Describe());
+    }
+    last_end_ = Now();
   }
 
   double Now() const {
@@ -588,7 +663,8 @@ class GradSync::Impl {
     stats_ = GradSyncStats{};
   }
 
-  GradSyncOptions opt_;
+  GradSyncOptions opt_;    // in effect (kAuto: the scheme measured or chosen)
+  GradSyncOptions given_;  // as constructed
   std::vector<Group> groups_;
   std::vector<grad::ParamInfo> params_;
   std::map<std::string, int> names_;
@@ -605,6 +681,7 @@ class GradSync::Impl {
   int64_t synced_steps_ = 0;  // finished with sync on
   std::vector<int> order_;    // the parameter order of the current layout
   std::unique_ptr<grad::Autotuner> tuner_;  // null unless autotune is on
+  std::unique_ptr<grad::AutoCompression> auto_;  // null unless kAuto
   double last_end_ = 0;                     // Now() after the last synchronised step
 
   std::vector<char> marked_;

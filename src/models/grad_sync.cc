@@ -18,7 +18,7 @@ double Since(Clock::time_point t0) {
 }  // namespace
 
 DpSync::DpSync(const ProcessGrid& grid, ParamStore& params, const TransformerConfig& cfg)
-    : grid_(grid), params_(params) {
+    : grid_(grid), params_(params), overlap_(cfg.grad_overlap) {
   members_.resize(params.buckets.size());
   std::vector<size_t> bucket_bytes(params.buckets.size(), 0);
   for (size_t pi = 0; pi < params.size(); ++pi) {
@@ -37,6 +37,10 @@ DpSync::DpSync(const ProcessGrid& grid, ParamStore& params, const TransformerCon
   size_t sublayer = 1;
   for (size_t b = 1; b < bucket_bytes.size(); ++b) sublayer = std::max(sublayer, bucket_bytes[b]);
   so.bucket_cap_bytes = so.first_bucket_cap_bytes = sublayer;
+  if (cfg.grad_bucket_cap_bytes > 0) {
+    wo.bucket_cap_bytes = wo.first_bucket_cap_bytes = cfg.grad_bucket_cap_bytes;
+    so.bucket_cap_bytes = so.first_bucket_cap_bytes = cfg.grad_bucket_cap_bytes;
+  }
   world_ = std::make_unique<GradSync>(grid.world, wo);
   dp_ = std::make_unique<GradSync>(grid.world, so);
   const int dp = dp_->AddGroup(grid.dp);
@@ -72,10 +76,20 @@ void DpSync::RefreshViews() {
 void DpSync::Restart() {
   world_->ZeroGrad();
   pending_ = -1;
+  deferred_.clear();
 }
 
 void DpSync::Issue(int bucket) {
   if (hold) return;
+  if (!overlap_ && bucket != 0) {
+    deferred_.push_back(bucket);
+    return;
+  }
+  if (!overlap_) {  // the end of backward: everything, in backward order
+    for (int b : deferred_)
+      for (int pi : members_[b]) dp_->MarkReady(id_[pi]);
+    deferred_.clear();
+  }
   GradSync& s = bucket == 0 ? *world_ : *dp_;
   for (int pi : members_[bucket]) s.MarkReady(id_[pi]);
   if (bucket == 0) world_running_ = true;

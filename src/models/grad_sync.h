@@ -35,7 +35,9 @@ class DpSync {
   // The start of a backward: zeroes the replicated gradients (they
   // accumulate) and forgets any pending sublayer.
   void Restart();
-  // Marks the gradients of bucket `bucket` (parameters.h's numbering) ready.
+  // Marks the gradients of bucket `bucket` (parameters.h's numbering) ready
+  // (without grad_overlap: bucket 0, the last one of a backward, marks
+  // every bucket then).
   void Issue(int bucket);
   // Issues the pending bucket (if any) and makes `next` (-1: none) pending.
   void IssuePendingThen(int next);
@@ -61,6 +63,8 @@ class DpSync {
   std::vector<int> id_;                    // by param: its id in its GradSync
   std::vector<std::vector<int>> members_;  // by bucket: its params
   int pending_ = -1;                       // a sublayer's gradients not yet marked
+  bool overlap_ = true;                    // TransformerConfig::grad_overlap
+  std::vector<int> deferred_;              // !overlap_: buckets to mark at the end
   bool world_running_ = false;
   int world_layout_ = 0, dp_layout_ = 0;
 };

@@ -80,6 +80,30 @@ TORCH_TP = record("tp", "torch_tp", {
                      "ratio_to_single": 0.5, "ok": True}}},
     command="bench/torch_tp.py")
 
+GRAD_OVERLAP = record("go", "grad_overlap", {
+    "ranks": 2, "layers": 8, "hidden": 512, "link": "bw=9B/s,lat=5us", "compute_s": 0.1,
+    "ratio": 0.5, "ways": [{"name": "overlapped", "median_s": 0.1, "min_s": 0.09},
+                           {"name": "after_backward", "median_s": 0.15, "min_s": 0.14},
+                           {"name": "per_tensor_after", "median_s": 0.3, "min_s": 0.29}]},
+    emulated="calibrated (bw=9B/s,lat=5us)", command="build/bench/grad_bench overlap -n 2")
+
+GRAD_EXCHANGE = record("gx", "grad_exchange", {
+    "ranks": 2, "elements": 1 << 20, "tensors": 4, "link": "bw=1MB/s", "reps": 3, "ways": [
+        {"name": "bucketed", "median_s": 0.4, "min_s": 0.4, "wire_bytes": 4000, "dense_bytes": 4000,
+         "sent_elements": 1000, "scheme": "none"},
+        {"name": "bf16", "median_s": 0.2, "min_s": 0.2, "wire_bytes": 2000, "dense_bytes": 4000,
+         "sent_elements": 1000, "scheme": "bf16"}],
+    "auto": {"lossy": "bf16", "chose": "bf16", "dense_step_s": 0.5, "lossy_step_s": 0.25,
+             "min_speedup": 1.05, "measuring_steps": 9}},
+    emulated="bw=1MB/s", command="build/bench/grad_bench exchange -n 2 --link bw=1MB/s")
+
+GRAD_TRAIN = record("gt", "grad_train", {
+    "ranks": 2, "steps": 3, "warmup": 0, "runs": [
+        {"scheme": "none", "losses": [4.0, 3.0, 2.0], "tail_mean": 3.0, "rel_to_first": 0.0,
+         "seconds": 1.0},
+        {"scheme": "topk@0.3", "losses": [4.0, 3.5, 2.5], "tail_mean": 3.3, "rel_to_first": 0.1,
+         "seconds": 1.5}]}, command="build/bench/grad_bench train -n 2 --steps 3")
+
 
 def run_gen(*args):
     return subprocess.run([sys.executable, str(GEN), *args], capture_output=True, text=True)
@@ -166,6 +190,44 @@ class GenBenchmarksTest(unittest.TestCase):
         self.write(ops)
         self.assertIn("| fused s=4 | 150.0 | N/A | 167.5 |", self.generate())
 
+    def test_grad_sections_summary_and_plot(self):
+        self.write(GRAD_OVERLAP, GRAD_EXCHANGE, GRAD_TRAIN)
+        page = self.generate()
+        self.assertIn("| GradSync, synthetic backward, DP 2, sync = 0.50 x backward: step syncing "
+                      "after backward / overlapped step | 1.50x |", page)
+        self.assertIn("| GradSync, synthetic backward, DP 2: per-tensor all-reduces after backward / "
+                      "bucketed after backward | 2.00x |", page)
+        self.assertIn("| overlapped | 100.00 | 90.00 | 1.50x |", page)
+        demo = json.loads(json.dumps(GRAD_OVERLAP))
+        demo["name"] = "go_demo"
+        demo["result"].update({"model": "demo", "ffn": 2048, "grad_bytes": 1 << 20, "reps": 4})
+        demo["result"]["ways"][2]["name"] = "per_tensor"
+        for way, bs in zip(demo["result"]["ways"], (0.08, 0.1, 0.2)):
+            way["backward_sync_s"] = bs
+        self.write(demo)
+        page = self.generate()
+        self.assertIn("| GradSync, demo model, DP 2: one all-reduce per tensor / buckets (both "
+                      "overlapped) | 3.00x |", page)
+        self.assertIn("the demo model's training step, DP 2", page)
+        self.assertIn("overlapped step | 1.50x (backward + gradient wait 1.25x) |", page)
+        self.assertIn("| overlapped | 100.00 | 90.00 | 1.50x | 80.00 | 1.25x |", page)
+        self.assertIn("| bf16 | bf16 | 200.00 | 2000 | 0.500 | 2.00x |", page)
+        self.assertIn("chose (dense / bf16 step) | bf16 (2.00x) |", page)
+        self.assertIn("and chose **bf16**.", page)
+        self.assertIn("last-10 loss, topk@0.3 vs none | +10.00% |", page)
+        self.assertIn("| topk@0.3 | 4.0000 | 3.3000 | +10.00% | 1.5 |", page)
+        self.assertIn("![loss curves](images/gt_loss.svg)", page)
+        svg = (self.dir / "images" / "gt_loss.svg").read_text()
+        self.assertTrue(svg.startswith("<svg"))
+        self.assertEqual(svg.count("<polyline"), 2)
+        self.assertIn(">topk@0.3</text>", svg)
+        # The check covers the plot too.
+        self.assertEqual(run_gen("--results", str(self.results), "--check", str(self.page)).returncode, 0)
+        (self.dir / "images" / "gt_loss.svg").write_text(svg.replace("topk", "tOpk"))
+        proc = run_gen("--results", str(self.results), "--check", str(self.page))
+        self.assertEqual(proc.returncode, 1)
+        self.assertIn("gt_loss.svg", proc.stderr)
+
     def test_check_detects_drift(self):
         self.write(COMPARE)
         self.generate()
@@ -201,6 +263,11 @@ class RecordBenchTest(unittest.TestCase):
         self.assertEqual(self.rec.command_kind(["build/tools/mc2", "bench", "batch"]), "bench_batch")
         self.assertEqual(self.rec.command_kind(["mc2", "demo"]), "demo")
         self.assertEqual(self.rec.command_kind(["bench/torch_tp.py", "--seq", "64"]), "torch_tp")
+        self.assertEqual(self.rec.command_kind(["build/bench/grad_bench", "overlap"]), "grad_overlap")
+        self.assertEqual(self.rec.command_kind(["build/bench/grad_bench", "exchange"]), "grad_exchange")
+        self.assertEqual(self.rec.command_kind(["build/bench/grad_bench", "train"]), "grad_train")
+        with self.assertRaises(SystemExit):
+            self.rec.command_kind(["build/bench/grad_bench", "-n", "2"])
         with self.assertRaises(SystemExit):
             self.rec.command_kind(["ls", "-l"])
 
@@ -213,6 +280,12 @@ class RecordBenchTest(unittest.TestCase):
         self.assertEqual(self.rec.emulated_link("demo", ["mc2", "demo", "--link=bw=1GB/s"], {}), "bw=1GB/s")
         self.assertEqual(self.rec.emulated_link("demo", ["mc2", "demo"], {"link": "bw=9MB/s"}),
                          "auto (bw=9MB/s)")
+        self.assertEqual(self.rec.emulated_link("grad_overlap", ["grad_bench", "overlap"],
+                                                {"link": "bw=5B/s"}), "calibrated (bw=5B/s)")
+        self.assertIsNone(self.rec.emulated_link("grad_exchange", ["grad_bench", "exchange"], {}))
+        self.assertEqual(self.rec.emulated_link("grad_exchange",
+                                                ["grad_bench", "exchange", "--link", "bw=1GB/s"], {}),
+                         "bw=1GB/s")
 
 
 if __name__ == "__main__":

@@ -128,6 +128,34 @@ TEST_F(CliTest, DemoReusesItsOwnDirectoryAndReplacesOnlyItsOwnFiles) {
   EXPECT_TRUE(fs::exists(out / "timeline-serial.svg"));
 }
 
+TEST_F(CliTest, DemoDpReportsTheGradientAllReducesAndTheirOverlap) {
+  // --dp 2 on 2 ranks: TP 1, every collective of backward a gradient
+  // all-reduce of GradSync (a bucket per sublayer, the replicated tensors
+  // at the end).
+  const fs::path json = dir_ / "demo.json";
+  std::vector<std::string> args = TinyDemo((dir_ / "demo").string());
+  args.insert(args.end(), {"--dp", "2", "--json", json.string()});
+  const Result r = RunMc2(args, {}, 120);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("(tp 1, dp 2)"));
+  EXPECT_THAT(r.out, HasSubstr("gradient all-reduce (ms)"));
+  EXPECT_THAT(r.out, HasSubstr("hidden under compute (%)"));
+  const auto j = nlohmann::json::parse(ReadFile(json));
+  EXPECT_EQ(j["dp"], 2);
+  const auto& run = j["runs"][0];
+  // At least one bucket per rank and timed step: 2 ranks x 1 step.
+  EXPECT_GE(run["grad_all_reduces"].get<int>(), 2);
+  EXPECT_GT(run["grad_all_reduce_ms"].get<double>(), 0);
+  EXPECT_GE(run["grad_hidden_pct"].get<double>(), 0);
+  EXPECT_LE(run["grad_hidden_pct"].get<double>(), 100);
+  // --dp and --tp that do not multiply to -n are refused before anything runs.
+  const fs::path out = dir_ / "refused";
+  const Result bad = RunMc2({"demo", "-n", "2", "--tp", "2", "--dp", "2", "--out", out.string()});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--tp 2 x --dp 2 must be -n 2"));
+  EXPECT_FALSE(fs::exists(out));
+}
+
 TEST_F(CliTest, BenchFailsFastOnAnUnwritableJsonFile) {
   for (const std::string& path :
        {std::string("/nonexistent-mc2-dir/x.json"), dir_.string() /* a directory */}) {
