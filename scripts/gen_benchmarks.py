@@ -18,7 +18,7 @@ import pathlib
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "bench", "bench_batch", "torch_compare",
+KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "demo_cp", "bench", "bench_batch", "torch_compare",
          "torch_tp")
 REQUIRED = ("name", "kind", "date", "commit", "host", "command", "emulated", "result")
 # The judged figure of the all_reduce comparison.
@@ -38,7 +38,8 @@ scripts/gen_benchmarks.py
 ```
 
 The recorder runs COMMAND (`bench/compare_mpi.sh`, `mc2 bench`,
-`mc2 bench ops`, `mc2 bench batch`, `mc2 demo` or `mc2 demo infer`), adds
+`mc2 bench ops`, `mc2 bench batch`, `mc2 demo`, `mc2 demo infer` or
+`mc2 demo cp`), adds
 the option that makes it write JSON,
 and writes `bench/results/NAME.json` with the date (UTC), the commit (and
 whether the tree had uncommitted changes), the host (CPU model, logical
@@ -58,6 +59,7 @@ scripts/record_bench.py ops_matmul_all_reduce -- build/tools/mc2 bench ops -n 2 
 scripts/record_bench.py demo -- build/tools/mc2 demo
 scripts/record_bench.py infer_raw -- build/tools/mc2 demo infer --link none -i 15
 scripts/record_bench.py infer_link -- build/tools/mc2 demo infer --link auto -i 15
+scripts/record_bench.py cp_ring -- build/tools/mc2 demo cp --cp 4 --seq 2048 --link auto -i 7
 scripts/record_bench.py batch_vs_separate -- build/tools/mc2 bench batch -n 2 --entries 200 --bytes 16K
 PYTHONPATH=build/python scripts/record_bench.py torch_vs_gloo -- bench/torch_compare.py -n 2 --reps 3
 PYTHONPATH=build/python scripts/record_bench.py torch_tp -- bench/torch_tp.py
@@ -171,6 +173,24 @@ identical across them. Per pipeline:
   computation covered;
 - prefill ran / decode ran: the pipelines the fused operators ran in each
   phase (`auto` resolved per call).
+
+### Context parallelism: `mc2 demo cp`
+
+`mc2 demo cp` runs ring attention forward and backward (docs/models.md
+"Context parallelism") with the ring's transfers waited for before each
+block's compute (no-overlap, the baseline) and posted ahead of it
+(overlap), alternating on the same inputs, and checks that both give the
+same bits. Per variant:
+
+- step ms: forward + backward of the slowest rank (median over the timed
+  steps); vs no-overlap: the baseline's step / this step;
+- blocked ms: time a rank spent waiting for transfers;
+- comm % / uncovered %: the share of the traced step in which a transfer
+  ran / in which one ran and no computation covered it.
+
+With `--link auto` the link is calibrated so that the non-overlapped
+ring's transfers take as long as its compute: one block's transfer about
+one block's compute.
 
 ### PyTorch: `bench/torch_compare.py`
 
@@ -338,6 +358,16 @@ def headline(results, refs):
                          f"(auto's prefill ran {auto.get('prefill_ran')})",
                          f"{num(auto.get('ttft_speedup'))}x ({num(serial.get('ttft_ms'), '.1f')} / "
                          f"{num(auto.get('ttft_ms'), '.1f')} ms), tokens {same}", link_text(r), ref])
+        elif r["kind"] == "demo_cp":
+            j = r["result"]
+            runs = j.get("runs", [])
+            base = next((x for x in runs if not x.get("overlap")), {})
+            over = next((x for x in runs if x.get("overlap")), {})
+            same = "identical" if j.get("identical") else "NOT identical"
+            rows.append([f"mc2 demo cp, cp {j.get('cp')} x tp {j.get('tp')}, sequence {j.get('seq')}: "
+                         f"ring attention step, no-overlap / overlap",
+                         f"{num(over.get('speedup'))}x ({num(base.get('step_ms'), '.1f')} / "
+                         f"{num(over.get('step_ms'), '.1f')} ms), results {same}", link_text(r), ref])
         elif r["kind"] == "bench_batch":
             j = r["result"]
             for c in j.get("cases", []):
@@ -455,6 +485,30 @@ def infer_section(results, refs):
                  num(x.get("decode_tokens_per_s"), ".0f"), f"{num(x.get('decode_speedup'))}x",
                  num(x.get("prefill_comm_pct"), ".1f"), num(x.get("prefill_uncovered_pct"), ".1f"),
                  num(x.get("decode_comm_pct"), ".1f")]
+                for x in j.get("runs", [])]
+        out += table(header, rows) + [""]
+    return out
+
+
+def cp_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        out += [f"### Ring attention (`mc2 demo cp`), cp {j.get('cp')} x tp {j.get('tp')}, "
+                f"sequence {j.get('seq')}, {j.get('heads')} heads of {j.get('head_dim')}, "
+                f"batch {j.get('batch')}, {'causal' if j.get('causal') else 'no mask'} "
+                f"[{refs[r['_file']]}]", "",
+                f"Link: {link_text(r)}. Output and gradients "
+                f"{'bitwise identical' if j.get('identical') else 'NOT identical'} across the variants; "
+                f"medians of {j.get('iters')} steps.", ""]
+        header = [("ring", False), ("step ms", True), ("vs no-overlap", True),
+                  ("forward ms", True), ("backward ms", True), ("blocked ms", True),
+                  ("comm %", True), ("uncovered %", True), ("free %", True)]
+        rows = [["overlap" if x.get("overlap") else "no-overlap", num(x.get("step_ms"), ".1f"),
+                 f"{num(x.get('speedup'))}x", num(x.get("forward_ms"), ".1f"),
+                 num(x.get("backward_ms"), ".1f"), num(x.get("wait_ms"), ".1f"),
+                 num(x.get("comm_pct"), ".1f"), num(x.get("uncovered_pct"), ".1f"),
+                 num(x.get("free_pct"), ".1f")]
                 for x in j.get("runs", [])]
         out += table(header, rows) + [""]
     return out
@@ -612,6 +666,7 @@ def render(results):
     lines += ops_section(by_kind["bench_ops"], refs)
     lines += demo_section(by_kind["demo"], refs)
     lines += infer_section(by_kind["demo_infer"], refs)
+    lines += cp_section(by_kind["demo_cp"], refs)
     lines += bench_section(by_kind["bench"], refs)
     lines += batch_section(by_kind["bench_batch"], refs)
     lines += torch_section(by_kind["torch_compare"], refs)

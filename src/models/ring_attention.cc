@@ -30,12 +30,14 @@
 // Send/Recv runs under the next block's compute. Without overlap every
 // transfer is waited for right after it is posted.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "mc2/error.h"
@@ -59,6 +61,35 @@ using Clock = std::chrono::steady_clock;
 
 enum class Mask { kSkip, kFull, kDiagonal };
 
+// A posted Send or Recv and its trace span. The point-to-point engine
+// records no spans of its own, so the ring records each transfer as a
+// communication span from its posting to the moment it is seen complete:
+// the compute loops poll between (sequence, head) pairs, and a wait sees
+// it at once, so the span ends at most one pair's compute late.
+struct Transfer {
+  Work w;
+  bool pending = false;
+  bool traced = false;
+  int64_t start_ns = 0;
+  uint64_t bytes = 0;
+  const char* name = "";
+
+  void Post(Work work, const char* span_name, uint64_t n) {
+    w = std::move(work);
+    pending = true;
+    traced = trace::internal::g_enabled.load(std::memory_order_relaxed);
+    start_ns = traced ? trace::internal::NowNs() : 0;
+    bytes = n;
+    name = span_name;
+  }
+  // Records the span once the transfer is complete.
+  void Poll() {
+    if (!pending || !w.Test()) return;
+    pending = false;
+    if (traced) trace::internal::RecordScope(name, trace::Category::kComm, start_ns, 0, bytes);
+  }
+};
+
 }  // namespace
 
 struct RingAttention::Impl {
@@ -78,7 +109,7 @@ struct RingAttention::Impl {
   double fwd_wait = 0, bwd_wait = 0;
   // Outstanding transfers (waited for before any buffer they use changes,
   // and by the destructor).
-  Work kv_send, kv_recv, d_send[2], d_recv;
+  Transfer kv_send, kv_recv, d_send[2], d_recv;
 
   int GlobalChunk(int rank, int a) const { return a == 0 ? rank : 2 * N - 1 - rank; }
   Mask PairMask(int src, int a, int c) const {
@@ -89,23 +120,29 @@ struct RingAttention::Impl {
   // The (b, h) view of local chunk a in a tight buffer (row stride B HD).
   size_t Off(size_t a, size_t b, size_t h) const { return (a * C * B + b) * HD + h * d; }
 
+  void PollAll() {
+    for (Transfer* t : {&kv_send, &kv_recv, &d_send[0], &d_send[1], &d_recv}) t->Poll();
+  }
   void WaitAll() {
-    for (Work* w : {&kv_send, &kv_recv, &d_send[0], &d_send[1], &d_recv}) {
+    for (Transfer* t : {&kv_send, &kv_recv, &d_send[0], &d_send[1], &d_recv}) {
       try {
-        w->Wait();
+        t->w.Wait();
       } catch (...) {
       }
-      *w = Work();
+      t->pending = false;
+      t->w = Work();
     }
   }
-  // Waits for `w` (if any), counting the time as blocked on transfers.
-  void Wait(Work& w, double& total) {
+  // Waits for `t` (if pending), counting the time as blocked on transfers.
+  void Wait(Transfer& t, double& total) {
+    if (!t.pending) return;
     auto t0 = Clock::now();
     {
       trace::Scope span("ring_attention.wait", trace::Category::kWait);
-      w.Wait();
+      t.w.Wait();
     }
-    w = Work();
+    t.Poll();
+    t.w = Work();
     total += std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
@@ -165,13 +202,13 @@ void RingAttention::Impl::ForwardBlock(int src, const float* kv) {
           Gemm(C, d, C, s.data(), V + Off(c, b, h), acc, ov);
         }
       }
+      PollAll();
     }
   }
 }
 
 void RingAttention::Impl::BackwardBlock(int src, const float* kv, float* dkv) {
-  trace::Scope span("ring_attention.block_backward", trace::Category::kCompute,
-                    BlockFlops(src, 5));
+  trace::Scope span("ring_attention.block_backward", trace::Category::kCompute, BlockFlops(src, 5));
   const size_t ld = B * HD;
   const float* K = kv;
   const float* V = kv + blk;
@@ -230,6 +267,7 @@ void RingAttention::Impl::BackwardBlock(int src, const float* kv, float* dkv) {
           Gemm(C, d, C, ds.data(), Qa, dK + Off(c, b, h), o4);
         }
       }
+      PollAll();
     }
   }
 }
@@ -297,8 +335,8 @@ void CopyOut(const float* src, size_t rows, size_t cols, float* dst, size_t ld) 
 
 }  // namespace
 
-void RingAttention::Forward(const float* q, size_t ldq, const float* k, size_t ldk,
-                            const float* v, size_t ldv, float* out, size_t ldo) {
+void RingAttention::Forward(const float* q, size_t ldq, const float* k, size_t ldk, const float* v,
+                            size_t ldv, float* out, size_t ldo) {
   Impl& m = *impl_;
   const size_t rows = m.Tl * m.B, HD = m.HD;
   for (auto [p, ld, name] : {std::tuple{static_cast<const void*>(q), ldq, "q"},
@@ -332,8 +370,9 @@ void RingAttention::Forward(const float* q, size_t ldq, const float* k, size_t l
     const float* kv = N > 1 ? m.ring[cur].data() : m.own_kv.data();
     if (i + 1 < N) {
       m.Wait(m.kv_send, m.fwd_wait);  // it read ring[1 - cur]
-      m.kv_recv = m.cp.Recv(m.ring[1 - cur].data(), bytes, prev, kTagKv);
-      m.kv_send = m.cp.Send(kv, bytes, next, kTagKv);
+      m.kv_recv.Post(m.cp.Recv(m.ring[1 - cur].data(), bytes, prev, kTagKv),
+                     "ring_attention.recv_kv", bytes);
+      m.kv_send.Post(m.cp.Send(kv, bytes, next, kTagKv), "ring_attention.send_kv", bytes);
       if (!m.cfg.overlap) {
         m.Wait(m.kv_recv, m.fwd_wait);
         m.Wait(m.kv_send, m.fwd_wait);
@@ -403,8 +442,9 @@ void RingAttention::Backward(const float* dout, size_t lddo, float* dq, size_t l
     const float* kv = N > 1 ? m.ring[cur].data() : m.own_kv.data();
     if (i + 1 < N) {
       m.Wait(m.kv_send, m.bwd_wait);
-      m.kv_recv = m.cp.Recv(m.ring[1 - cur].data(), bytes, prev, kTagKv);
-      m.kv_send = m.cp.Send(kv, bytes, next, kTagKv);
+      m.kv_recv.Post(m.cp.Recv(m.ring[1 - cur].data(), bytes, prev, kTagKv),
+                     "ring_attention.recv_kv", bytes);
+      m.kv_send.Post(m.cp.Send(kv, bytes, next, kTagKv), "ring_attention.send_kv", bytes);
       if (!m.cfg.overlap) {
         m.Wait(m.kv_recv, m.bwd_wait);
         m.Wait(m.kv_send, m.bwd_wait);
@@ -422,10 +462,11 @@ void RingAttention::Backward(const float* dout, size_t lddo, float* dq, size_t l
       } else {
         std::copy(m.dkv_loc.begin(), m.dkv_loc.end(), acc);
       }
-      m.d_send[cur] = m.cp.Send(acc, bytes, next, kTagDkv);
+      m.d_send[cur].Post(m.cp.Send(acc, bytes, next, kTagDkv), "ring_attention.send_dkv", bytes);
       // The next block's partial sum (after the last step: this rank's own
       // block's total).
-      m.d_recv = m.cp.Recv(m.dkv_rcv[cur].data(), bytes, prev, kTagDkv);
+      m.d_recv.Post(m.cp.Recv(m.dkv_rcv[cur].data(), bytes, prev, kTagDkv),
+                    "ring_attention.recv_dkv", bytes);
       if (!m.cfg.overlap) {
         m.Wait(m.d_recv, m.bwd_wait);
         m.Wait(m.d_send[cur], m.bwd_wait);

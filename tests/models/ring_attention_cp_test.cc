@@ -122,8 +122,8 @@ struct RingResult {
 // back to the global layout.
 RingResult RunRing(const Problem& p, int cp, bool causal, bool overlap) {
   const size_t n = p.q.size(), HD = static_cast<size_t>(p.H) * p.d, ld = HD + 3;
-  RingResult res{std::vector<float>(n, NAN), std::vector<float>(n, NAN),
-                 std::vector<float>(n, NAN), std::vector<float>(n, NAN)};
+  RingResult res{std::vector<float>(n, NAN), std::vector<float>(n, NAN), std::vector<float>(n, NAN),
+                 std::vector<float>(n, NAN)};
   std::mutex mu;
   Group::RunInProcess(cp, [&](Group& g) {
     RingAttentionConfig c;
