@@ -50,19 +50,31 @@ namespace mc2::models {
 // ep holds experts [ep_rank E/ep, (ep_rank+1) E/ep)). `edp` groups the
 // ranks holding the same experts (same ep_rank, every tp_index and every
 // EP group: world / ep ranks), over which the experts' gradients are summed.
+//
+// Context parallelism: `cp` (default 1) splits every sequence over CP
+// groups of cp ranks (RingAttention below; docs/models.md "Context
+// parallelism"): world rank w = (dp_index * cp + cp_index) * tp +
+// tp_index, the CP group is the ranks with the same dp_index and tp_index.
+// The CP ranks hold the same weights, so their gradients are summed with
+// the data-parallel ones: `dp` is then every rank with the same tp_index
+// (dp_size * cp_size ranks), while dp_size and dp_rank still count the
+// data-parallel replicas that split the batch. cp > 1 needs ep == 1 and a
+// dense model.
 struct ProcessGrid {
   Group world;
   Group tp;   // tensor + sequence parallel group (size tp_size)
-  Group dp;   // data parallel group: same tp_index, every dp_index
+  Group dp;   // gradient-summing group: same tp_index, every dp_index (and cp_index)
   Group ep;   // expert parallel group (size ep_size; one rank when ep == 1)
   Group edp;  // expert replicas: same ep_rank (size world / ep_size)
-  int tp_size = 1, dp_size = 1, ep_size = 1;
-  int tp_rank = 0, dp_rank = 0, ep_rank = 0;
+  Group cp;   // context parallel group (size cp_size; one rank when cp == 1)
+  int tp_size = 1, dp_size = 1, ep_size = 1, cp_size = 1;
+  int tp_rank = 0, dp_rank = 0, ep_rank = 0, cp_rank = 0;
 };
 
-// Collective over `world`. Throws kInvalidArgument unless tp >= 1 divides
-// world.size() and ep >= 1 divides world.size() / tp.
-ProcessGrid MakeGrid(const Group& world, int tp, int ep = 1);
+// Collective over `world`. Throws kInvalidArgument unless tp >= 1 and
+// cp >= 1 divide world.size() with tp * cp dividing it, ep >= 1 divides
+// world.size() / (tp * cp), and ep == 1 when cp > 1.
+ProcessGrid MakeGrid(const Group& world, int tp, int ep = 1, int cp = 1);
 
 // ---------------------------------------------------------------------------
 // The model and its training.
@@ -149,6 +161,10 @@ struct TransformerConfig {
 // Throws mc2::Error(kInvalidArgument) naming the first invalid field (or
 // relation to tp / dp / ep), without communicating.
 void ValidateConfig(const TransformerConfig& config, int tp, int dp, int ep = 1);
+// The same on a grid with context parallelism over `cp` ranks: also
+// 2 * cp must divide seq_len (RingAttention's chunks), tp must divide
+// seq_len / cp, and cp > 1 needs ep == 1 and no MoE layers.
+void ValidateConfig(const TransformerConfig& config, int tp, int dp, int ep, int cp);
 
 // Whether block `layer` has a MoE MLP under `config`.
 bool IsMoeLayer(const TransformerConfig& config, int layer);

@@ -16,7 +16,7 @@ struct Dims {
 
   DType dt;    // GEMM input type
   size_t esz;  // its element size
-  int tp, dp;
+  int tp, dp, cp;  // cp: context-parallel ranks (T: this rank's positions)
   size_t V, h, heads, hl, d, f, fl, L, T, Bl, S, s;
   // MoE: experts, local experts (E / ep), top-k, expert inner width.
   size_t E = 0, El = 0, K = 0, Fm = 0;
