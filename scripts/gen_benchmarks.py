@@ -59,7 +59,8 @@ scripts/record_bench.py ops_matmul_all_reduce -- build/tools/mc2 bench ops -n 2 
 scripts/record_bench.py demo -- build/tools/mc2 demo
 scripts/record_bench.py infer_raw -- build/tools/mc2 demo infer --link none -i 15
 scripts/record_bench.py infer_link -- build/tools/mc2 demo infer --link auto -i 15
-scripts/record_bench.py cp_ring -- build/tools/mc2 demo cp --cp 4 --seq 2048 --link auto -i 7
+scripts/record_bench.py cp_ring_cp2 -- build/tools/mc2 demo cp --cp 2 --seq 2048 --link auto -i 7
+scripts/record_bench.py cp_ring_cp4 -- build/tools/mc2 demo cp --cp 4 --seq 2048 --link auto -i 7
 scripts/record_bench.py batch_vs_separate -- build/tools/mc2 bench batch -n 2 --entries 200 --bytes 16K
 PYTHONPATH=build/python scripts/record_bench.py torch_vs_gloo -- bench/torch_compare.py -n 2 --reps 3
 PYTHONPATH=build/python scripts/record_bench.py torch_tp -- bench/torch_tp.py

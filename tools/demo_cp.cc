@@ -49,7 +49,7 @@ constexpr int kExitFailed = 1;
 constexpr const char* kCommand = "mc2 demo cp";
 
 struct CpArgs {
-  int cp = 4, tp = 1;
+  int cp = 2, tp = 1;
   int seq = 2048, heads = 8, head_dim = 64, batch = 1;
   bool no_causal = false;
   std::string overlap = "both";  // off, on, both
