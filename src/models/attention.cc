@@ -29,7 +29,8 @@ void Transformer::Impl::AttentionSublayerForward(size_t l, const float* x) {
                         [&] { params.ApplyUpdate(P.o); });
   {
     // (With CP the ring records its own compute and transfers inside.)
-    trace::Scope span("attention", ring.empty() ? trace::Category::kCompute : trace::Category::kHost,
+    trace::Scope span("attention",
+                      ring.empty() ? trace::Category::kCompute : trace::Category::kHost,
                       4 * static_cast<uint64_t>(Bl * hl) * T * T * d);
     for (size_t row = 0; row < S; ++row) {
       const size_t t = Position(row / Bl);
@@ -80,7 +81,8 @@ void Transformer::Impl::AttentionSublayerBackward(size_t l, float* dxio) {
   // Under its transfers: the MLP's deferred gate_up wgrad.
   linear.RowParallelDgrad(dx1.data(), P.o, dctx, TakeDeferred());
   {
-    trace::Scope span("attention", ring.empty() ? trace::Category::kCompute : trace::Category::kHost,
+    trace::Scope span("attention",
+                      ring.empty() ? trace::Category::kCompute : trace::Category::kHost,
                       8 * static_cast<uint64_t>(Bl * hl) * T * T * d);
     const size_t ld = Bl * ld_qkv;
     if (!ring.empty()) {

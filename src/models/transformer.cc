@@ -88,7 +88,8 @@ Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c)
     rc.heads = static_cast<int>(dims.hl);
     rc.head_dim = static_cast<int>(dims.d);
     rc.causal = true;
-    for (size_t l = 0; l < dims.L; ++l) ring.push_back(std::make_unique<RingAttention>(grid.cp, rc));
+    for (size_t l = 0; l < dims.L; ++l)
+      ring.push_back(std::make_unique<RingAttention>(grid.cp, rc));
   }
   loss.local.assign(1 + 2 * dims.E * dims.n_moe, 0.0);
   loss.total = loss.local;

@@ -39,10 +39,11 @@ class DemoCpTest : public LeakCheckedTest {
 
 TEST_F(DemoCpTest, BothRingsGiveTheSameBitsAndATableWithTraces) {
   const fs::path out = dir_ / "out", js = dir_ / "result.json";
-  const Result r = RunMc2({"demo", "cp", "--cp", "2", "--tp", "2", "--seq", "32", "--heads", "4",
-                           "--head-dim", "8", "--link", "none", "-i", "2", "-w", "1", "--out",
-                           out.string(), "--json", js.string()},
-                          {}, 120);
+  const Result r =
+      RunMc2({"demo",    "cp", "--cp",       "2",          "--tp",   "2",        "--seq", "32",
+              "--heads", "4",  "--head-dim", "8",          "--link", "none",     "-i",    "2",
+              "-w",      "1",  "--out",      out.string(), "--json", js.string()},
+             {}, 120);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("step time (ms)"));
   EXPECT_THAT(r.out, HasSubstr("uncovered comm (%)"));
@@ -73,8 +74,7 @@ TEST_F(DemoCpTest, NamesBadShapesBeforeWritingAnything) {
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("--seq 6 must be divisible by 2 x --cp = 4"));
   const Result h = RunMc2(
-      {"demo", "cp", "--tp", "3", "--heads", "8", "--link", "none", "--out", out.string()}, {},
-      30);
+      {"demo", "cp", "--tp", "3", "--heads", "8", "--link", "none", "--out", out.string()}, {}, 30);
   EXPECT_EQ(h.status, 2);
   EXPECT_THAT(h.err, HasSubstr("--tp 3 must divide --heads 8"));
   EXPECT_FALSE(fs::exists(out));

@@ -83,8 +83,8 @@ TEST(TransformerCp, InvalidGridsAndConfigsFail) {
   for (int code : codes) EXPECT_EQ(code, static_cast<int>(ErrorCode::kInvalidArgument));
   // cp that does not divide the world; cp with ep > 1; cp with MoE layers.
   for (auto [ranks, tp, ep, cp] : {std::tuple{3, 1, 1, 2}, std::tuple{4, 1, 2, 2}}) {
-    const std::vector<int> grid_codes = test::ErrorCodes(
-        [&](Group& world) { MakeGrid(world, tp, ep, cp); }, ranks);
+    const std::vector<int> grid_codes =
+        test::ErrorCodes([&](Group& world) { MakeGrid(world, tp, ep, cp); }, ranks);
     for (int code : grid_codes)
       EXPECT_EQ(code, static_cast<int>(ErrorCode::kInvalidArgument)) << "cp " << cp;
   }
