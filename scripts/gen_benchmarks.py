@@ -33,9 +33,9 @@ def _load_plotter():
 
 
 plot_curves = _load_plotter()
-KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "demo_pp", "bench", "bench_batch",
-         "torch_compare", "torch_tp", "torch_compress", "grad_overlap", "grad_exchange",
-         "grad_train")
+KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "demo_pp", "demo_cp", "bench",
+         "bench_batch", "torch_compare", "torch_tp", "torch_compress", "grad_overlap",
+         "grad_exchange", "grad_train")
 REQUIRED = ("name", "kind", "date", "commit", "host", "command", "emulated", "result")
 # The judged figure of the all_reduce comparison.
 HEADLINE_SIZE = 16 << 20
@@ -55,7 +55,7 @@ scripts/gen_benchmarks.py
 
 The recorder runs COMMAND (`bench/compare_mpi.sh`, `mc2 bench`,
 `mc2 bench ops`, `mc2 bench batch`, `mc2 demo`, `mc2 demo infer` or
-`mc2 demo pp`), adds
+`mc2 demo pp` or `mc2 demo cp`), adds
 the option that makes it write JSON,
 and writes `bench/results/NAME.json` with the date (UTC), the commit (and
 whether the tree had uncommitted changes), the host (CPU model, logical
@@ -77,6 +77,8 @@ scripts/record_bench.py infer_raw -- build/tools/mc2 demo infer --link none -i 1
 scripts/record_bench.py infer_link -- build/tools/mc2 demo infer --link auto -i 15
 scripts/record_bench.py pp_link -- build/tools/mc2 demo pp --pp 2 -m 8 --link auto -i 5
 scripts/record_bench.py pp_raw -- build/tools/mc2 demo pp --pp 2 -m 8 --link none -i 5
+scripts/record_bench.py cp_ring_cp2 -- build/tools/mc2 demo cp --cp 2 --seq 2048 --link auto -i 7
+scripts/record_bench.py cp_ring_cp4 -- build/tools/mc2 demo cp --cp 4 --seq 2048 --link auto -i 7
 scripts/record_bench.py batch_vs_separate -- build/tools/mc2 bench batch -n 2 --entries 200 --bytes 16K
 PYTHONPATH=build/python scripts/record_bench.py torch_vs_gloo -- bench/torch_compare.py -n 2 --reps 3
 PYTHONPATH=build/python scripts/record_bench.py torch_tp -- bench/torch_tp.py
@@ -217,6 +219,23 @@ identical. Per schedule:
   pipeline phase;
 - collective comm %: the share of the traced step in which the library's
   collectives ran (the TP operators, the DP exchange, the loss).
+### Context parallelism: `mc2 demo cp`
+
+`mc2 demo cp` runs ring attention forward and backward (docs/models.md
+"Context parallelism") with the ring's transfers waited for before each
+block's compute (no-overlap, the baseline) and posted ahead of it
+(overlap), alternating on the same inputs, and checks that both give the
+same bits. Per variant:
+
+- step ms: forward + backward of the slowest rank (median over the timed
+  steps); vs no-overlap: the baseline's step / this step;
+- blocked ms: time a rank spent waiting for transfers;
+- comm % / uncovered %: the share of the traced step in which a transfer
+  ran / in which one ran and no computation covered it.
+
+With `--link auto` the link is calibrated so that the non-overlapped
+ring's transfers take as long as its compute: one block's transfer about
+one block's compute.
 
 ### PyTorch: `bench/torch_compare.py`
 
@@ -428,6 +447,16 @@ def headline(results, refs):
                              f"{j.get('micro_batches')} micro-batches, {sched}: bubble measured / formula",
                              f"{num(100 * x.get('bubble_measured', 0), '.1f')}% / "
                              f"{num(100 * x.get('bubble_formula', 0), '.1f')}%", link_text(r), ref])
+        elif r["kind"] == "demo_cp":
+            j = r["result"]
+            runs = j.get("runs", [])
+            base = next((x for x in runs if not x.get("overlap")), {})
+            over = next((x for x in runs if x.get("overlap")), {})
+            same = "identical" if j.get("identical") else "NOT identical"
+            rows.append([f"mc2 demo cp, cp {j.get('cp')} x tp {j.get('tp')}, sequence {j.get('seq')}: "
+                         f"ring attention step, no-overlap / overlap",
+                         f"{num(over.get('speedup'))}x ({num(base.get('step_ms'), '.1f')} / "
+                         f"{num(over.get('step_ms'), '.1f')} ms), results {same}", link_text(r), ref])
         elif r["kind"] == "bench_batch":
             j = r["result"]
             for c in j.get("cases", []):
@@ -621,6 +650,30 @@ def pp_section(results, refs):
                          num(100 * x.get("bubble_measured", 0), ".1f"),
                          " / ".join(num(u, ".2f") for u in x.get("stage_uncovered_pct", [])),
                          num(x.get("comm_pct"), ".1f"), f"{num(x.get('speedup'))}x"])
+        out += table(header, rows) + [""]
+    return out
+
+
+def cp_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        out += [f"### Ring attention (`mc2 demo cp`), cp {j.get('cp')} x tp {j.get('tp')}, "
+                f"sequence {j.get('seq')}, {j.get('heads')} heads of {j.get('head_dim')}, "
+                f"batch {j.get('batch')}, {'causal' if j.get('causal') else 'no mask'} "
+                f"[{refs[r['_file']]}]", "",
+                f"Link: {link_text(r)}. Output and gradients "
+                f"{'bitwise identical' if j.get('identical') else 'NOT identical'} across the variants; "
+                f"medians of {j.get('iters')} steps.", ""]
+        header = [("ring", False), ("step ms", True), ("vs no-overlap", True),
+                  ("forward ms", True), ("backward ms", True), ("blocked ms", True),
+                  ("comm %", True), ("uncovered %", True), ("free %", True)]
+        rows = [["overlap" if x.get("overlap") else "no-overlap", num(x.get("step_ms"), ".1f"),
+                 f"{num(x.get('speedup'))}x", num(x.get("forward_ms"), ".1f"),
+                 num(x.get("backward_ms"), ".1f"), num(x.get("wait_ms"), ".1f"),
+                 num(x.get("comm_pct"), ".1f"), num(x.get("uncovered_pct"), ".1f"),
+                 num(x.get("free_pct"), ".1f")]
+                for x in j.get("runs", [])]
         out += table(header, rows) + [""]
     return out
 
@@ -906,6 +959,7 @@ def render(results):
     lines += demo_section(by_kind["demo"], refs)
     lines += infer_section(by_kind["demo_infer"], refs)
     lines += pp_section(by_kind["demo_pp"], refs)
+    lines += cp_section(by_kind["demo_cp"], refs)
     lines += bench_section(by_kind["bench"], refs)
     lines += batch_section(by_kind["bench_batch"], refs)
     lines += torch_section(by_kind["torch_compare"], refs)

@@ -13,6 +13,7 @@ COMMAND is one of
                                    in a temporary directory unless given)
   BUILD/tools/mc2 demo infer ...  (the same)
   BUILD/tools/mc2 demo pp ...     (the same)
+  BUILD/tools/mc2 demo cp ...     (the same)
   bench/torch_compare.py ...      (the recorder adds --json FILE)
   bench/torch_tp.py ...           (the recorder adds --json FILE)
   bench/torch_compress.py ...     (the recorder adds --json FILE)
@@ -85,8 +86,8 @@ def parse_args(argv):
 
 def command_kind(command):
     """Which tool the command runs: compare_mpi, bench, bench_ops, bench_batch,
-    demo, demo_infer, demo_pp, torch_compare, torch_tp, torch_compress, grad_overlap,
-    grad_exchange or grad_train."""
+    demo, demo_infer, demo_pp, demo_cp, torch_compare, torch_tp, torch_compress,
+    grad_overlap, grad_exchange or grad_train."""
     if "torch_compare.py" in (os.path.basename(c) for c in command[:2]):
         return "torch_compare"
     if "torch_tp.py" in (os.path.basename(c) for c in command[:2]):
@@ -108,7 +109,7 @@ def command_kind(command):
             return "bench"
         if command[1] == "demo":
             sub = command[2] if len(command) > 2 else ""
-            return {"infer": "demo_infer", "pp": "demo_pp"}.get(sub, "demo")
+            return {"infer": "demo_infer", "pp": "demo_pp", "cp": "demo_cp"}.get(sub, "demo")
     die(f"cannot record '{shlex.join(command)}': expected bench/compare_mpi.sh, "
         "mc2 bench, mc2 bench ops, mc2 bench batch, mc2 demo, bench/torch_compare.py, "
         "bench/torch_tp.py, bench/torch_compress.py or grad_bench")
@@ -147,7 +148,7 @@ def host_info():
 def emulated_link(kind, command, result):
     """The link emulation a result ran under, or None on raw shared memory.
 
-    mc2 bench ops and mc2 demo (infer) take --link (the demo's default is auto) and
+    mc2 bench ops and mc2 demo (infer, cp) take --link (the demo's default is auto) and
     report the link they used (the calibrated one for `auto`); mc2 bench and
     compare_mpi.sh follow MC2_LINK. grad_bench overlap always calibrates its
     own link (reported as `link`); grad_bench exchange takes --link; grad_bench
@@ -158,7 +159,7 @@ def emulated_link(kind, command, result):
     if kind == "grad_exchange":
         requested = option_value(command, "--link") or "none"
         return None if requested == "none" else requested
-    demos = ("demo", "demo_infer", "demo_pp")
+    demos = ("demo", "demo_infer", "demo_pp", "demo_cp")
     requested = option_value(command, "--link") if kind in ("bench_ops",) + demos else None
     if requested is None and kind in demos:
         requested = "auto"  # mc2 demo's default
@@ -180,7 +181,7 @@ def main(argv):
     kind = command_kind(command)
     added = {"compare_mpi": ["--keep"], "bench": ["--json"], "bench_ops": ["--json"],
              "bench_batch": ["--json"],
-             "demo": ["--json"], "demo_infer": ["--json"], "demo_pp": ["--json"],
+             "demo": ["--json"], "demo_infer": ["--json"], "demo_pp": ["--json"], "demo_cp": ["--json"],
              "torch_compare": ["--json"], "torch_tp": ["--json"],
              "torch_compress": ["--json"], "grad_overlap": ["--json"],
              "grad_exchange": ["--json"], "grad_train": ["--json"]}[kind]
@@ -196,7 +197,7 @@ def main(argv):
             run += ["--keep", f"{tmp}/keep"]
         else:
             run += ["--json", f"{tmp}/result.json"]
-            if kind in ("demo", "demo_infer", "demo_pp") and option_value(command, "--out") is None:
+            if kind in ("demo", "demo_infer", "demo_pp", "demo_cp") and option_value(command, "--out") is None:
                 run += ["--out", f"{tmp}/demo"]
         date = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
         print(f"record_bench.py: running {shlex.join(run)}", file=sys.stderr)

@@ -59,24 +59,36 @@ namespace mc2::models {
 // stage's TP-replicated gradients and its loss are summed) and `pp` the
 // ranks with the same (dp_index, tp_index) in every stage, the pipeline
 // the activations travel along (pp_rank = pp_index).
+// Context parallelism: `cp` (default 1) splits every sequence over CP
+// groups of cp ranks (RingAttention below; docs/models.md "Context
+// parallelism"): world rank w = (dp_index * cp + cp_index) * tp +
+// tp_index (pp must be 1), the CP group is the ranks with the same dp_index and tp_index.
+// The CP ranks hold the same weights, so their gradients are summed with
+// the data-parallel ones: `dp` is then every rank with the same tp_index
+// (dp_size * cp_size ranks), while dp_size and dp_rank still count the
+// data-parallel replicas that split the batch. cp > 1 needs ep == 1 and a
+// dense model.
 struct ProcessGrid {
   Group world;
   Group tp;   // tensor + sequence parallel group (size tp_size)
-  Group dp;   // data parallel group: same tp_index, every dp_index
+  Group dp;   // gradient-summing group: same tp_index, every dp_index (and cp_index)
   Group ep;   // expert parallel group (size ep_size; one rank when ep == 1)
   Group edp;  // expert replicas: same ep_rank (size world / ep_size)
   Group pp;     // pipeline: same dp_index and tp_index (invalid when pp_size == 1)
   Group stage;  // this pipeline stage's dp x tp ranks (the world when pp == 1)
-  int tp_size = 1, dp_size = 1, ep_size = 1, pp_size = 1;
-  int tp_rank = 0, dp_rank = 0, ep_rank = 0, pp_rank = 0;
+  Group cp;     // context parallel group (size cp_size; one rank when cp == 1)
+  int tp_size = 1, dp_size = 1, ep_size = 1, pp_size = 1, cp_size = 1;
+  int tp_rank = 0, dp_rank = 0, ep_rank = 0, pp_rank = 0, cp_rank = 0;
 };
 
-// Collective over `world`. Throws kInvalidArgument unless tp >= 1 divides
-// world.size() and ep >= 1 divides world.size() / tp.
-ProcessGrid MakeGrid(const Group& world, int tp, int ep = 1);
+// Collective over `world`. Throws kInvalidArgument unless tp >= 1 and
+// cp >= 1 divide world.size() with tp * cp dividing it, ep >= 1 divides
+// world.size() / (tp * cp), and ep == 1 when cp > 1.
+ProcessGrid MakeGrid(const Group& world, int tp, int ep = 1, int cp = 1);
 // The DP x TP x PP grid (x EP inside DP): throws kInvalidArgument unless
 // pp >= 1 and tp >= 1, tp * pp divides world.size() and ep divides
 // dp = world.size() / (tp pp). pp == 1 is MakeGrid(world, tp, ep).
+// Context parallelism is not combined with pipeline parallelism.
 ProcessGrid MakeGrid3D(const Group& world, int tp, int pp, int ep = 1);
 
 // ---------------------------------------------------------------------------
@@ -173,6 +185,10 @@ struct TransformerConfig {
 // Throws mc2::Error(kInvalidArgument) naming the first invalid field (or
 // relation to tp / dp / ep), without communicating.
 void ValidateConfig(const TransformerConfig& config, int tp, int dp, int ep = 1);
+// The same on a grid with context parallelism over `cp` ranks: also
+// 2 * cp must divide seq_len (RingAttention's chunks), tp must divide
+// seq_len / cp, and cp > 1 needs ep == 1 and no MoE layers.
+void ValidateConfig(const TransformerConfig& config, int tp, int dp, int ep, int cp);
 
 // Whether block `layer` has a MoE MLP under `config`.
 bool IsMoeLayer(const TransformerConfig& config, int layer);
@@ -475,6 +491,77 @@ class InferenceModel {
   void SetFusedOptions(const FusedOptions& fused);
 
   const InferenceConfig& inference() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---------------------------------------------------------------------------
+// Context parallelism: ring attention (ring_attention.cc; docs/models.md
+// "Context parallelism").
+//
+// The sequence is split over a CP group of N ranks. For load balance under
+// causal masking it is cut into 2N chunks of C = seq_len / (2N) positions and
+// CP rank r holds two of them, chunk r and chunk 2N-1-r (its first and its
+// last C local rows), so every rank has the same number of unmasked
+// (query, key) pairs; the layout is the same without causal masking. Each
+// rank keeps its queries and passes its key/value block around the ring
+// (Send to rank r+1, Recv from rank r-1): N steps, at step i a rank holds
+// rank (r-i)'s block and folds it into its output with an online softmax
+// (running row maximum and sum). Backward passes the blocks around again,
+// and the key/value gradients travel with them, each rank adding its part;
+// after N steps every block's gradient is back on its owner. dQ stays
+// local. With `overlap` the next block's transfer is posted before the
+// current block's compute and waited for after it; without, every transfer
+// is waited for before the compute it feeds (the baseline).
+struct RingAttentionConfig {
+  int batch = 1;      // sequences (local, every CP rank the same)
+  int seq_len = 16;   // of the whole sequence; 2 * cp must divide it
+  int heads = 1;      // heads of this rank (e.g. heads / tp under TP)
+  int head_dim = 16;  // d; scores are scaled by 1 / sqrt(d)
+  bool causal = true;
+  bool overlap = true;
+};
+
+// One rank's ring attention over the CP group `cp`.
+//
+// Layout: this rank's T_l = seq_len / N positions of every sequence, local
+// row (t, b) = t * batch + b, t in [0, T_l); row t holds global position
+// Position(t). Q, K, V, the output and their gradients are [T_l * batch x
+// heads * head_dim] with a row stride (in floats, >= heads * head_dim) per
+// argument: head j is columns [j d, (j+1) d).
+//
+// Thread safety: one thread per rank; Forward and Backward are collective
+// over `cp` (every rank calls them in the same order). Not copyable.
+class RingAttention {
+ public:
+  // Throws mc2::Error(kInvalidArgument) naming the field, on every rank
+  // and without communicating, unless cp is valid, batch, heads, head_dim
+  // and seq_len are >= 1 and 2 * cp.size() divides seq_len.
+  RingAttention(const Group& cp, const RingAttentionConfig& config);
+  ~RingAttention();
+  RingAttention(const RingAttention&) = delete;
+  RingAttention& operator=(const RingAttention&) = delete;
+
+  // out = softmax(Q K^T / sqrt(d) [+ causal mask]) V over the whole
+  // sequence. Keeps copies of Q, K, V, the output and the row
+  // log-sum-exps for Backward. Throws kInvalidArgument for a null pointer
+  // or a row stride below heads * head_dim.
+  void Forward(const float* q, size_t ldq, const float* k, size_t ldk, const float* v,
+               size_t ldv, float* out, size_t ldo);
+  // Given dout, writes dq, dk, dv (this rank's rows) of the last Forward.
+  // Throws kInvalidArgument as Forward, or if no Forward ran.
+  void Backward(const float* dout, size_t lddo, float* dq, size_t ldq, float* dk, size_t ldk,
+                float* dv, size_t ldv);
+
+  // The global position of local position t (0 <= t < local_len()).
+  int64_t Position(int t) const;
+  int local_len() const;
+  const RingAttentionConfig& config() const;
+  // The last Forward / Backward's time blocked on transfers (seconds).
+  double forward_wait_seconds() const;
+  double backward_wait_seconds() const;
 
  private:
   struct Impl;

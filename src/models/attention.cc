@@ -28,10 +28,12 @@ void Transformer::Impl::AttentionSublayerForward(size_t l, const float* x) {
   linear.ColumnParallel(tmp_s.data(), P.qkv, A.qkv.data(), A.xn1_g,
                         [&] { params.ApplyUpdate(P.o); });
   {
-    trace::Scope span("attention", trace::Category::kCompute,
+    // (With CP the ring records its own compute and transfers inside.)
+    trace::Scope span("attention",
+                      ring.empty() ? trace::Category::kCompute : trace::Category::kHost,
                       4 * static_cast<uint64_t>(Bl * hl) * T * T * d);
     for (size_t row = 0; row < S; ++row) {
-      const size_t t = row / Bl;
+      const size_t t = Position(row / Bl);
       float* q = A.qkv.data() + row * ld_qkv;
       for (size_t j = 0; j < hl; ++j) {
         RopeApply(rope, t, q + j * d, false);       // q
@@ -39,7 +41,13 @@ void Transformer::Impl::AttentionSublayerForward(size_t l, const float* x) {
       }
     }
     const size_t ld = Bl * ld_qkv;  // rows of one sequence are Bl apart
-    for (size_t b = 0; b < Bl; ++b) {
+    if (!ring.empty()) {
+      // Context parallelism: the sequence's other positions are on the
+      // other CP ranks; the ring brings their keys and values.
+      const float* q = A.qkv.data();
+      ring[l]->Forward(q, ld_qkv, q + hd, ld_qkv, q + 2 * hd, ld_qkv, A.ctx.data(), hd);
+    }
+    for (size_t b = 0; b < Bl && ring.empty(); ++b) {
       for (size_t j = 0; j < hl; ++j) {
         const float* q = A.qkv.data() + b * ld_qkv + j * d;
         AttentionForward(q, q + hd, q + 2 * hd, T, d, ld, ld, ld,
@@ -73,10 +81,15 @@ void Transformer::Impl::AttentionSublayerBackward(size_t l, float* dxio) {
   // Under its transfers: the MLP's deferred gate_up wgrad.
   linear.RowParallelDgrad(dx1.data(), P.o, dctx, TakeDeferred());
   {
-    trace::Scope span("attention", trace::Category::kCompute,
+    trace::Scope span("attention",
+                      ring.empty() ? trace::Category::kCompute : trace::Category::kHost,
                       8 * static_cast<uint64_t>(Bl * hl) * T * T * d);
     const size_t ld = Bl * ld_qkv;
-    for (size_t b = 0; b < Bl; ++b) {
+    if (!ring.empty()) {
+      float* dq = dS3.data();
+      ring[l]->Backward(dctx, hd, dq, ld_qkv, dq + hd, ld_qkv, dq + 2 * hd, ld_qkv);
+    }
+    for (size_t b = 0; b < Bl && ring.empty(); ++b) {
       for (size_t j = 0; j < hl; ++j) {
         const float* q = A.qkv.data() + b * ld_qkv + j * d;
         float* dq = dS3.data() + b * ld_qkv + j * d;
@@ -86,7 +99,7 @@ void Transformer::Impl::AttentionSublayerBackward(size_t l, float* dxio) {
       }
     }
     for (size_t row = 0; row < S; ++row) {
-      const size_t t = row / Bl;
+      const size_t t = Position(row / Bl);
       float* dq = dS3.data() + row * ld_qkv;
       for (size_t j = 0; j < hl; ++j) {
         RopeApply(rope, t, dq + j * d, true);

@@ -21,6 +21,23 @@ bool IsMoeLayer(const TransformerConfig& c, int layer) {
   return c.moe_experts > 0 && c.moe_every >= 1 && (layer + 1) % c.moe_every == 0;
 }
 
+void ValidateConfig(const TransformerConfig& c, int tp, int dp, int ep, int cp) {
+  ValidateConfig(c, tp, dp, ep);
+  if (cp < 1) Invalid("cp must be >= 1, not " + Str(cp));
+  if (cp == 1) return;
+  if (c.seq_len % (2 * cp) != 0) {
+    Invalid("seq_len (" + Str(c.seq_len) + ") must be divisible by 2 * cp (" + Str(2 * cp) +
+            "): every CP rank holds two of 2 * cp equal chunks of the sequence");
+  }
+  if ((c.seq_len / cp) % tp != 0) {
+    Invalid("seq_len / cp (" + Str(c.seq_len / cp) + ") must be divisible by tp (" + Str(tp) +
+            "): a CP rank's positions are sharded across the TP ranks");
+  }
+  if (ep != 1 || c.moe_experts > 0) {
+    Invalid("cp (" + Str(cp) + ") > 1 needs a dense model (moe_experts = 0) and ep = 1");
+  }
+}
+
 void ValidateConfig(const TransformerConfig& c, int tp, int dp, int ep) {
   auto positive = [](const char* name, long long v) {
     if (v < 1) Invalid(std::string(name) + " must be >= 1, not " + Str(v));

@@ -5,7 +5,8 @@ namespace mc2::models {
 Dims::Dims(const ProcessGrid& g, const TransformerConfig& c, const StageSpec& st) {
   tp = g.tp_size;
   dp = g.dp_size;
-  ValidateConfig(c, tp, dp, g.ep_size);
+  cp = g.cp_size;
+  ValidateConfig(c, tp, dp, g.ep_size, cp);
   dt = c.gemm_dtype;
   esz = DTypeSize(dt);
   V = c.vocab;
@@ -19,11 +20,11 @@ Dims::Dims(const ProcessGrid& g, const TransformerConfig& c, const StageSpec& st
   L_model = c.layers;
   L0 = st.first_layer;
   L = st.layers < 0 ? L_model : st.layers;
-  T = c.seq_len;
+  T = c.seq_len / cp;  // this CP rank's positions
   Bl = c.batch / dp / st.micro_batches;
   S = T * Bl;
   s = S / tp;
-  grad_scale = 1.0f / static_cast<float>(static_cast<double>(c.batch) * T);
+  grad_scale = 1.0f / static_cast<float>(static_cast<double>(c.batch) * c.seq_len);
   E = c.moe_experts;
   El = E / g.ep_size;
   K = c.moe_topk;

@@ -28,7 +28,7 @@ struct Dims {
 
   DType dt;    // GEMM input type
   size_t esz;  // its element size
-  int tp, dp;
+  int tp, dp, cp;  // cp: context-parallel ranks (T: this rank's positions)
   // L: the blocks this rank runs (block l is the model's block L0 + l, of
   // L_model); Bl: this DP rank's sequences per (micro-)batch.
   size_t V, h, heads, hl, d, f, fl, L, T, Bl, S, s;

@@ -61,7 +61,11 @@ double Since(Clock::time_point t0) {
 }
 
 // Checked before anything is built; `config` itself by Dims (ValidateConfig).
-void ValidateInference(const TransformerConfig& c, const InferenceConfig& in) {
+void ValidateInference(const TransformerConfig& c, const InferenceConfig& in, int cp) {
+  if (cp != 1) {
+    Invalid("inference runs without context parallelism: the grid's cp must be 1, not " +
+            std::to_string(cp));
+  }
   constexpr int kMaxPositions = 1 << 20;
   if (in.prompt_len < 1 || in.prompt_len > kMaxPositions) {
     Invalid("prompt_len must be in 1.." + std::to_string(kMaxPositions) + ", not " +
@@ -161,7 +165,7 @@ struct InferenceModel::Impl {
 InferenceModel::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c,
                            const InferenceConfig& in)
     : grid(g),
-      cfg((ValidateInference(c, in), c)),
+      cfg((ValidateInference(c, in, g.cp_size), c)),
       inf(in),
       dims(grid, cfg),
       params(dims, grid, cfg, [] {}),

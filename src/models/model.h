@@ -8,6 +8,7 @@
 #define MC2_MODELS_MODEL_H_
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,6 +50,16 @@ struct Transformer::Impl {
   Activations acts;
   Rope rope;
   LossSync loss;
+  // Context parallelism (grid.cp_size > 1): each block's ring attention
+  // over grid.cp (it keeps its forward's state for the backward).
+  std::vector<std::unique_ptr<RingAttention>> ring;
+  // The global position of local position t (this CP rank's two chunks).
+  size_t Position(size_t t) const {
+    if (dims.cp == 1) return t;
+    const size_t C = dims.T / 2, cp = static_cast<size_t>(dims.cp),
+                 r = static_cast<size_t>(grid.cp_rank);
+    return t < C ? r * C + t : (2 * cp - 1 - r) * C + (t - C);
+  }
 
   bool has_grads = false;
   bool updates_deferred = false;                 // set by TrainStep for its OptimizerStep

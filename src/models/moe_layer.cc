@@ -202,7 +202,7 @@ void Transformer::Impl::MoeBackward(size_t l, const float* dout) {
       // forward's loss all-reduce carries them (it is ahead of this layer's
       // operators on the progress thread, so this wait costs nothing more).
       loss.work.Wait();
-      const double N = static_cast<double>(cfg.batch) * static_cast<double>(dims.T);
+      const double N = static_cast<double>(cfg.batch) * static_cast<double>(cfg.seq_len);
       const double* st = loss.total.data() + 1 + 2 * E * dims.moe_index[l];
       for (size_t e = 0; e < E; ++e) {
         W.m_dprob[e] = static_cast<float>(cfg.moe_aux_loss_coef * static_cast<double>(E) *

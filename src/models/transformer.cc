@@ -80,7 +80,17 @@ Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c, const 
       sync(grid, params, cfg),
       linear(dims, grid.tp, params, cfg.fused),
       acts(dims),
-      rope(dims.T, dims.d, cfg.rope_base) {
+      rope(static_cast<size_t>(cfg.seq_len), dims.d, cfg.rope_base) {
+  if (dims.cp > 1) {
+    RingAttentionConfig rc;
+    rc.batch = static_cast<int>(dims.Bl);
+    rc.seq_len = cfg.seq_len;
+    rc.heads = static_cast<int>(dims.hl);
+    rc.head_dim = static_cast<int>(dims.d);
+    rc.causal = true;
+    for (size_t l = 0; l < dims.L; ++l)
+      ring.push_back(std::make_unique<RingAttention>(grid.cp, rc));
+  }
   loss.local.assign(1 + 2 * dims.E * dims.n_moe, 0.0);
   loss.total = loss.local;
   block_fwd_s.assign(dims.L, 0.0);
@@ -101,10 +111,21 @@ double Transformer::Impl::ChunkForward(int step, int micro, const float* x_in, f
   params.RefreshWeights();
   // This rank's rows of its DP slice of the global batch (of micro-batch
   // `micro`: sequences [micro B / m, (micro + 1) B / m) of the batch).
+  // (With CP: local row t * Bl + b is global row Position(t) * Bl + b.)
   const int64_t micro_first = static_cast<int64_t>(micro) * grid.dp_size * dims.Bl;
-  MakeBatch(cfg, step, micro_first + static_cast<int64_t>(grid.dp_rank) * dims.Bl,
-            static_cast<int>(dims.Bl), static_cast<int64_t>(grid.tp_rank * s),
-            static_cast<int64_t>((grid.tp_rank + 1) * s), acts.inputs.data(), acts.targets.data());
+  const int64_t first = micro_first + static_cast<int64_t>(grid.dp_rank) * dims.Bl;
+  if (dims.cp == 1) {
+    MakeBatch(cfg, step, first, static_cast<int>(dims.Bl), static_cast<int64_t>(grid.tp_rank * s),
+              static_cast<int64_t>((grid.tp_rank + 1) * s), acts.inputs.data(),
+              acts.targets.data());
+  } else {
+    for (size_t i = 0; i < s; ++i) {
+      const size_t row = grid.tp_rank * s + i;
+      const auto global = static_cast<int64_t>(Position(row / dims.Bl) * dims.Bl + row % dims.Bl);
+      MakeBatch(cfg, step, first, static_cast<int>(dims.Bl), global, global + 1, &acts.inputs[i],
+                &acts.targets[i]);
+    }
+  }
   std::vector<float> x(s * h), y(s * h);
   if (x_in != nullptr) {
     std::memcpy(x.data(), x_in, s * h * sizeof(float));
@@ -163,7 +184,7 @@ double Transformer::Impl::WaitLoss() {
   loss.work.Wait();
   loss.work = Work();
   const size_t E = dims.E, K = dims.K;
-  const double N = static_cast<double>(cfg.batch) * static_cast<double>(dims.T);
+  const double N = static_cast<double>(cfg.batch) * static_cast<double>(cfg.seq_len);
   // Per MoE layer: coef * E * sum_e f_e P_e, f_e = slots_e / (N k),
   // P_e = (sum of p_e over the N tokens) / N; from the global sums, so the
   // same on every rank and every grid.
