@@ -18,8 +18,8 @@ import pathlib
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "bench", "bench_batch", "torch_compare",
-         "torch_tp")
+KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "demo_fsdp", "bench", "bench_batch",
+         "torch_compare", "torch_tp")
 REQUIRED = ("name", "kind", "date", "commit", "host", "command", "emulated", "result")
 # The judged figure of the all_reduce comparison.
 HEADLINE_SIZE = 16 << 20
@@ -38,7 +38,8 @@ scripts/gen_benchmarks.py
 ```
 
 The recorder runs COMMAND (`bench/compare_mpi.sh`, `mc2 bench`,
-`mc2 bench ops`, `mc2 bench batch`, `mc2 demo` or `mc2 demo infer`), adds
+`mc2 bench ops`, `mc2 bench batch`, `mc2 demo`, `mc2 demo infer` or
+`mc2 demo fsdp`), adds
 the option that makes it write JSON,
 and writes `bench/results/NAME.json` with the date (UTC), the commit (and
 whether the tree had uncommitted changes), the host (CPU model, logical
@@ -58,6 +59,7 @@ scripts/record_bench.py ops_matmul_all_reduce -- build/tools/mc2 bench ops -n 2 
 scripts/record_bench.py demo -- build/tools/mc2 demo
 scripts/record_bench.py infer_raw -- build/tools/mc2 demo infer --link none -i 15
 scripts/record_bench.py infer_link -- build/tools/mc2 demo infer --link auto -i 15
+scripts/record_bench.py fsdp_link -- build/tools/mc2 demo fsdp --link auto -i 5
 scripts/record_bench.py batch_vs_separate -- build/tools/mc2 bench batch -n 2 --entries 200 --bytes 16K
 PYTHONPATH=build/python scripts/record_bench.py torch_vs_gloo -- bench/torch_compare.py -n 2 --reps 3
 PYTHONPATH=build/python scripts/record_bench.py torch_tp -- bench/torch_tp.py
@@ -171,6 +173,23 @@ identical across them. Per pipeline:
   computation covered;
 - prefill ran / decode ran: the pipelines the fused operators ran in each
   phase (`auto` resolved per call).
+
+### Sharded data parallelism: `mc2 demo fsdp`
+
+`mc2 demo fsdp` trains the dense transformer with its parameters,
+gradients and optimizer state sharded over the ranks (docs/models.md
+"Sharded data parallelism"), with prefetch depth 0, 1 and 2 and beside
+plain data parallelism, in a rotating round robin over the same steps, and
+checks that every configuration's losses are bitwise identical. Per
+configuration:
+
+- step ms: the training step (median over the timed steps); vs prefetch 0:
+  prefetch 0's step / this step;
+- comm % / uncovered %: as above, from the traced step;
+- memory MiB: the peak bytes of parameters, gradients and AdamW moments
+  per rank (counted at every allocation, activations not included);
+  formula MiB: 16 P / N + (1 + prefetch) gathered units + 2 unit
+  gradients; vs unsharded %: the peak over plain DP's 16 P.
 
 ### PyTorch: `bench/torch_compare.py`
 
@@ -338,6 +357,16 @@ def headline(results, refs):
                          f"(auto's prefill ran {auto.get('prefill_ran')})",
                          f"{num(auto.get('ttft_speedup'))}x ({num(serial.get('ttft_ms'), '.1f')} / "
                          f"{num(auto.get('ttft_ms'), '.1f')} ms), tokens {same}", link_text(r), ref])
+        elif r["kind"] == "demo_fsdp":
+            j = r["result"]
+            runs = j.get("runs", [])
+            best = max((x for x in runs if x.get("config", "").startswith("prefetch-")),
+                       key=lambda x: x.get("speedup_vs_prefetch0", 0), default={})
+            same = "identical" if j.get("losses_identical") else "NOT identical"
+            rows.append([f"mc2 demo fsdp, {j.get('ranks')} ranks: step without prefetch / "
+                         f"{best.get('config')} step",
+                         f"{num(best.get('speedup_vs_prefetch0'))}x, losses {same}",
+                         link_text(r), ref])
         elif r["kind"] == "bench_batch":
             j = r["result"]
             for c in j.get("cases", []):
@@ -455,6 +484,31 @@ def infer_section(results, refs):
                  num(x.get("decode_tokens_per_s"), ".0f"), f"{num(x.get('decode_speedup'))}x",
                  num(x.get("prefill_comm_pct"), ".1f"), num(x.get("prefill_uncovered_pct"), ".1f"),
                  num(x.get("decode_comm_pct"), ".1f")]
+                for x in j.get("runs", [])]
+        out += table(header, rows) + [""]
+    return out
+
+
+def fsdp_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        out += [f"### Sharded data parallelism (`mc2 demo fsdp`), {j.get('ranks')} ranks, "
+                f"{j.get('layers')} layers, hidden {j.get('hidden')}, ffn {j.get('ffn')}, "
+                f"{j.get('batch')} sequences of {j.get('seq_len')} tokens [{refs[r['_file']]}]", "",
+                f"Link: {link_text(r)}. Losses "
+                f"{'bitwise identical' if j.get('losses_identical') else 'NOT identical'} "
+                "across the configurations.", ""]
+        header = [("configuration", False), ("step ms", True), ("vs prefetch 0", True),
+                  ("comm %", True), ("uncovered %", True), ("memory MiB", True),
+                  ("formula MiB", True), ("vs unsharded %", True)]
+        mib = 1024.0 * 1024.0
+        rows = [[x.get("config"), num(x.get("step_ms"), ".1f"),
+                 f"{num(x.get('speedup_vs_prefetch0'))}x", num(x.get("comm_pct"), ".1f"),
+                 num(x.get("uncovered_pct"), ".1f"), num(x.get("peak_bytes", 0) / mib, ".1f"),
+                 num(x.get("formula_bytes", 0) / mib, ".1f"),
+                 num(100.0 * x.get("peak_bytes", 0) / x["unsharded_bytes"]
+                     if x.get("unsharded_bytes") else None, ".1f")]
                 for x in j.get("runs", [])]
         out += table(header, rows) + [""]
     return out
@@ -612,6 +666,7 @@ def render(results):
     lines += ops_section(by_kind["bench_ops"], refs)
     lines += demo_section(by_kind["demo"], refs)
     lines += infer_section(by_kind["demo_infer"], refs)
+    lines += fsdp_section(by_kind["demo_fsdp"], refs)
     lines += bench_section(by_kind["bench"], refs)
     lines += batch_section(by_kind["bench_batch"], refs)
     lines += torch_section(by_kind["torch_compare"], refs)

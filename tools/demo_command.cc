@@ -489,8 +489,10 @@ void RegisterDemo(CLI::App& app) {
   cmd->add_flag("--rank-job", a->rank_job)->group("");  // internal
   cmd->add_option("--results", a->results)->group("");  // internal
   RegisterDemoInfer(*cmd);
+  RegisterDemoFsdp(*cmd);
   cmd->callback([a, cmd] {
     if (cmd->got_subcommand("infer")) return;  // `mc2 demo infer` ran its own
+    if (cmd->got_subcommand("fsdp")) return;   // `mc2 demo fsdp` ran its own
     try {
       if (a->rank_job) {
         if (!Group::LaunchedByMc2()) Usage("--rank-job is internal to `mc2 demo`");

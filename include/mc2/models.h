@@ -382,6 +382,7 @@ struct FsdpStepStats {
   // Blocked waiting for parameter all-gathers (the communication that
   // prefetch did not hide) and for gradient reductions.
   double gather_wait_seconds = 0.0;
+  double forward_gather_wait_seconds = 0.0;  // the forward's part of it
   double reduce_wait_seconds = 0.0;
   int64_t tokens = 0;  // of the global batch
 };

@@ -239,6 +239,7 @@ struct FsdpTransformer::Impl {
     co.may_run_inline = false;
     Work loss_work = AllReduce(dp, &local_loss, &loss_sum, 1, DType::kF64, ReduceOp::kSum, co);
     const auto t1 = Clock::now();
+    st.forward_gather_wait_seconds = st.gather_wait_seconds;
     st.forward_seconds = std::chrono::duration<double>(t1 - t0).count();
     // ---- backward
     for (size_t i = 0; i < U; ++i) {
