@@ -57,7 +57,7 @@ struct FsdpArgs {
   bool no_dp = false;
   int iters = 3;
   int warmup = 1;
-  int layers = 4, hidden = 384, heads = 6, ffn = 1024, vocab = 64;
+  int layers = 8, hidden = 256, heads = 4, ffn = 768, vocab = 64;
   int batch = 8, seq_len = 64;
   uint64_t seed = 1;
   float lr = 3e-3f;

@@ -130,14 +130,23 @@ struct FsdpTransformer::Impl {
   size_t Local(size_t u) const { return opts.shard ? units[u].shard : units[u].numel; }
   size_t Padded(size_t u) const { return N * units[u].shard; }
 
+  // The options of the parameter and gradient collectives: in the
+  // background, under the compute, whatever their size; by the ring, whose
+  // steps move each block over the link (and so are paced by the emulated
+  // link, docs/link-emulation.md, where the direct algorithms are not).
+  static CollectiveOptions Overlapped() {
+    CollectiveOptions co;
+    co.may_run_inline = false;
+    co.algorithm = Algorithm::kRing;
+    return co;
+  }
+
   // ---- parameters
   void IssueGather(size_t u) {
     if (!opts.shard || gathered[u].buf.get() != nullptr) return;
     gathered[u].buf = Counted(Padded(u), &live, &peak);
-    CollectiveOptions co;
-    co.may_run_inline = false;  // in the background, under the compute
     gathered[u].work =
-        AllGather(dp, w[u].data(), gathered[u].buf.get(), units[u].shard, DType::kF32, co);
+        AllGather(dp, w[u].data(), gathered[u].buf.get(), units[u].shard, DType::kF32, Overlapped());
   }
   // Issues the gathers of order[i .. i + prefetch] and waits for order[i]'s.
   const float* Params(const std::vector<size_t>& order, size_t i, FsdpStepStats& st) {
@@ -180,8 +189,7 @@ struct FsdpTransformer::Impl {
   // Unit u's backward ended: its gradient goes to its owners now. Sharded:
   // the previous reduce-scatter is completed first (one in flight).
   void Reduce(size_t u, FsdpStepStats& st) {
-    CollectiveOptions co;
-    co.may_run_inline = false;
+    const CollectiveOptions co = Overlapped();
     if (opts.shard) {
       if (in_flight >= 0) WaitReduce(static_cast<size_t>(in_flight), st);
       grads[u].work = ReduceScatter(dp, grads[u].buf.get(), gs[u].data(), units[u].shard,
