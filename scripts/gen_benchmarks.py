@@ -496,7 +496,8 @@ def fsdp_section(results, refs):
         out += [f"### Sharded data parallelism (`mc2 demo fsdp`), {j.get('ranks')} ranks, "
                 f"{j.get('layers')} layers, hidden {j.get('hidden')}, ffn {j.get('ffn')}, "
                 f"{j.get('batch')} sequences of {j.get('seq_len')} tokens [{refs[r['_file']]}]", "",
-                f"Link: {link_text(r)}. Losses "
+                f"Link: {link_text(r)}; without prefetch the forward's all-gathers took "
+                f"{num(j.get('gather_over_compute_prefetch0'))} x its compute. Losses "
                 f"{'bitwise identical' if j.get('losses_identical') else 'NOT identical'} "
                 "across the configurations.", ""]
         header = [("configuration", False), ("step ms", True), ("vs prefetch 0", True),

@@ -57,7 +57,7 @@ struct FsdpArgs {
   bool no_dp = false;
   int iters = 3;
   int warmup = 1;
-  int layers = 8, hidden = 256, heads = 4, ffn = 768, vocab = 64;
+  int layers = 4, hidden = 512, heads = 8, ffn = 1536, vocab = 64;
   int batch = 8, seq_len = 64;
   uint64_t seed = 1;
   float lr = 3e-3f;
@@ -229,9 +229,9 @@ std::string Calibrate(const FsdpArgs& a, const fs::path& out) {
     const fs::path dir = out / "calibrate" / name;
     fs::create_directories(dir);
     const std::string results = (dir / "results.json").string();
-    json res = RunDemoJob(a.nranks, RankArgv(a, "0", 2, 1, dir.string(), results), link, results,
+    json res = RunDemoJob(a.nranks, RankArgv(a, "0", 3, 1, dir.string(), results), link, results,
                           kCommand, "calibration");
-    const json& run = res["runs"][0];
+    const json& run = res["runs"][0];  // the median of 3 steps after 1 warm-up
     const auto fwd = Doubles(run["forward_seconds"]);
     const auto wait = Doubles(run["forward_gather_wait_seconds"]);
     std::vector<double> compute;
@@ -248,6 +248,7 @@ std::string Calibrate(const FsdpArgs& a, const fs::path& out) {
 struct RunSummary {
   std::string config;
   double step_ms = 0, fwd_ms = 0, bwd_ms = 0, gather_wait_ms = 0, reduce_wait_ms = 0;
+  double fwd_wait_ms = 0;  // the forward's part of gather_wait_ms
   trace::Breakdown b;
   std::vector<double> losses;
   double persistent = 0, window_formula = 0, peak_transient = 0, peak = 0, unsharded = 0;
@@ -319,6 +320,7 @@ void Conduct(const FsdpArgs& a) {
     s.fwd_ms = Median(Doubles(run["forward_seconds"])) * 1e3;
     s.bwd_ms = Median(Doubles(run["backward_seconds"])) * 1e3;
     s.gather_wait_ms = Median(Doubles(run["gather_wait_seconds"])) * 1e3;
+    s.fwd_wait_ms = Median(Doubles(run["forward_gather_wait_seconds"])) * 1e3;
     s.reduce_wait_ms = Median(Doubles(run["reduce_wait_seconds"])) * 1e3;
     s.losses = Doubles(run["losses"]);
     s.persistent = run["persistent_bytes"].get<double>();
@@ -387,6 +389,16 @@ void Conduct(const FsdpArgs& a) {
   row("  vs unsharded (%)", [](const RunSummary& r) {
     return fmt::format("{:.1f}", r.unsharded > 0 ? 100.0 * r.peak / r.unsharded : 0.0);
   });
+  // What the link turned out to be: without prefetch every all-gather is
+  // waited for whole, so the forward's waits are its all-gathers' time.
+  double gather_over_compute = 0;
+  if (base != nullptr && base->fwd_ms > base->fwd_wait_ms) {
+    gather_over_compute = base->fwd_wait_ms / (base->fwd_ms - base->fwd_wait_ms);
+    fmt::print(
+        "\nlink check: without prefetch the forward waited {:.1f} ms for its all-gathers and "
+        "computed {:.1f} ms: all-gather / compute = {:.2f}\n",
+        base->fwd_wait_ms, base->fwd_ms - base->fwd_wait_ms, gather_over_compute);
+  }
   bool identical = true;
   for (const auto& r : runs) identical = identical && r.losses == runs.front().losses;
   fmt::print(
@@ -420,7 +432,8 @@ void Conduct(const FsdpArgs& a) {
               {"batch", a.batch},
               {"seq_len", a.seq_len},
               {"iters", a.iters},
-              {"losses_identical", identical}};
+              {"losses_identical", identical},
+              {"gather_over_compute_prefetch0", gather_over_compute}};
     for (const auto& r : runs) {
       j["runs"].push_back(
           {{"config", r.config == "dp" ? "plain-dp" : ColumnName(r.config)},

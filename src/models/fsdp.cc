@@ -6,9 +6,10 @@
 // elements [r c, (r+1) c) of the flat parameters, their gradient and both
 // moments. A step:
 //   forward, unit by unit: issue the all-gathers of this unit and the next
-//     `prefetch` ones (each into a buffer allocated at the issue), wait for
-//     this one, compute, free it (the head excepted: its backward follows);
-//   backward, in reverse: the same prefetch; a full gradient buffer per
+//     `prefetch` ones (each into a slot of the window: symmetric memory,
+//     in place), wait for this one, compute, give its slot back (the head
+//     excepted: its backward follows);
+//   backward, in reverse: the same prefetch; a full gradient slot per
 //     unit, reduce-scattered (sum, deterministic) into the gradient shard
 //     as soon as the unit's backward ends; the previous unit's
 //     reduce-scatter is waited for (and its buffer freed) before the next
@@ -63,37 +64,6 @@ const TransformerConfig& Checked(const Group& dp, const TransformerConfig& c,
   return c;
 }
 
-// A buffer of floats whose bytes are counted while it lives.
-class Counted {
- public:
-  Counted() = default;
-  Counted(size_t n, int64_t* live, int64_t* peak) : data_(new float[n]), n_(n), live_(live) {
-    *live_ += static_cast<int64_t>(n * sizeof(float));
-    *peak = std::max(*peak, *live_);
-  }
-  Counted(Counted&& o) noexcept { *this = std::move(o); }
-  Counted& operator=(Counted&& o) noexcept {
-    Release();
-    data_ = std::move(o.data_);
-    n_ = o.n_;
-    live_ = o.live_;
-    o.n_ = 0;
-    return *this;
-  }
-  ~Counted() { Release(); }
-  float* get() const { return data_.get(); }
-  void Release() {
-    if (data_ != nullptr) *live_ -= static_cast<int64_t>(n_ * sizeof(float));
-    data_.reset();
-    n_ = 0;
-  }
-
- private:
-  std::unique_ptr<float[]> data_;
-  size_t n_ = 0;
-  int64_t* live_ = nullptr;
-};
-
 }  // namespace
 
 struct FsdpTransformer::Impl {
@@ -124,7 +94,33 @@ struct FsdpTransformer::Impl {
       persistent += 4 * static_cast<int64_t>(n * sizeof(float));
       largest = std::max(largest, static_cast<int64_t>(N * units[u].shard * sizeof(float)));
     }
+    // The window: 1 + prefetch gathered units and 2 unit gradients at
+    // most, each in a slot of symmetric memory (the collectives run
+    // zero-copy on it), reserved once and reused unit after unit.
+    if (opts.shard) {
+      slots.resize(3 + static_cast<size_t>(opts.prefetch));
+      for (Slot& sl : slots) sl.buf = dp.AllocSymmetric(static_cast<size_t>(largest));
+    }
   }
+
+  // A free slot for `floats` elements, counted as live until Release.
+  int Acquire(size_t floats) {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i].floats != 0) continue;
+      slots[i].floats = floats;
+      live += static_cast<int64_t>(floats * sizeof(float));
+      peak = std::max(peak, live);
+      return static_cast<int>(i);
+    }
+    throw Error(ErrorCode::kInternal, "FsdpTransformer: no free window slot");
+  }
+  void Release(int& slot) {
+    if (slot < 0) return;
+    live -= static_cast<int64_t>(slots[slot].floats * sizeof(float));
+    slots[slot].floats = 0;
+    slot = -1;
+  }
+  float* SlotData(int slot) const { return slots[slot].buf.as<float>(); }
 
   // Elements this rank holds of unit u: its shard, or (plain) the whole unit.
   size_t Local(size_t u) const { return opts.shard ? units[u].shard : units[u].numel; }
@@ -142,11 +138,14 @@ struct FsdpTransformer::Impl {
   }
 
   // ---- parameters
+  // In place: this rank's shard is copied to its block of the slot.
   void IssueGather(size_t u) {
-    if (!opts.shard || gathered[u].buf.get() != nullptr) return;
-    gathered[u].buf = Counted(Padded(u), &live, &peak);
-    gathered[u].work =
-        AllGather(dp, w[u].data(), gathered[u].buf.get(), units[u].shard, DType::kF32, Overlapped());
+    if (!opts.shard || gathered[u].slot >= 0) return;
+    gathered[u].slot = Acquire(Padded(u));
+    float* full = SlotData(gathered[u].slot);
+    const size_t c = units[u].shard;
+    std::memcpy(full + rank * c, w[u].data(), c * sizeof(float));
+    gathered[u].work = AllGather(dp, full + rank * c, full, c, DType::kF32, Overlapped());
   }
   // Issues the gathers of order[i .. i + prefetch] and waits for order[i]'s.
   const float* Params(const std::vector<size_t>& order, size_t i, FsdpStepStats& st) {
@@ -161,17 +160,18 @@ struct FsdpTransformer::Impl {
       gathered[u].work.Wait();
     }
     st.gather_wait_seconds += Since(t0);
-    return gathered[u].buf.get();
+    return SlotData(gathered[u].slot);
   }
   void FreeParams(size_t u) {
-    if (opts.shard) gathered[u].buf.Release();
+    gathered[u].work = Work();
+    Release(gathered[u].slot);
   }
 
   // ---- gradients
   float* GradBuffer(size_t u) {
     if (!opts.shard) return gs[u].data();
-    grads[u].buf = Counted(Padded(u), &live, &peak);
-    float* g = grads[u].buf.get();
+    grads[u].slot = Acquire(Padded(u));
+    float* g = SlotData(grads[u].slot);
     std::fill(g + units[u].numel, g + Padded(u), 0.0f);  // the padding
     return g;
   }
@@ -184,7 +184,11 @@ struct FsdpTransformer::Impl {
     }
     st.reduce_wait_seconds += Since(t0);
     grads[u].work = Work();
-    grads[u].buf.Release();
+    if (grads[u].slot >= 0) {  // the reduced block, in place, to the shard
+      const size_t c = units[u].shard;
+      std::memcpy(gs[u].data(), SlotData(grads[u].slot) + rank * c, c * sizeof(float));
+    }
+    Release(grads[u].slot);
   }
   // Unit u's backward ended: its gradient goes to its owners now. Sharded:
   // the previous reduce-scatter is completed first (one in flight).
@@ -192,8 +196,9 @@ struct FsdpTransformer::Impl {
     const CollectiveOptions co = Overlapped();
     if (opts.shard) {
       if (in_flight >= 0) WaitReduce(static_cast<size_t>(in_flight), st);
-      grads[u].work = ReduceScatter(dp, grads[u].buf.get(), gs[u].data(), units[u].shard,
-                                    DType::kF32, ReduceOp::kSum, co);
+      float* g = SlotData(grads[u].slot);
+      const size_t c = units[u].shard;
+      grads[u].work = ReduceScatter(dp, g, g + rank * c, c, DType::kF32, ReduceOp::kSum, co);
       in_flight = static_cast<int>(u);
     } else {
       grads[u].work =
@@ -301,8 +306,12 @@ struct FsdpTransformer::Impl {
   }
 
   struct Pending {
-    Counted buf;
+    int slot = -1;  // in `slots`, or none (plain DP)
     Work work;
+  };
+  struct Slot {
+    SymmetricBuffer buf;
+    size_t floats = 0;  // in use (0: free)
   };
 
   Group dp;
@@ -313,11 +322,12 @@ struct FsdpTransformer::Impl {
   FsdpLayers layers;
   // Per unit, this rank's part: parameters, gradient, AdamW moments.
   std::vector<std::vector<float>> w, gs, m, v;
+  std::vector<Slot> slots;
   std::vector<Pending> gathered, grads;
   int in_flight = -1;  // the unit whose gradient is being reduce-scattered
   int opt_step = 0;
   int64_t parameters = 0, persistent = 0, largest = 0;
-  int64_t live = 0, peak = 0;  // transient bytes (gathered parameters, gradients)
+  int64_t live = 0, peak = 0;  // bytes of the slots in use (gathered parameters, gradients)
 };
 
 FsdpTransformer::FsdpTransformer(const Group& dp, const TransformerConfig& config,
