@@ -398,7 +398,10 @@ struct FsdpMemory {
   // most: (1 + prefetch) units' parameters and 2 units' gradients (the one
   // computing and the one being reduce-scattered), of the largest unit.
   int64_t window_formula_bytes = 0;
-  int64_t peak_transient_bytes = 0;  // measured: counted at every allocation
+  // Measured: a unit's bytes counted while it holds a slot of the window
+  // (the window itself is 3 + prefetch slots of the largest unit of
+  // symmetric memory, reserved when the model is built).
+  int64_t peak_transient_bytes = 0;
   int64_t peak_bytes = 0;            // persistent + peak transient
 };
 
@@ -410,7 +413,9 @@ class FsdpTransformer {
   // Throws kInvalidArgument, without communicating, for an invalid `dp`
   // group, an invalid config on N ranks (ValidateConfig with tp = 1), MoE
   // layers, a GEMM dtype other than f32, gradient compression, or a
-  // prefetch depth outside 0..2.
+  // prefetch depth outside 0..2; kShmExhausted when the window (3 +
+  // prefetch slots of the largest unit) does not fit in the symmetric heap.
+  // Collective over `dp` (it allocates the window).
   FsdpTransformer(const Group& dp, const TransformerConfig& config,
                   const FsdpOptions& options = {});
   ~FsdpTransformer();
