@@ -403,7 +403,7 @@ void Conduct(const FsdpArgs& a) {
   for (const auto& r : runs) identical = identical && r.losses == runs.front().losses;
   fmt::print(
       "\nmemory: f32 parameters, gradients and AdamW moments (16 bytes per parameter, {:.1f} "
-      "MiB unsharded), counted at every allocation; activations not included (the same in every "
+      "MiB unsharded), counted while held; activations not included (the same in every "
       "column). formula: 16 P / N (padded shards) + (1 + prefetch) gathered units + 2 unit "
       "gradients, of the largest unit.\n",
       MiB(runs.front().unsharded));
