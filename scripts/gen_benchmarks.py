@@ -18,8 +18,8 @@ import pathlib
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "demo_fsdp", "bench", "bench_batch",
-         "torch_compare", "torch_tp")
+KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "demo_pp", "demo_fsdp", "bench",
+         "bench_batch", "torch_compare", "torch_tp", "torch_compress")
 REQUIRED = ("name", "kind", "date", "commit", "host", "command", "emulated", "result")
 # The judged figure of the all_reduce comparison.
 HEADLINE_SIZE = 16 << 20
@@ -38,8 +38,8 @@ scripts/gen_benchmarks.py
 ```
 
 The recorder runs COMMAND (`bench/compare_mpi.sh`, `mc2 bench`,
-`mc2 bench ops`, `mc2 bench batch`, `mc2 demo`, `mc2 demo infer` or
-`mc2 demo fsdp`), adds
+`mc2 bench ops`, `mc2 bench batch`, `mc2 demo`, `mc2 demo infer`,
+`mc2 demo pp` or `mc2 demo fsdp`), adds
 the option that makes it write JSON,
 and writes `bench/results/NAME.json` with the date (UTC), the commit (and
 whether the tree had uncommitted changes), the host (CPU model, logical
@@ -59,10 +59,13 @@ scripts/record_bench.py ops_matmul_all_reduce -- build/tools/mc2 bench ops -n 2 
 scripts/record_bench.py demo -- build/tools/mc2 demo
 scripts/record_bench.py infer_raw -- build/tools/mc2 demo infer --link none -i 15
 scripts/record_bench.py infer_link -- build/tools/mc2 demo infer --link auto -i 15
+scripts/record_bench.py pp_link -- build/tools/mc2 demo pp --pp 2 -m 8 --link auto -i 5
+scripts/record_bench.py pp_raw -- build/tools/mc2 demo pp --pp 2 -m 8 --link none -i 5
 scripts/record_bench.py fsdp_link -- build/tools/mc2 demo fsdp --link auto -i 5
 scripts/record_bench.py batch_vs_separate -- build/tools/mc2 bench batch -n 2 --entries 200 --bytes 16K
 PYTHONPATH=build/python scripts/record_bench.py torch_vs_gloo -- bench/torch_compare.py -n 2 --reps 3
 PYTHONPATH=build/python scripts/record_bench.py torch_tp -- bench/torch_tp.py
+scripts/record_bench.py torch_compress -- bench/torch_compress.py
 ```
 
 Record on a quiet machine, from a Release build of a committed tree: on a
@@ -174,6 +177,25 @@ identical across them. Per pipeline:
 - prefill ran / decode ran: the pipelines the fused operators ran in each
   phase (`auto` resolved per call).
 
+### Pipeline parallelism: `mc2 demo pp`
+
+`mc2 demo pp` trains the reference transformer split into pipeline stages
+(docs/models.md "Pipeline parallelism and the 3D grid") with each schedule
+in turn from the same seed, and checks that their losses are bitwise
+identical. Per schedule:
+
+- step ms: the whole step (pipeline, DP gradient exchange, AdamW), the
+  slowest rank, median over the timed steps; pipeline ms: the forwards and
+  backwards of every micro-batch, from a barrier to the last stage's end;
+- bubble formula %: (p - 1) / (m + p - 1) for 1F1B, (p - 1) / (v m + p - 1)
+  interleaved; bubble measured %: each stage's time in the pipeline phase
+  neither computing nor waiting for a transfer that was still moving after
+  its sender finished, from the schedule's own timestamps, mean over stages;
+- uncovered send/recv %: per stage, that transfer wait, as a share of the
+  pipeline phase;
+- collective comm %: the share of the traced step in which the library's
+  collectives ran (the TP operators, the DP exchange, the loss).
+
 ### Sharded data parallelism: `mc2 demo fsdp`
 
 `mc2 demo fsdp` trains the dense transformer with its parameters,
@@ -187,7 +209,7 @@ configuration:
   prefetch 0's step / this step;
 - comm % / uncovered %: as above, from the traced step;
 - memory MiB: the peak bytes of parameters, gradients and AdamW moments
-  per rank (counted at every allocation, activations not included);
+  per rank (counted while held, activations not included);
   formula MiB: 16 P / N + (1 + prefetch) gathered units + 2 unit
   gradients; vs unsharded %: the peak over plain DP's 16 P.
 
@@ -202,6 +224,18 @@ same through `mc2.all_reduce`, the 8 B all_reduce of `mc2 bench` (C++,
 private buffers) for the cost of the Python call, and the median DDP
 training step of a 50.4 M-parameter MLP on each backend and on one rank
 without DDP (docs/python.md).
+
+### PyTorch DDP with compression: `bench/torch_compress.py`
+
+`bench/torch_compress.py` trains one DDP model per compression scheme of
+`mc2.ddp.compressed_hook` (none, f16, bf16, threshold and top-k with error
+feedback) under `mc2 run -n 2`, from the same weights on the same data,
+the schemes taking their steps in turn. Per scheme: the final loss (mean
+over the ranks and the last 20 steps) and its difference to none's, the
+bytes one rank received per step with the scheme (wire) and what an
+uncompressed all-reduce receives (dense), and the median step time
+(forward, backward with the hook's exchanges, optimizer step; the slowest
+rank's). Judged: bf16 and top-k end within 2% of none's loss.
 
 ### Exploring
 
@@ -357,6 +391,15 @@ def headline(results, refs):
                          f"(auto's prefill ran {auto.get('prefill_ran')})",
                          f"{num(auto.get('ttft_speedup'))}x ({num(serial.get('ttft_ms'), '.1f')} / "
                          f"{num(auto.get('ttft_ms'), '.1f')} ms), tokens {same}", link_text(r), ref])
+        elif r["kind"] == "demo_pp":
+            j = r["result"]
+            for x in j.get("runs", []):
+                sched = x.get("schedule") + (f" v={x.get('virtual_stages')}"
+                                             if x.get("virtual_stages", 1) > 1 else "")
+                rows.append([f"mc2 demo pp, pp {j.get('pp')} x dp {j.get('dp')} x tp {j.get('tp')}, "
+                             f"{j.get('micro_batches')} micro-batches, {sched}: bubble measured / formula",
+                             f"{num(100 * x.get('bubble_measured', 0), '.1f')}% / "
+                             f"{num(100 * x.get('bubble_formula', 0), '.1f')}%", link_text(r), ref])
         elif r["kind"] == "demo_fsdp":
             j = r["result"]
             runs = j.get("runs", [])
@@ -376,6 +419,15 @@ def headline(results, refs):
                              f"{num(c.get('speedup'))}x", link_text(r), ref])
         elif r["kind"] == "torch_compare":
             rows += torch_headline(r, ref)
+        elif r["kind"] == "torch_compress":
+            sch = r["result"].get("schemes", {})
+            for key in ("bf16", "topk"):
+                x = sch.get(key)
+                if x:
+                    rows.append([f"DDP with {key} compression: final loss vs none, wire / dense "
+                                 "bytes", f"{num(x.get('loss_vs_none', 0) * 100, '+.2f')}%, "
+                                 f"{num(x.get('wire_bytes_per_step', 0) / max(1, x.get('dense_bytes_per_step', 0)))}x",
+                                 link_text(r), ref])
         elif r["kind"] == "torch_tp":
             runs = r["result"].get("runs", {})
             single = runs.get("single", {}).get("median_s")
@@ -485,6 +537,35 @@ def infer_section(results, refs):
                  num(x.get("prefill_comm_pct"), ".1f"), num(x.get("prefill_uncovered_pct"), ".1f"),
                  num(x.get("decode_comm_pct"), ".1f")]
                 for x in j.get("runs", [])]
+        out += table(header, rows) + [""]
+    return out
+
+
+def pp_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        out += [f"### Pipeline parallelism (`mc2 demo pp`), pp {j.get('pp')} x dp {j.get('dp')} x "
+                f"tp {j.get('tp')}, {j.get('layers')} layers, hidden {j.get('hidden')}, batch "
+                f"{j.get('batch')} x {j.get('seq_len')} in {j.get('micro_batches')} micro-batches "
+                f"[{refs[r['_file']]}]", "",
+                f"Link: {link_text(r)}. Losses "
+                f"{'bitwise identical' if j.get('losses_identical') else 'NOT identical'} across the "
+                "schedules. Bubble: a stage's idle share of the pipeline phase, mean over stages; "
+                "uncovered send/recv: per stage, % of the pipeline phase.", ""]
+        header = [("schedule", False), ("step ms", True), ("pipeline ms", True),
+                  ("bubble formula %", True), ("bubble measured %", True),
+                  ("uncovered send/recv % per stage", False), ("collective comm %", True),
+                  ("vs first", True)]
+        rows = []
+        for x in j.get("runs", []):
+            sched = x.get("schedule") + (f" v={x.get('virtual_stages')}"
+                                         if x.get("virtual_stages", 1) > 1 else "")
+            rows.append([sched, num(x.get("step_ms"), ".1f"), num(x.get("pipeline_ms"), ".1f"),
+                         num(100 * x.get("bubble_formula", 0), ".1f"),
+                         num(100 * x.get("bubble_measured", 0), ".1f"),
+                         " / ".join(num(u, ".2f") for u in x.get("stage_uncovered_pct", [])),
+                         num(x.get("comm_pct"), ".1f"), f"{num(x.get('speedup'))}x"])
         out += table(header, rows) + [""]
     return out
 
@@ -647,6 +728,34 @@ def torch_tp_section(results, refs):
     return out
 
 
+def torch_compress_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        c = j.get("config", {})
+        out += [f"### DDP in PyTorch with each compression scheme [{refs[r['_file']]}]", "",
+                f"`bench/torch_compress.py`: {c.get('ranks')} ranks, an MLP of {c.get('layers')} "
+                f"hidden layers of {c.get('hidden')} ({c.get('params')} parameters), batch "
+                f"{c.get('batch')} per rank, {c.get('steps')} steps; top-k ratio "
+                f"{c.get('topk_ratio')}, threshold {c.get('threshold')}, error feedback on. "
+                "Bytes one rank received per step; step time of the slowest rank.", ""]
+        header = [("scheme", False), ("final loss", True), ("vs none", True), ("wire KB", True),
+                  ("dense KB", True), ("wire / dense", True), ("median step ms", True),
+                  ("check", False)]
+        rows = []
+        for name, x in j.get("schemes", {}).items():
+            dense = x.get("dense_bytes_per_step", 0)
+            rows.append([name, num(x.get("final_loss"), ".4f"),
+                         f"{num(x.get('loss_vs_none', 0) * 100, '+.2f')}%",
+                         num(x.get("wire_bytes_per_step", 0) / 1e3, ".1f"),
+                         num(dense / 1e3, ".1f"),
+                         num(x.get("wire_bytes_per_step", 0) / dense if dense else None),
+                         num(x.get("median_step_s", 0) * 1e3, ".2f"),
+                         ("OK" if x.get("ok") else "OVER 2%") if x.get("judged") else "-"])
+        out += table(header, rows) + [""]
+    return out
+
+
 def render(results):
     lines = ["# Benchmarks", "",
              "<!-- Generated by scripts/gen_benchmarks.py from bench/results/*.json: edit those",
@@ -667,11 +776,13 @@ def render(results):
     lines += ops_section(by_kind["bench_ops"], refs)
     lines += demo_section(by_kind["demo"], refs)
     lines += infer_section(by_kind["demo_infer"], refs)
+    lines += pp_section(by_kind["demo_pp"], refs)
     lines += fsdp_section(by_kind["demo_fsdp"], refs)
     lines += bench_section(by_kind["bench"], refs)
     lines += batch_section(by_kind["bench_batch"], refs)
     lines += torch_section(by_kind["torch_compare"], refs)
     lines += torch_tp_section(by_kind["torch_tp"], refs)
+    lines += torch_compress_section(by_kind["torch_compress"], refs)
     lines += ["### Sources", ""] + [source_line(refs[r["_file"]], r) for r in results] + [""]
     return "\n".join(lines)
 

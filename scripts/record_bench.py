@@ -13,8 +13,10 @@ COMMAND is one of
                                    in a temporary directory unless given)
   BUILD/tools/mc2 demo infer ...  (the same)
   BUILD/tools/mc2 demo fsdp ...   (the same)
+  BUILD/tools/mc2 demo pp ...     (the same)
   bench/torch_compare.py ...      (the recorder adds --json FILE)
   bench/torch_tp.py ...           (the recorder adds --json FILE)
+  bench/torch_compress.py ...     (the recorder adds --json FILE)
 and must not carry those options itself. The command runs with the caller's
 environment; its standard output is shown and recorded.
 
@@ -82,11 +84,13 @@ def parse_args(argv):
 
 def command_kind(command):
     """Which tool the command runs: compare_mpi, bench, bench_ops, bench_batch,
-    demo, demo_infer, demo_fsdp, torch_compare or torch_tp."""
+    demo, demo_infer, demo_pp, demo_fsdp, torch_compare, torch_tp or torch_compress."""
     if "torch_compare.py" in (os.path.basename(c) for c in command[:2]):
         return "torch_compare"
     if "torch_tp.py" in (os.path.basename(c) for c in command[:2]):
         return "torch_tp"
+    if "torch_compress.py" in (os.path.basename(c) for c in command[:2]):
+        return "torch_compress"
     if os.path.basename(command[0]) == "compare_mpi.sh" or (
             len(command) > 1 and os.path.basename(command[1]) == "compare_mpi.sh"):
         return "compare_mpi"
@@ -96,12 +100,11 @@ def command_kind(command):
                 return "bench_" + command[2]
             return "bench"
         if command[1] == "demo":
-            if len(command) > 2 and command[2] in ("infer", "fsdp"):
-                return "demo_" + command[2]
-            return "demo"
+            sub = command[2] if len(command) > 2 else ""
+            return {"infer": "demo_infer", "pp": "demo_pp", "fsdp": "demo_fsdp"}.get(sub, "demo")
     die(f"cannot record '{shlex.join(command)}': expected bench/compare_mpi.sh, "
         "mc2 bench, mc2 bench ops, mc2 bench batch, mc2 demo, bench/torch_compare.py or "
-        "bench/torch_tp.py")
+        "bench/torch_tp.py or bench/torch_compress.py")
 
 
 def option_value(command, name):
@@ -141,7 +144,7 @@ def emulated_link(kind, command, result):
     report the link they used (the calibrated one for `auto`); mc2 bench and
     compare_mpi.sh follow MC2_LINK.
     """
-    demos = ("demo", "demo_infer", "demo_fsdp")
+    demos = ("demo", "demo_infer", "demo_pp", "demo_fsdp")
     requested = option_value(command, "--link") if kind in ("bench_ops",) + demos else None
     if requested is None and kind in demos:
         requested = "auto"  # mc2 demo's default
@@ -163,9 +166,9 @@ def main(argv):
     kind = command_kind(command)
     added = {"compare_mpi": ["--keep"], "bench": ["--json"], "bench_ops": ["--json"],
              "bench_batch": ["--json"],
-             "demo": ["--json"], "demo_infer": ["--json"], "demo_fsdp": ["--json"],
-             "torch_compare": ["--json"],
-             "torch_tp": ["--json"]}[kind]
+             "demo": ["--json"], "demo_infer": ["--json"], "demo_pp": ["--json"],
+             "demo_fsdp": ["--json"], "torch_compare": ["--json"], "torch_tp": ["--json"],
+             "torch_compress": ["--json"]}[kind]
     for opt in added:
         if option_value(command, opt) is not None:
             die(f"the command carries {opt}: the recorder sets it")
@@ -178,7 +181,7 @@ def main(argv):
             run += ["--keep", f"{tmp}/keep"]
         else:
             run += ["--json", f"{tmp}/result.json"]
-            if kind in ("demo", "demo_infer", "demo_fsdp") and option_value(command, "--out") is None:
+            if kind in ("demo", "demo_infer", "demo_pp", "demo_fsdp") and option_value(command, "--out") is None:
                 run += ["--out", f"{tmp}/demo"]
         date = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
         print(f"record_bench.py: running {shlex.join(run)}", file=sys.stderr)

@@ -44,6 +44,9 @@ void RegisterDemoInfer(CLI::App& demo);
 // `mc2 demo fsdp [-n N] [--prefetch 0,1,2] [--link auto] ...`, a subcommand of
 // `demo` (demo_fsdp.cc)
 void RegisterDemoFsdp(CLI::App& demo);
+// `mc2 demo pp [--pp P] [--tp T] [--dp D] [-m M] [--schedules 1f1b,interleaved] ...`,
+// a subcommand of `demo` (demo_pp.cc)
+void RegisterDemoPp(CLI::App& demo);
 // `mc2 topo [-n N] [--json]`: hosts, ranks, cores and links (topo_command.cc)
 void RegisterTopo(CLI::App& app);
 

@@ -490,9 +490,11 @@ void RegisterDemo(CLI::App& app) {
   cmd->add_option("--results", a->results)->group("");  // internal
   RegisterDemoInfer(*cmd);
   RegisterDemoFsdp(*cmd);
+  RegisterDemoPp(*cmd);
   cmd->callback([a, cmd] {
     if (cmd->got_subcommand("infer")) return;  // `mc2 demo infer` ran its own
-    if (cmd->got_subcommand("fsdp")) return;   // `mc2 demo fsdp` ran its own
+    if (cmd->got_subcommand("pp")) return;     // and `mc2 demo pp`
+    if (cmd->got_subcommand("fsdp")) return;   // and `mc2 demo fsdp`
     try {
       if (a->rank_job) {
         if (!Group::LaunchedByMc2()) Usage("--rank-job is internal to `mc2 demo`");

@@ -74,6 +74,7 @@
 
 #include "mc2/group.h"
 #include "mc2/tensor.h"
+#include "mc2/work.h"
 
 namespace mc2 {
 
@@ -244,6 +245,60 @@ class GradSync {
   class Impl;
   std::unique_ptr<Impl> impl_;
   bool sync_ = true;
+};
+
+// One compressed all-reduce of an f32 buffer outside GradSync, e.g. per call
+// (mc2.all_reduce(t, compression=...) and mc2.ddp.compressed_hook in
+// Python): the schemes, exchanges and results of a GradSync bucket (above)
+// for one buffer, with the error-feedback residual owned by the caller.
+//
+//   std::vector<float> residual(n);              // kept across calls
+//   CompressedAllReduce op(g, data, n, {.scheme = Compression::kTopK,
+//                                       .topk_ratio = 0.01},
+//                          /*average=*/true, residual);
+//   op.Start();   // issues the exchange
+//   op.Finish();  // waits; the mean of the ranks' sparsified data in `data`
+//
+// `residual` (count floats, or empty: no error feedback; kThreshold and
+// kTopK only) is added to the data before the selection and holds what was
+// not sent when Start returns: sent + new residual == data + old residual,
+// exactly. compression.error_feedback and warmup_steps are not used here:
+// the residual's presence decides. `segments`: the first element of each
+// part of the buffer (increasing, the first 0) from which kTopK selects
+// separately, as GradSync does per parameter (empty: the whole buffer is
+// one part). Every rank passes the same count, options and segments.
+// Bad arguments throw kInvalidArgument from the constructor, before any
+// communication. The constructor is collective over g for kF16 and kBF16
+// (their exchange buffers are allocated in g's symmetric heap).
+// Invariants: data and residual stay valid, and data untouched, from Start
+// until Finish. Thread safety: one thread at a time, the one that issues
+// the calls on g.
+class CompressedAllReduce {
+ public:
+  CompressedAllReduce(const Group& g, float* data, size_t count,
+                      const CompressionOptions& compression, bool average,
+                      std::span<float> residual = {}, std::vector<size_t> segments = {});
+  // Waits for a started exchange (ignoring its failure).
+  ~CompressedAllReduce();
+  CompressedAllReduce(const CompressedAllReduce&) = delete;
+  CompressedAllReduce& operator=(const CompressedAllReduce&) = delete;
+
+  // Issues the exchange. kTopK and kNone issue one collective and return at
+  // once; kF16, kBF16 and kThreshold wait for their first collective (the
+  // second needs its result) and issue the second. Once only.
+  void Start();
+  // The last collective Start issued (complete when there was none): a
+  // caller may wait for it elsewhere, and must still call Finish.
+  Work pending() const;
+  // Waits and leaves the reduced (decoded) result in data; rethrows the
+  // exchange's failure.
+  void Finish();
+  // What Start moved (one bucket's GradSyncStats).
+  const GradSyncStats& stats() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace mc2

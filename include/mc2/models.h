@@ -51,19 +51,34 @@ namespace mc2::models {
 // ep holds experts [ep_rank E/ep, (ep_rank+1) E/ep)). `edp` groups the
 // ranks holding the same experts (same ep_rank, every tp_index and every
 // EP group: world / ep ranks), over which the experts' gradients are summed.
+//
+// Pipeline parallelism: `pp` (default 1) stages, outermost: world rank
+// w = (pp_index * dp + dp_index) * tp + tp_index, so a stage's DP x TP
+// ranks are adjacent (TP inside a host, the pipeline across hosts). tp, dp,
+// ep and edp above are groups inside one stage (the ep_size, dp_size, ...
+// of a stage); `stage` holds the stage's dp x tp ranks (over which the
+// stage's TP-replicated gradients and its loss are summed) and `pp` the
+// ranks with the same (dp_index, tp_index) in every stage, the pipeline
+// the activations travel along (pp_rank = pp_index).
 struct ProcessGrid {
   Group world;
   Group tp;   // tensor + sequence parallel group (size tp_size)
   Group dp;   // data parallel group: same tp_index, every dp_index
   Group ep;   // expert parallel group (size ep_size; one rank when ep == 1)
   Group edp;  // expert replicas: same ep_rank (size world / ep_size)
-  int tp_size = 1, dp_size = 1, ep_size = 1;
-  int tp_rank = 0, dp_rank = 0, ep_rank = 0;
+  Group pp;     // pipeline: same dp_index and tp_index (invalid when pp_size == 1)
+  Group stage;  // this pipeline stage's dp x tp ranks (the world when pp == 1)
+  int tp_size = 1, dp_size = 1, ep_size = 1, pp_size = 1;
+  int tp_rank = 0, dp_rank = 0, ep_rank = 0, pp_rank = 0;
 };
 
 // Collective over `world`. Throws kInvalidArgument unless tp >= 1 divides
 // world.size() and ep >= 1 divides world.size() / tp.
 ProcessGrid MakeGrid(const Group& world, int tp, int ep = 1);
+// The DP x TP x PP grid (x EP inside DP): throws kInvalidArgument unless
+// pp >= 1 and tp >= 1, tp * pp divides world.size() and ep divides
+// dp = world.size() / (tp pp). pp == 1 is MakeGrid(world, tp, ep).
+ProcessGrid MakeGrid3D(const Group& world, int tp, int pp, int ep = 1);
 
 // ---------------------------------------------------------------------------
 // The model and its training.
@@ -193,6 +208,8 @@ struct ParamView {
 //
 // Thread safety: one thread per rank calls it; calls are collective over the
 // grid (every rank makes the same calls in the same order). Not copyable.
+struct ChunkAccess;  // the pipeline's access to a model's parts (pipeline.cc)
+
 class Transformer {
  public:
   // Initialises the weights from config.seed: every rank computes its shard
@@ -228,6 +245,7 @@ class Transformer {
   const ProcessGrid& grid() const;
 
  private:
+  friend struct ChunkAccess;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
@@ -241,6 +259,121 @@ std::vector<StepStats> TrainSteps(const Group& world, const TransformerConfig& c
 std::vector<StepStats> TrainSteps(const Group& world, const TransformerConfig& config, int tp,
                                   int ep, int steps,
                                   const std::function<void(const StepStats&)>& on_step = {});
+
+// ---------------------------------------------------------------------------
+// Pipeline parallelism (pipeline.cc, schedule.cc; docs/models.md "Pipeline
+// parallelism and the 3D grid").
+//
+// The model's blocks split into pp * virtual_stages chunks of equal size;
+// stage r (grid.pp_rank) holds chunks r, r + pp, ... (virtual_stages of
+// them; one with 1F1B), the first chunk the embedding and the last the
+// final norm, LM head and loss. Each step's global batch is cut into
+// micro_batches micro-batches of batch / micro_batches sequences (every DP
+// rank takes its share of each), which flow through the chunks: a chunk's
+// output rows go to the next chunk's stage by Send / Recv over grid.pp
+// (between the ranks with the same tp_rank: each holds its sequence-
+// parallel rows), the gradients back. The receives are posted one
+// operation ahead, so a transfer travels while the stage computes. The
+// gradients of the micro-batches are accumulated (in micro-batch order)
+// and summed over DP once the pipeline has drained, then AdamW.
+enum class PipelineSchedule : uint8_t {
+  // One forward, one backward: stage r runs pp - r - 1 warm-up forwards,
+  // then alternates, then drains the backwards. Bubble (p - 1) / (m + p - 1).
+  k1F1B = 0,
+  // Interleaved 1F1B (virtual stages, Megatron-LM): v chunks per stage,
+  // forwards and backwards in groups of pp micro-batches chunk after
+  // chunk; micro_batches must be a multiple of pp. Bubble
+  // (p - 1) / (v m + p - 1).
+  kInterleaved,
+};
+// "1f1b", "interleaved".
+const char* ScheduleName(PipelineSchedule s);
+std::optional<PipelineSchedule> ParseSchedule(std::string_view name);
+
+struct PipelineConfig {
+  int micro_batches = 1;
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  int virtual_stages = 1;  // chunks per stage; 1 with k1F1B, >= 2 for kInterleaved
+};
+
+// Throws kInvalidArgument naming the cause, without communicating:
+// ValidateConfig, then layers % (pp v) (each chunk the same number of
+// blocks), batch % (dp m) (whole micro-batches on every DP rank), m % pp
+// for kInterleaved, virtual_stages (1 for k1F1B, >= 2 for kInterleaved),
+// MoE layers (not supported with pp > 1: their load-balancing loss is a
+// function of the whole batch) and ep > 1 (likewise).
+void ValidatePipeline(const TransformerConfig& config, const PipelineConfig& pipe, int tp, int dp,
+                      int pp, int ep = 1);
+
+// The schedule's idle fraction with uniform operation times:
+// (p - 1) / (m + p - 1) for 1F1B, (p - 1) / (v m + p - 1) interleaved.
+double BubbleFormula(const PipelineConfig& pipe, int pp);
+
+// One forward or backward of one chunk on one micro-batch, as this stage
+// ran it. Times in seconds from the start of the step's pipeline phase
+// (after a barrier over the world).
+struct PipelineOp {
+  bool forward = true;
+  int chunk = 0;   // the model's chunk (pp_rank + pp * local chunk)
+  int micro = 0;
+  double start = 0, end = 0;  // the compute
+  // Waiting for its input (the previous chunk's activation or the next's
+  // gradient) before `start`, and the part of that wait after the input's
+  // sender finished computing it: the transfer not hidden (needs one clock
+  // for every rank: a single host).
+  double recv_wait = 0, uncovered = 0;
+};
+
+// What one pipeline training step did, on this rank.
+struct PipelineStepStats {
+  StepStats step;            // loss (global mean, every rank), seconds, tokens
+  std::vector<PipelineOp> ops;  // in the order run
+  // The pipeline phase: from the barrier to the end of the last operation
+  // of any stage (the same on every rank).
+  double pipeline_seconds = 0;
+  double busy_seconds = 0;      // this stage's compute in it
+  double recv_wait_seconds = 0;  // waiting for inputs
+  double uncovered_seconds = 0;  // of which transfers not hidden
+  double send_wait_seconds = 0;  // waiting for sends to complete (buffer reuse, the end)
+  // Idle: pipeline_seconds - busy - uncovered - send_wait, as a fraction of
+  // pipeline_seconds: this stage's bubble.
+  double bubble = 0;
+  double bubble_formula = 0;  // BubbleFormula
+  double dp_sync_seconds = 0;    // the DP gradient exchange after the drain
+  double optimizer_seconds = 0;
+};
+
+// One rank's stage of the pipelined model (its chunks, their optimizer
+// state and buffers). Thread safety: one thread per rank; calls are
+// collective over the grid. Not copyable.
+class PipelineTransformer {
+ public:
+  // Collective over grid.world (builds each chunk's gradient exchanges).
+  // Throws kInvalidArgument (ValidatePipeline) on every rank first.
+  PipelineTransformer(const ProcessGrid& grid, const TransformerConfig& config,
+                      const PipelineConfig& pipe);
+  ~PipelineTransformer();
+  PipelineTransformer(const PipelineTransformer&) = delete;
+  PipelineTransformer& operator=(const PipelineTransformer&) = delete;
+
+  // Forward and backward of every micro-batch of the batch of `step`, the
+  // DP exchange and AdamW. The loss is the global mean (every rank).
+  PipelineStepStats TrainStep(int step);
+
+  // This stage's parameter tensors (names as Transformer's: "block<l>.*"
+  // with the model's block index; "embed" on the first stage, "final_norm"
+  // and "lm_head" on the last).
+  std::vector<ParamView> Parameters();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// MakeGrid3D, the model, `steps` steps. Returns this rank's stats.
+std::vector<PipelineStepStats> TrainPipelineSteps(
+    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
+    int pp, int steps, const std::function<void(const PipelineStepStats&)>& on_step = {});
 
 // ---------------------------------------------------------------------------
 // Inference: prefill a batch of prompts, then greedy decoding with a KV

@@ -6,7 +6,9 @@ torch.distributed backend over mc2's shared-memory engine (docs/python.md).
 - mc2.all_reduce(...) and the other collectives (mc2.collectives);
 - torch.distributed.init_process_group("mc2") (mc2.backend), and
   mc2.group_of(process_group) for the mc2.Group under an mc2 process group;
-- mc2.ddp.allreduce_hook, a DistributedDataParallel communication hook;
+- mc2.ddp.allreduce_hook, a DistributedDataParallel communication hook, and
+  mc2.ddp.compressed_hook with mc2.ddp.CompressionState (compression);
+- mc2.Compressor: compressed all-reduces with error feedback (mc2.compression);
 - mc2.trace: timeline tracing (start, stop, mark_step, span), read by
   `mc2 trace report`;
 - the fused operators as differentiable torch functions (mc2.ops:
@@ -23,6 +25,7 @@ from ._C import Error, Group, MoeRouting, ProcessGroupMC2, Work, init, launched_
 from . import backend  # noqa: F401  (registers the "mc2" backend)
 from .backend import init_process_group  # noqa: F401
 from . import ddp  # noqa: F401
+from .compression import Compressor  # noqa: F401
 from . import trace  # noqa: F401
 from .collectives import (  # noqa: F401
     all_gather,

@@ -84,12 +84,26 @@ def _done(work, async_op):
     return None
 
 
-def all_reduce(tensor, op="sum", async_op=False, algorithm="auto", group=None):
+def all_reduce(tensor, op="sum", async_op=False, algorithm="auto", group=None,
+               compression="none", threshold=1e-6, topk_ratio=0.01, residual=None):
     """tensor = the reduction of every rank's tensor (op: sum, avg, prod, min,
     max, band, bor, bxor); algorithm: auto, ring, recursive_doubling,
-    rabenseifner, tree, direct."""
+    rabenseifner, tree, direct.
+
+    compression: none, f16, bf16, threshold (|x| >= threshold travels),
+    topk (the topk_ratio largest |x| travel); float32 tensors, op sum or avg,
+    algorithm auto. residual: error feedback for threshold and topk (see
+    mc2.compression; mc2.Compressor keeps residuals for you)."""
     if not isinstance(op, str):
         op = next((k for k, v in _OPS.items() if v == op), str(op))
+    if compression != "none" or residual is not None:
+        if algorithm != "auto":
+            raise invalid_argument("all_reduce", "a compressed all_reduce chooses its own "
+                                   f"exchanges: algorithm must be 'auto', not '{algorithm}'")
+        from .compression import all_reduce_compressed
+        work, _ = all_reduce_compressed(tensor, op, compression, threshold, topk_ratio, residual,
+                                        None, group)
+        return _done(work, async_op)
     return _done(_C._all_reduce(_pg(group), tensor, op, algorithm, async_op), async_op)
 
 

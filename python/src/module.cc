@@ -11,6 +11,7 @@ void BindDenseOps(py::module_& m);
 void BindFailTogether(py::module_& m);
 void BindMoeOps(py::module_& m);
 void BindBackend(py::module_& m);
+void BindCompression(py::module_& m);
 void BindTrace(py::module_& m);
 }  // namespace mc2py
 
@@ -43,5 +44,6 @@ PYBIND11_MODULE(_C, m) {
   mc2py::BindFailTogether(m);
   mc2py::BindMoeOps(m);
   mc2py::BindBackend(m);
+  mc2py::BindCompression(m);
   mc2py::BindTrace(m);
 }

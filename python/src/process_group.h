@@ -79,6 +79,18 @@ class ProcessGroupMC2 : public c10d::ProcessGroup {
   // bucket read and write it in place. Where a heap has no room the bucket
   // stays private (on every rank alike) and is all-reduced as it is.
   c10::intrusive_ptr<AsyncWork> AllReduceBucket(const at::Tensor& bucket, mc2::ReduceOp op);
+  // The compressed all-reduce of an f32 tensor (mc2.all_reduce with
+  // compression=..., mc2.ddp.compressed_hook; compressed.cc): sum or avg,
+  // `residual` an f32 tensor of t's size (or undefined: no error feedback)
+  // that the call updates before it returns, `segments` the parts top-k
+  // selects from separately. The work completes when the exchange's last
+  // collective has and the result is decoded into t; `stats` receives
+  // what the exchange moves.
+  c10::intrusive_ptr<AsyncWork> AllReduceCompressed(const at::Tensor& t, mc2::ReduceOp op,
+                                                    const mc2::CompressionOptions& c,
+                                                    const at::Tensor& residual,
+                                                    std::vector<size_t> segments,
+                                                    mc2::GradSyncStats* stats);
 
  private:
   // Creates the work, runs `issue(work)` under the group's lock (on a bad

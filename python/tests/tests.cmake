@@ -30,6 +30,7 @@ endfunction()
 mc2_python_test(test_fused_bindings.py 1 2 3 4)
 mc2_python_test(test_backend.py 1 2 3 4)
 mc2_python_test(test_ddp.py 1 2 3)
+mc2_python_test(test_compression.py 1 2 3 4)
 # mc2.ddp.allreduce_hook with a heap too small for one of the buckets.
 mc2_python_test(test_ddp_heap.py 2)
 set_property(TEST python.test_ddp_heap/2 APPEND PROPERTY ENVIRONMENT "MC2_HEAP_BYTES=16M")

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <numeric>
 
@@ -299,10 +300,15 @@ Work SpanSendRecv(GroupImpl& g, bool send, char* data, size_t bytes, int peer, i
   };
   auto& mpi = *s.net->mpi;
   const CommId comm = internal ? s.chan : s.p2p;
+  // As on one host, a message that does not complete within the world's
+  // timeout (a stalled peer) fails with kTimeout and breaks the world.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            g.world().timeout);
   if (send) {
-    mpi.Isend(comm, peer, tag, data, bytes, std::move(on_done));
+    mpi.Isend(comm, peer, tag, data, bytes, std::move(on_done), deadline);
   } else {
-    mpi.Irecv(comm, peer, tag, data, bytes, std::move(on_done));
+    mpi.Irecv(comm, peer, tag, data, bytes, std::move(on_done), deadline);
   }
   return Access::MakeWork(work);
 }

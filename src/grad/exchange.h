@@ -47,6 +47,8 @@ class BucketExchange {
   void WaitQuietly();
 
   std::span<float> residual() { return residual_; }
+  // The collective last issued (complete when none is running).
+  const Work& pending() const { return work_; }
   void* data() const { return data_; }
 
  private:

@@ -2,7 +2,7 @@
 
 namespace mc2::models {
 
-Dims::Dims(const ProcessGrid& g, const TransformerConfig& c) {
+Dims::Dims(const ProcessGrid& g, const TransformerConfig& c, const StageSpec& st) {
   tp = g.tp_size;
   dp = g.dp_size;
   ValidateConfig(c, tp, dp, g.ep_size);
@@ -15,9 +15,12 @@ Dims::Dims(const ProcessGrid& g, const TransformerConfig& c) {
   d = h / heads;
   f = c.ffn;
   fl = f / tp;
-  L = c.layers;
+  stage = st;
+  L_model = c.layers;
+  L0 = st.first_layer;
+  L = st.layers < 0 ? L_model : st.layers;
   T = c.seq_len;
-  Bl = c.batch / dp;
+  Bl = c.batch / dp / st.micro_batches;
   S = T * Bl;
   s = S / tp;
   grad_scale = 1.0f / static_cast<float>(static_cast<double>(c.batch) * T);
@@ -28,7 +31,7 @@ Dims::Dims(const ProcessGrid& g, const TransformerConfig& c) {
   is_moe.resize(L);
   moe_index.assign(L, -1);
   for (size_t l = 0; l < L; ++l) {
-    is_moe[l] = IsMoeLayer(c, static_cast<int>(l));
+    is_moe[l] = IsMoeLayer(c, static_cast<int>(L0 + l));
     if (is_moe[l]) moe_index[l] = n_moe++;
   }
 }

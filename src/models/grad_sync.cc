@@ -75,6 +75,7 @@ void DpSync::Restart() {
 }
 
 void DpSync::Issue(int bucket) {
+  if (hold) return;
   GradSync& s = bucket == 0 ? *world_ : *dp_;
   for (int pi : members_[bucket]) s.MarkReady(id_[pi]);
   if (bucket == 0) world_running_ = true;

@@ -47,6 +47,10 @@ class DpSync {
   double WaitWorld();
 
   bool defer_world = false;
+  // Gradient accumulation over micro-batches (pipeline.cc): while set,
+  // Issue marks nothing ready; the owner issues every bucket once the last
+  // micro-batch's gradients are in the views.
+  bool hold = false;
 
  private:
   void RefreshViews();

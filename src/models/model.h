@@ -37,7 +37,8 @@ struct LossSync {
 // deferred_wgrad is left.
 // Thread safety: one thread per rank (the Transformer's contract).
 struct Transformer::Impl {
-  Impl(const ProcessGrid& g, const TransformerConfig& c);
+  // `stage`: the part of the model this rank runs (dims.h; default: all).
+  Impl(const ProcessGrid& g, const TransformerConfig& c, const StageSpec& stage = {});
 
   ProcessGrid grid;
   TransformerConfig cfg;
@@ -68,6 +69,21 @@ struct Transformer::Impl {
   void Forward(int step);
   double WaitLoss();
   void Backward();
+
+  // The forward of this rank's part of the model (StageSpec) on micro-batch
+  // `micro` of the batch of `step`: from x_in ([s x h], the previous
+  // chunk's output) or, if null, the embedding (needs stage.embed); to
+  // x_out ([s x h]) or, if null, the LM head and the loss (needs
+  // stage.head). Returns this rank's cross-entropy sum (0 without the head),
+  // unscaled. Keeps its activations in `acts` for ChunkBackward.
+  double ChunkForward(int step, int micro, const float* x_in, float* x_out);
+  // The backward of the last ChunkForward: from dy ([s x h], the gradient
+  // of x_out) or, if null, the loss; to dx_in ([s x h]) or, if null, the
+  // embedding's gradient. Gradients of the micro-batch in the Param::g
+  // views (the projections' written, the replicated ones added after
+  // sync.Restart); issues no gradient exchange but what the sublayers'
+  // DpSync calls do.
+  void ChunkBackward(const float* dy, float* dx_in);
 
   // A block is two sublayers, each with its own forward and backward, its
   // own gradient bucket and the same overlap scheme (transformer.cc). The

@@ -53,7 +53,7 @@ void ParamStore::Layout() {
   Add("embed", dims_.V, h, true, false, 0, &p_embed);
   bp.resize(L);
   for (size_t l = 0; l < L; ++l) {
-    std::string b = "block" + std::to_string(l);
+    std::string b = "block" + std::to_string(dims_.L0 + l);
     Add(b + ".norm1", 1, h, true, false, 0, &bp[l].norm1);
     Add(b + ".attn.qkv", h, 3 * hl * d, false, true, 1 + 2 * l, &bp[l].qkv);
     Add(b + ".attn.o", hl * d, h, false, true, 1 + 2 * l, &bp[l].o);
@@ -124,10 +124,10 @@ void ParamStore::Init() {
     }
   };
   const size_t rank = grid_.tp_rank;
-  const float out_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(L));
+  const float out_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(dims_.L_model));
   fill(p_embed, 1, 1.0f, [&](size_t r, size_t c) { return r * h + c; });
   for (size_t l = 0; l < L; ++l) {
-    const uint64_t base = 16 + 8 * l;
+    const uint64_t base = 16 + 8 * (dims_.L0 + l);  // the model's block
     std::fill(list_[bp[l].norm1].w, list_[bp[l].norm1].w + h, 1.0f);
     std::fill(list_[bp[l].norm2].w, list_[bp[l].norm2].w + h, 1.0f);
     // Wqkv [h x 3h] globally: q | k | v, each heads x d columns; this rank

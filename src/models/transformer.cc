@@ -72,10 +72,10 @@ double Since(Clock::time_point t0) {
 
 }  // namespace
 
-Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c)
+Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c, const StageSpec& stage)
     : grid(g),
       cfg(c),
-      dims(grid, cfg),
+      dims(grid, cfg, stage),
       params(dims, grid, cfg, [this] { sync.WaitWorld(); }),
       sync(grid, params, cfg),
       linear(dims, grid.tp, params, cfg.fused),
@@ -86,12 +86,12 @@ Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c)
   block_fwd_s.assign(dims.L, 0.0);
   block_bwd_s.assign(dims.L, 0.0);
   for (size_t l = 0; l < dims.L; ++l) {
-    block_span_fwd.push_back("block" + std::to_string(l) + ".forward");
-    block_span_bwd.push_back("block" + std::to_string(l) + ".backward");
+    block_span_fwd.push_back("block" + std::to_string(dims.L0 + l) + ".forward");
+    block_span_bwd.push_back("block" + std::to_string(dims.L0 + l) + ".backward");
   }
 }
 
-void Transformer::Impl::Forward(int step) {
+double Transformer::Impl::ChunkForward(int step, int micro, const float* x_in, float* x_out) {
   const size_t s = dims.s, h = dims.h, V = dims.V;
   // Deferred updates: the replicated tensors' now (small, and the
   // embedding is needed first); the projections' as the blocks come.
@@ -99,12 +99,16 @@ void Transformer::Impl::Forward(int step) {
     if (params.world_synced(static_cast<int>(pi))) params.ApplyUpdate(static_cast<int>(pi));
   }
   params.RefreshWeights();
-  // This rank's rows of its DP slice of the global batch.
-  MakeBatch(cfg, step, static_cast<int64_t>(grid.dp_rank) * dims.Bl, static_cast<int>(dims.Bl),
-            static_cast<int64_t>(grid.tp_rank * s), static_cast<int64_t>((grid.tp_rank + 1) * s),
-            acts.inputs.data(), acts.targets.data());
+  // This rank's rows of its DP slice of the global batch (of micro-batch
+  // `micro`: sequences [micro B / m, (micro + 1) B / m) of the batch).
+  const int64_t micro_first = static_cast<int64_t>(micro) * grid.dp_size * dims.Bl;
+  MakeBatch(cfg, step, micro_first + static_cast<int64_t>(grid.dp_rank) * dims.Bl,
+            static_cast<int>(dims.Bl), static_cast<int64_t>(grid.tp_rank * s),
+            static_cast<int64_t>((grid.tp_rank + 1) * s), acts.inputs.data(), acts.targets.data());
   std::vector<float> x(s * h), y(s * h);
-  {
+  if (x_in != nullptr) {
+    std::memcpy(x.data(), x_in, s * h * sizeof(float));
+  } else {
     trace::Scope span("embedding", trace::Category::kCompute);
     for (size_t i = 0; i < s; ++i) {
       std::memcpy(&x[i * h], params[params.p_embed].w + static_cast<size_t>(acts.inputs[i]) * h,
@@ -123,8 +127,10 @@ void Transformer::Impl::Forward(int step) {
     block_fwd_s[l] = Since(t0);
     std::swap(x, y);
   }
-  double local;
-  {
+  double local = 0;
+  if (x_out != nullptr) {
+    std::memcpy(x_out, x.data(), s * h * sizeof(float));
+  } else {
     trace::Scope span("lm_head", trace::Category::kCompute, GemmFlops(s, V, h));
     acts.x_final = x;
     RmsNormForward(x.data(), params[params.p_final_norm].w, s, h, cfg.norm_eps, acts.xf.data(),
@@ -134,6 +140,11 @@ void Transformer::Impl::Forward(int step) {
                          acts.dlogits.data());
   }
   params.ApplyAllUpdates();  // any left (none when every block ran): backward writes the gradients
+  return local;
+}
+
+void Transformer::Impl::Forward(int step) {
+  const double local = ChunkForward(step, 0, nullptr, nullptr);
   // The global mean: a sum over every rank's rows (f64, deterministic
   // order), in the background: backward does not need it, and a blocking
   // call here would make every rank wait for the slowest one's forward.
@@ -166,7 +177,7 @@ double Transformer::Impl::WaitLoss() {
   return loss.total[0] / N + loss.aux;
 }
 
-void Transformer::Impl::Backward() {
+void Transformer::Impl::ChunkBackward(const float* dy, float* dx_in) {
   const size_t s = dims.s, h = dims.h, V = dims.V;
   // Replicated gradients accumulate (norms, embedding): Restart zeroes
   // them; the projections' are written by their wgrad GEMM.
@@ -174,7 +185,9 @@ void Transformer::Impl::Backward() {
   deferred_wgrad = nullptr;
   params.EnsureTransposes();  // normally made during the forward (RefreshTransposes)
   std::vector<float>& dx = acts.dx;
-  {
+  if (dy != nullptr) {
+    std::memcpy(dx.data(), dy, s * h * sizeof(float));
+  } else {
     trace::Scope span("lm_head.backward", trace::Category::kCompute, 2 * GemmFlops(s, V, h));
     GemmOptions ow;
     ow.trans_a = true;  // dW = xf^T dlogits
@@ -196,7 +209,9 @@ void Transformer::Impl::Backward() {
     AttentionSublayerBackward(l, dx.data());
     block_bwd_s[l] = Since(t0);
   }
-  {
+  if (dx_in != nullptr) {
+    std::memcpy(dx_in, dx.data(), s * h * sizeof(float));
+  } else {
     trace::Scope span("embedding.backward", trace::Category::kCompute);
     float* ge = params[params.p_embed].g;
     for (size_t i = 0; i < s; ++i) {
@@ -205,6 +220,10 @@ void Transformer::Impl::Backward() {
     }
   }
   if (deferred_wgrad) TakeDeferred()();  // (block 0 defers nothing)
+}
+
+void Transformer::Impl::Backward() {
+  ChunkBackward(nullptr, nullptr);
   sync.IssuePendingThen(-1);
   sync.Issue(0);
 }

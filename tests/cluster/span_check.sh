@@ -137,6 +137,25 @@ if grep -E "^rank [0-3] error" "$work/stall.log" | grep -vqE "\[(timeout|aborted
 fi
 echo "operators: a stalled producer across hosts timed out naming its chunk (${elapsed_ms} ms)"
 
+# A receive whose sender never sends (rank 3, host 1): with MC2_TIMEOUT=2s
+# rank 0's receive must fail with kTimeout naming rank 3, and the other
+# ranks (in a barrier rank 0 never joins) must learn of it, not hang.
+start=$(date +%s%N)
+set +e
+timeout 60 mpirun "${margs[@]}" -x MC2_TIMEOUT=2s -np 4 -H ${name}h0:2,${name}h1:2 \
+    "$ops" stall_recv >"$work/stall_recv.log" 2>&1
+status=$?
+set -e
+elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+[[ $status -ne 0 && $status -ne 124 ]] || { cat "$work/stall_recv.log"; fail "the stalled receive exited $status"; }
+(( elapsed_ms < 15000 )) || fail "the stalled receive took ${elapsed_ms} ms to end"
+for r in 0 1 2 3; do
+  grep -qE "^rank $r error: .*\[timeout\].*receive from rank 3 \(tag 7, 4096 bytes\) did not complete within the timeout" \
+      "$work/stall_recv.log" ||
+    { cat "$work/stall_recv.log"; fail "rank $r did not report the receive's timeout naming rank 3"; }
+done
+echo "send/recv: a receive from a silent rank across hosts timed out on every rank (${elapsed_ms} ms)"
+
 # Training steps of the reference transformer (TP over the 4 hosts; TP 2 x
 # DP 2 with MoE over EP 2), against one host.
 mkdir -p "$work/train1" "$work/train41"

@@ -15,6 +15,13 @@
 //                                     must fail with the call's 1 s timeout
 //                                     naming the missing chunk; each rank
 //                                     prints "rank R error: WHAT", exits 3
+//   test_prog_span_ops stall_recv     rank 0 receives from rank 3, which
+//                                     never sends (MC2_TIMEOUT set short);
+//                                     the receive must fail with kTimeout
+//                                     naming rank 3 and every other rank
+//                                     (in a barrier) must learn of it; each
+//                                     rank prints "rank R error: WHAT",
+//                                     exits 3
 //   test_prog_span_ops bad            a bad shape on one rank: every rank
 //                                     must raise an mc2::Error, then the
 //                                     group must still work
@@ -435,6 +442,29 @@ int Stall() {
   return 0;
 }
 
+int StallRecv() {
+  mc2::Group g = mc2::Group::FromEnv();
+  const int r = g.rank();
+  std::vector<float> buf(1024);
+  try {
+    if (r == 0) {
+      g.Recv(buf.data(), buf.size() * sizeof(float), g.size() - 1, 7).Wait();
+    } else {
+      // A barrier rank 0 never joins, with a timeout longer than the
+      // receive's: the receive's error must be what ends it.
+      mc2::CollectiveOptions o;
+      o.timeout = std::chrono::seconds(30);
+      mc2::Barrier(g, o).Wait();
+    }
+  } catch (const mc2::Error& e) {
+    std::printf("rank %d error: %s\n", r, e.what());
+    std::fflush(stdout);
+    std::exit(3);
+  }
+  std::printf("rank %d: stall_recv finished\n", r);
+  return 0;
+}
+
 // A bad shape on one rank: rank 1 gives k + 1 (a mismatch), then rank 2 a
 // null C (invalid). Every rank must raise the error; the group stays usable.
 int Bad() {
@@ -491,10 +521,11 @@ int main(int argc, char** argv) {
     if (argc == 3 && std::string(argv[1]) == "train") return Train(argv[2]);
     if (argc == 2 && std::string(argv[1]) == "bad") return Bad();
     if (argc == 2 && std::string(argv[1]) == "stall") return Stall();
+    if (argc == 2 && std::string(argv[1]) == "stall_recv") return StallRecv();
   } catch (const mc2::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: %s suite OUTDIR | train OUTDIR | bad | stall\n", argv[0]);
+  std::fprintf(stderr, "usage: %s suite OUTDIR | train OUTDIR | bad | stall | stall_recv\n", argv[0]);
   return 2;
 }

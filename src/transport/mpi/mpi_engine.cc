@@ -70,6 +70,9 @@ struct MpiEngine::Impl {
     int peer;
     bool send;
     bool standing;  // IrecvStanding: cancelled at stop
+    int tag;
+    size_t bytes;  // the whole message's (a slot holds one piece)
+    std::chrono::steady_clock::time_point deadline;
   };
   std::vector<Slot> slots;
   MPI_Request ctl_req = MPI_REQUEST_NULL;
@@ -174,40 +177,35 @@ std::shared_ptr<Completion> MpiEngine::Post(Request r, OnDone on_done) {
   return c;
 }
 
-std::shared_ptr<Completion> MpiEngine::Isend(CommId comm, int peer, int tag, const void* data,
-                                             size_t bytes, OnDone on_done) {
+MpiEngine::Request MpiEngine::Message(Request::Kind kind, CommId comm, int peer, int tag,
+                                     const void* data, size_t bytes, TimePoint deadline) {
   Request r;
-  r.kind = Request::kSend;
+  r.kind = kind;
   r.comm = comm;
   r.peer = peer;
   r.tag = tag;
   r.data = static_cast<char*>(const_cast<void*>(data));
   r.bytes = bytes;
-  return Post(std::move(r), std::move(on_done));
+  r.deadline = deadline;
+  return r;
+}
+
+std::shared_ptr<Completion> MpiEngine::Isend(CommId comm, int peer, int tag, const void* data,
+                                             size_t bytes, OnDone on_done, TimePoint deadline) {
+  return Post(Message(Request::kSend, comm, peer, tag, data, bytes, deadline),
+              std::move(on_done));
 }
 
 std::shared_ptr<Completion> MpiEngine::Irecv(CommId comm, int peer, int tag, void* data,
-                                             size_t bytes, OnDone on_done) {
-  Request r;
-  r.kind = Request::kRecv;
-  r.comm = comm;
-  r.peer = peer;
-  r.tag = tag;
-  r.data = static_cast<char*>(data);
-  r.bytes = bytes;
-  return Post(std::move(r), std::move(on_done));
+                                             size_t bytes, OnDone on_done, TimePoint deadline) {
+  return Post(Message(Request::kRecv, comm, peer, tag, data, bytes, deadline),
+              std::move(on_done));
 }
 
 std::shared_ptr<Completion> MpiEngine::IrecvStanding(CommId comm, int peer, int tag, void* data,
                                                      size_t bytes, OnDone on_done) {
-  Request r;
-  r.kind = Request::kRecv;
+  Request r = Message(Request::kRecv, comm, peer, tag, data, bytes, TimePoint::max());
   r.standing = true;
-  r.comm = comm;
-  r.peer = peer;
-  r.tag = tag;
-  r.data = static_cast<char*>(data);
-  r.bytes = bytes;
   return Post(std::move(r), std::move(on_done));
 }
 
@@ -423,7 +421,8 @@ void MpiEngine::Loop() {
           break;
         }
         m.reqs.push_back(req);
-        m.slots.push_back({r.done, r.peer, r.kind == Request::kSend, r.standing});
+        m.slots.push_back(
+            {r.done, r.peer, r.kind == Request::kSend, r.standing, r.tag, r.bytes, r.deadline});
       }
     }
     if (!m.reqs.empty()) {
@@ -519,6 +518,18 @@ void MpiEngine::Loop() {
     auto now = Clock::now();
     if (now - last_probe > std::chrono::milliseconds(50)) {
       last_probe = now;
+      // A message past its deadline: the peer stalled (a dead one fails
+      // the request by itself), and the world cannot go on.
+      for (const auto& slot : m.slots) {
+        if (failed() || !slot.done || now < slot.deadline) continue;
+        Record(Error(ErrorCode::kTimeout,
+                     fmt::format("MPI {} rank {} (tag {}, {} bytes) did not complete within "
+                                 "the timeout",
+                                 slot.send ? "send to" : "receive from", slot.peer, slot.tag,
+                                 slot.bytes),
+                     rank_),
+               true);
+      }
       std::function<void()> probe;
       {
         std::lock_guard<std::mutex> lock(mu_);

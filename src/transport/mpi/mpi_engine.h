@@ -102,11 +102,19 @@ class MpiEngine {
 
   // `on_done`, if given, is called once on the MPI thread when the request
   // completes (null) or fails (the error); it must not block.
+  //
+  // `deadline`: a request still pending then records kTimeout (naming the
+  // direction, peer, tag and size) as the failure of every rank, as a
+  // point-to-point operation that times out on one host aborts its world
+  // (checked every 50 ms). Requests whose owner waits with a deadline of
+  // its own (Completion::Wait) leave it at max().
   using OnDone = std::function<void(std::exception_ptr)>;
+  using TimePoint = std::chrono::steady_clock::time_point;
   std::shared_ptr<Completion> Isend(CommId comm, int peer, int tag, const void* data,
-                                    size_t bytes, OnDone on_done = {});
+                                    size_t bytes, OnDone on_done = {},
+                                    TimePoint deadline = TimePoint::max());
   std::shared_ptr<Completion> Irecv(CommId comm, int peer, int tag, void* data, size_t bytes,
-                                    OnDone on_done = {});
+                                    OnDone on_done = {}, TimePoint deadline = TimePoint::max());
   // A standing receive: one that may never match (a channel keeps one
   // posted per peer for the next notification). It does not keep the
   // engine from stopping: at stop, and on Cancel, it is cancelled and
@@ -161,9 +169,13 @@ class MpiEngine {
     int peer = 0, tag = 0;
     char* data = nullptr;
     size_t bytes = 0;
+    TimePoint deadline = TimePoint::max();
     std::shared_ptr<Completion> done;
     std::function<void()> call;
   };
+  // A send or receive request (the fields every message has).
+  static Request Message(Request::Kind kind, CommId comm, int peer, int tag, const void* data,
+                         size_t bytes, TimePoint deadline);
   std::shared_ptr<Completion> Post(Request r, OnDone on_done = {});
   void RunCall(std::function<void()> fn);
   void Loop();

@@ -1,0 +1,428 @@
+// Pipeline parallelism for the reference transformer (include/mc2/models.h,
+// "Pipeline parallelism"): a stage's chunks, the schedule's execution with
+// the activations and their gradients moving by Send / Recv, gradient
+// accumulation over the micro-batches, the DP exchange and AdamW.
+//
+// Each chunk is a Transformer::Impl running a range of blocks (StageSpec,
+// dims.h) on micro-batches, whose grid's world is this stage's dp x tp
+// ranks: its TP-replicated gradients are summed over the stage, its shards'
+// over the stage's DP group, as in the unpipelined model. The chunk keeps
+// one micro-batch's activations in its `acts`; those of the micro-batches
+// in flight (forward done, backward not yet) are swapped out into a pool
+// and back in for the backward.
+//
+// A message is the [s x h] rows of one micro-batch (this TP rank's
+// sequence-parallel rows) followed by the sender's clock when it finished
+// computing them (one double, in two floats), from which the receiver
+// tells the transfer it waited for from the schedule's own wait
+// (PipelineOp::uncovered). Tags: (receiving chunk, micro-batch,
+// direction), so no two messages in flight match the same receive.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mc2/collectives.h"
+#include "mc2/error.h"
+#include "mc2/models.h"
+#include "mc2/trace.h"
+#include "models/model.h"
+#include "models/schedule.h"
+
+namespace mc2::models {
+
+struct ChunkAccess {
+  using Impl = Transformer::Impl;
+};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+[[noreturn]] void Invalid(const std::string& msg) {
+  throw Error(ErrorCode::kInvalidArgument, "PipelineConfig: " + msg);
+}
+
+std::string Str(long long v) { return std::to_string(v); }
+
+// One chunk of the model on this stage.
+struct Chunk {
+  int index = 0;  // the model's chunk
+  std::unique_ptr<ChunkAccess::Impl> m;
+  std::vector<float> acc;                                  // accumulated gradients, by param
+  std::vector<size_t> offset;                              // of each param in acc
+  std::map<int, std::unique_ptr<Activations>> in_flight;  // by micro-batch
+  std::vector<std::unique_ptr<Activations>> pool;          // free activation sets
+};
+
+constexpr size_t kStampFloats = 2;  // the sender's clock, a double
+
+}  // namespace
+
+void ValidatePipeline(const TransformerConfig& c, const PipelineConfig& pipe, int tp, int dp,
+                      int pp, int ep) {
+  ValidateConfig(c, tp, dp, ep);
+  if (pp < 1) Invalid("pp must be >= 1, not " + Str(pp));
+  const int m = pipe.micro_batches;
+  if (m < 1) Invalid("micro_batches must be >= 1, not " + Str(m));
+  if (pipe.schedule != PipelineSchedule::k1F1B && pipe.schedule != PipelineSchedule::kInterleaved) {
+    Invalid("unknown schedule");
+  }
+  const bool interleaved = pipe.schedule == PipelineSchedule::kInterleaved;
+  if (!interleaved && pipe.virtual_stages != 1) {
+    Invalid("virtual_stages (" + Str(pipe.virtual_stages) +
+            ") must be 1 with the 1f1b schedule (interleaved has virtual stages)");
+  }
+  if (interleaved) {
+    if (pipe.virtual_stages < 2) {
+      Invalid("virtual_stages (" + Str(pipe.virtual_stages) +
+              ") must be >= 2 with the interleaved schedule");
+    }
+    if (pp < 2) Invalid("the interleaved schedule needs pp >= 2, not " + Str(pp));
+    if (m % pp != 0) {
+      Invalid("micro_batches (" + Str(m) + ") must be a multiple of pp (" + Str(pp) +
+              ") with the interleaved schedule: micro-batches go through the chunks in "
+              "groups of pp");
+    }
+  }
+  const int v = interleaved ? pipe.virtual_stages : 1;
+  if (c.layers % (pp * v) != 0) {
+    Invalid("layers (" + Str(c.layers) + ") must be divisible by pp * virtual_stages (" +
+            Str(pp) + " * " + Str(v) + "): every chunk has the same number of blocks");
+  }
+  if (c.batch % (dp * m) != 0) {
+    Invalid("batch (" + Str(c.batch) + ") must be divisible by dp * micro_batches (" + Str(dp) +
+            " * " + Str(m) + "): every DP rank takes whole sequences of every micro-batch");
+  }
+  if (pp > 1 && c.moe_experts > 0) {
+    Invalid("MoE layers are not supported with pp > 1 (their load-balancing loss is a "
+            "function of the whole batch, not of a micro-batch)");
+  }
+  if (pp > 1 && ep > 1) Invalid("ep > 1 is not supported with pp > 1");
+}
+
+struct PipelineTransformer::Impl {
+  ProcessGrid grid;
+  TransformerConfig cfg;
+  PipelineConfig pipe;
+  int p = 1, v = 1, m = 1, chunks = 1;
+  size_t rows = 0, width = 0;  // a message's payload: s x h
+  std::vector<Chunk> local;    // by local chunk
+  std::vector<ScheduleOp> ops;
+  std::vector<Work> sends;                     // of the running step
+  std::vector<std::vector<float>> send_bufs;  // theirs
+  std::map<int, std::vector<float>> recv_bufs;  // by tag
+  std::map<int, Work> recvs;                    // posted, by tag
+
+  Impl(const ProcessGrid& g, const TransformerConfig& c, const PipelineConfig& pc)
+      : grid(g), cfg(c), pipe(pc) {
+    ValidatePipeline(cfg, pipe, grid.tp_size, grid.dp_size, grid.pp_size, grid.ep_size);
+    p = grid.pp_size;
+    v = pipe.schedule == PipelineSchedule::kInterleaved ? pipe.virtual_stages : 1;
+    m = pipe.micro_batches;
+    chunks = p * v;
+    const int per_chunk = cfg.layers / chunks;
+    ProcessGrid sg = grid;
+    sg.world = grid.stage;
+    for (int lc = 0; lc < v; ++lc) {
+      Chunk ch;
+      ch.index = lc * p + grid.pp_rank;
+      StageSpec spec;
+      spec.first_layer = ch.index * per_chunk;
+      spec.layers = per_chunk;
+      spec.embed = ch.index == 0;
+      spec.head = ch.index == chunks - 1;
+      spec.micro_batches = m;
+      ch.m = std::make_unique<ChunkAccess::Impl>(sg, cfg, spec);
+      ch.m->sync.hold = true;
+      size_t total = 0;
+      for (const Param& prm : ch.m->params.list()) {
+        ch.offset.push_back(total);
+        total += prm.rows * prm.cols;
+      }
+      ch.acc.assign(total, 0.0f);
+      local.push_back(std::move(ch));
+    }
+    rows = local[0].m->dims.s;
+    width = local[0].m->dims.h;
+    ops = MakeSchedule(pipe, p, grid.pp_rank);
+  }
+
+  ~Impl() { Drain(); }
+
+  // Never leave a transfer running on buffers about to go.
+  void Drain() noexcept {
+    for (auto& w : sends) {
+      try {
+        w.Wait();
+      } catch (...) {
+      }
+    }
+    for (auto& [tag, w] : recvs) {
+      try {
+        w.Wait();
+      } catch (...) {
+      }
+    }
+    sends.clear();
+    send_bufs.clear();
+    recvs.clear();
+    recv_bufs.clear();
+  }
+
+  int Tag(int recv_chunk, int micro, bool gradient) const {
+    return (recv_chunk * m + micro) * 2 + (gradient ? 1 : 0);
+  }
+  size_t MessageFloats() const { return rows * width + kStampFloats; }
+
+  // The input of op k: posted once (the tag), or -1 if it has none.
+  int InputTag(const ScheduleOp& o) const {
+    const int g = o.local_chunk * p + grid.pp_rank;
+    if (o.forward) return g > 0 ? Tag(g, o.micro, false) : -1;
+    return g + 1 < chunks ? Tag(g, o.micro, true) : -1;
+  }
+  void PostInput(const ScheduleOp& o) {
+    const int tag = InputTag(o);
+    if (tag < 0 || recvs.count(tag) != 0) return;
+    const int peer = o.forward ? (grid.pp_rank + p - 1) % p : (grid.pp_rank + 1) % p;
+    std::vector<float>& buf = recv_bufs[tag];
+    buf.assign(MessageFloats(), 0.0f);
+    recvs[tag] = grid.pp.Recv(buf.data(), buf.size() * sizeof(float), peer, tag);
+  }
+  void Send(std::vector<float> buf, bool forward, int recv_chunk, int micro) {
+    const double end = Now();
+    std::memcpy(buf.data() + rows * width, &end, sizeof(double));
+    const int peer = forward ? (grid.pp_rank + 1) % p : (grid.pp_rank + p - 1) % p;
+    send_bufs.push_back(std::move(buf));
+    std::vector<float>& b = send_bufs.back();
+    sends.push_back(
+        grid.pp.Send(b.data(), b.size() * sizeof(float), peer, Tag(recv_chunk, micro, !forward)));
+  }
+
+  void Accumulate(Chunk& ch, int micro) {
+    const std::vector<Param>& list = ch.m->params.list();
+    for (size_t pi = 0; pi < list.size(); ++pi) {
+      const size_t n = list[pi].rows * list[pi].cols;
+      float* a = ch.acc.data() + ch.offset[pi];
+      const float* g = list[pi].g;
+      if (micro == 0) {
+        std::memcpy(a, g, n * sizeof(float));
+      } else {
+        for (size_t i = 0; i < n; ++i) a[i] += g[i];
+      }
+    }
+  }
+
+  PipelineStepStats Step(int step);
+};
+
+PipelineStepStats PipelineTransformer::Impl::Step(int step) {
+  PipelineStepStats st;
+  st.bubble_formula = BubbleFormula(pipe, p);
+  const auto step_t0 = Clock::now();
+  Barrier(grid.world).Wait();
+  const double t0 = Now();
+  double loss_sum = 0, last_end = t0;
+  // Keep the ready-for-the-next-step state even when an op throws.
+  struct Cleanup {
+    Impl* self;
+    ~Cleanup() { self->Drain(); }
+  } cleanup{this};
+  if (!ops.empty()) PostInput(ops[0]);
+  for (size_t k = 0; k < ops.size(); ++k) {
+    const ScheduleOp& o = ops[k];
+    // The next receive goes up before this op computes, so its transfer
+    // travels under this op.
+    if (k + 1 < ops.size()) PostInput(ops[k + 1]);
+    Chunk& ch = local[o.local_chunk];
+    ChunkAccess::Impl& mm = *ch.m;
+    PipelineOp rec;
+    rec.forward = o.forward;
+    rec.chunk = ch.index;
+    rec.micro = o.micro;
+    const float* in = nullptr;
+    const int tag = InputTag(o);
+    if (tag >= 0) {
+      trace::Scope span("pipeline.recv_wait", trace::Category::kWait);
+      const double w0 = Now();
+      recvs.at(tag).Wait();
+      recvs.erase(tag);
+      const double w1 = Now();
+      double sent_end;
+      const std::vector<float>& buf = recv_bufs.at(tag);
+      std::memcpy(&sent_end, buf.data() + rows * width, sizeof(double));
+      rec.recv_wait = w1 - w0;
+      rec.uncovered = std::max(0.0, w1 - std::max(w0, sent_end));
+      in = buf.data();
+    }
+    const double start = Now();
+    if (o.forward) {
+      trace::Scope span("pipeline.forward", trace::Category::kHost);
+      std::unique_ptr<Activations> a;
+      if (ch.pool.empty()) {
+        a = std::make_unique<Activations>(mm.dims);
+      } else {
+        a = std::move(ch.pool.back());
+        ch.pool.pop_back();
+      }
+      std::swap(mm.acts, *a);
+      const bool last = ch.index == chunks - 1;
+      std::vector<float> out;
+      if (!last) out.assign(MessageFloats(), 0.0f);
+      const double local_sum = mm.ChunkForward(step, o.micro, in, last ? nullptr : out.data());
+      std::swap(mm.acts, *a);
+      ch.in_flight[o.micro] = std::move(a);
+      if (last) {
+        loss_sum += local_sum;
+      } else {
+        Send(std::move(out), /*forward=*/true, ch.index + 1, o.micro);
+      }
+    } else {
+      trace::Scope span("pipeline.backward", trace::Category::kHost);
+      std::unique_ptr<Activations> a = std::move(ch.in_flight.at(o.micro));
+      ch.in_flight.erase(o.micro);
+      std::swap(mm.acts, *a);
+      const bool first = ch.index == 0;
+      std::vector<float> dx;
+      if (!first) dx.assign(MessageFloats(), 0.0f);
+      mm.ChunkBackward(in, first ? nullptr : dx.data());
+      std::swap(mm.acts, *a);
+      ch.pool.push_back(std::move(a));
+      Accumulate(ch, o.micro);
+      if (!first) Send(std::move(dx), /*forward=*/false, ch.index - 1, o.micro);
+    }
+    if (tag >= 0) recv_bufs.erase(tag);
+    const double end = Now();
+    rec.start = start - t0;
+    rec.end = end - t0;
+    st.busy_seconds += end - start;
+    st.recv_wait_seconds += rec.recv_wait;
+    st.uncovered_seconds += rec.uncovered;
+    (o.forward ? st.step.forward_seconds : st.step.backward_seconds) += end - start;
+    last_end = end;
+    st.ops.push_back(rec);
+  }
+  {
+    trace::Scope span("pipeline.send_wait", trace::Category::kWait);
+    const double w0 = Now();
+    for (auto& w : sends) w.Wait();
+    st.send_wait_seconds = Now() - w0;
+  }
+  // The pipeline phase: the latest end over every stage.
+  double mine = last_end - t0;
+  AllReduce(grid.world, &mine, &st.pipeline_seconds, 1, DType::kF64, ReduceOp::kMax).Wait();
+  if (st.pipeline_seconds > 0) {
+    st.bubble = std::max(0.0, st.pipeline_seconds - st.busy_seconds - st.uncovered_seconds) /
+                st.pipeline_seconds;
+  }
+  // The loss: summed over the last stage's ranks, then sent along the pipeline.
+  double total = loss_sum;
+  if (grid.pp_rank == p - 1 && grid.stage.size() > 1) {
+    AllReduce(grid.stage, &loss_sum, &total, 1, DType::kF64, ReduceOp::kSum).Wait();
+  }
+  if (p > 1) {
+    double root_total = total;
+    Broadcast(grid.pp, &root_total, &total, 1, DType::kF64, p - 1).Wait();
+  }
+  const double N = static_cast<double>(cfg.batch) * static_cast<double>(cfg.seq_len);
+  st.step.loss = total / N + 0.0;  // as Transformer: + the (zero) load-balancing loss
+  // The accumulated gradients, summed over DP, then AdamW.
+  {
+    trace::Scope span("pipeline.dp_sync", trace::Category::kHost);
+    const double w0 = Now();
+    for (Chunk& ch : local) {
+      ChunkAccess::Impl& mm = *ch.m;
+      const std::vector<Param>& list = mm.params.list();
+      for (size_t pi = 0; pi < list.size(); ++pi) {
+        std::memcpy(list[pi].g, ch.acc.data() + ch.offset[pi],
+                    list[pi].rows * list[pi].cols * sizeof(float));
+      }
+      mm.sync.hold = false;
+      for (int b = static_cast<int>(mm.params.buckets.size()); b-- > 0;) mm.sync.Issue(b);
+    }
+    for (Chunk& ch : local) {
+      ch.m->sync.Wait();
+      ch.m->sync.hold = true;
+    }
+    st.dp_sync_seconds = Now() - w0;
+  }
+  {
+    trace::Scope span("optimizer", trace::Category::kHost);
+    const double w0 = Now();
+    for (Chunk& ch : local) {
+      ParamStore& ps = ch.m->params;
+      ps.NextStep();
+      ps.UpdateAll(/*world=*/false);
+      ps.UpdateAll(/*world=*/true);
+      ps.Changed();
+    }
+    st.optimizer_seconds = Now() - w0;
+  }
+  st.step.step = step;
+  st.step.sync_wait_seconds = st.dp_sync_seconds;
+  st.step.optimizer_seconds = st.optimizer_seconds;
+  st.step.tokens = static_cast<int64_t>(cfg.batch) * cfg.seq_len;
+  st.step.seconds = std::chrono::duration<double>(Clock::now() - step_t0).count();
+  return st;
+}
+
+PipelineTransformer::PipelineTransformer(const ProcessGrid& grid, const TransformerConfig& config,
+                                         const PipelineConfig& pipe)
+    : impl_(std::make_unique<Impl>(grid, config, pipe)) {}
+
+PipelineTransformer::~PipelineTransformer() = default;
+
+PipelineStepStats PipelineTransformer::TrainStep(int step) {
+  trace::MarkStep(step);
+  return impl_->Step(step);
+}
+
+std::vector<ParamView> PipelineTransformer::Parameters() {
+  std::vector<ParamView> out;
+  for (Chunk& ch : impl_->local) {
+    ParamStore& ps = ch.m->params;
+    const StageSpec& spec = ch.m->dims.stage;
+    for (int pi = 0; pi < static_cast<int>(ps.size()); ++pi) {
+      if (pi == ps.p_embed && !spec.embed) continue;
+      if ((pi == ps.p_final_norm || pi == ps.p_lm_head) && !spec.head) continue;
+      const Param& prm = ps[pi];
+      ParamView view;
+      view.name = prm.name;
+      view.rows = prm.rows;
+      view.cols = prm.cols;
+      view.value = prm.w;
+      view.grad = prm.g;
+      view.tp_replicated = prm.replicated;
+      view.ep_sharded = prm.experts;
+      out.push_back(view);
+    }
+  }
+  return out;
+}
+
+std::vector<PipelineStepStats> TrainPipelineSteps(
+    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
+    int pp, int steps, const std::function<void(const PipelineStepStats&)>& on_step) {
+  if (steps < 0) throw Error(ErrorCode::kInvalidArgument, "TrainPipelineSteps: steps must be >= 0");
+  // The sizes first, naming the cause, before splitting anything.
+  if (!world.valid() || tp < 1 || pp < 1 || world.size() % (tp * pp) != 0) {
+    MakeGrid3D(world, tp, pp);
+  }
+  ValidatePipeline(config, pipe, tp, world.size() / (tp * pp), pp);
+  ProcessGrid grid = MakeGrid3D(world, tp, pp);
+  PipelineTransformer model(grid, config, pipe);
+  std::vector<PipelineStepStats> out;
+  for (int step = 0; step < steps; ++step) {
+    out.push_back(model.TrainStep(step));
+    if (on_step) on_step(out.back());
+  }
+  trace::EndStep();
+  return out;
+}
+
+}  // namespace mc2::models

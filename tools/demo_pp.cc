@@ -1,0 +1,536 @@
+// `mc2 demo pp`: pipeline-parallel training of the reference transformer
+// (models::PipelineTransformer, include/mc2/models.h) on a DP x TP x PP grid
+// of local ranks, with each schedule (1F1B and interleaved) side by side:
+// step time, the pipeline phase, each stage's compute, its waits for inputs
+// and the part of them that was transfer not hidden behind compute, the
+// bubble measured from the schedule's own timestamps against its formula,
+// the library's collectives (TP operators, DP gradient exchange) from the
+// traces, and whether every schedule gave bitwise the same losses. Writes
+// each schedule's trace and an SVG timeline.
+//
+// Outside a job the command is the conductor: it checks the options,
+// optionally calibrates the emulated link (--link auto: the bandwidth at
+// which one micro-batch's activations take --comm-ratio times a chunk's
+// forward to cross it, from one untimed run without emulation), launches
+// the job (re-executing itself with --rank-job) and prints the table.
+// Inside the job each rank trains every schedule in turn from the same
+// seed; rank 0 writes the results.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "core/link_config.h"
+#include "demo_job.h"
+#include "launcher.h"
+#include "mc2/mc2.h"
+#include "mc2/models.h"
+#include "output_paths.h"
+#include "trace/analysis.h"
+#include "trace/timeline_svg.h"
+#include "trace/trace_file.h"
+
+namespace mc2::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr int kExitFailed = 1;
+
+struct PpArgs {
+  int pp = 2, tp = 1, dp = 1;
+  int micro_batches = 8;
+  std::string schedules = "1f1b,interleaved";
+  int virtual_stages = 2;
+  std::string link = "auto";
+  double comm_ratio = 0.5;
+  int iters = 3, warmup = 1;
+  int layers = 8, hidden = 256, heads = 8, ffn = 512, vocab = 64, seq_len = 64, batch = 16;
+  std::string dtype = "f32";
+  int splits = 4;
+  std::string pipeline = "auto";  // the fused operators' (TP > 1)
+  uint64_t seed = 1;
+  std::string out = "mc2-demo-pp";
+  std::string json_path;
+  bool rank_job = false;
+  std::string results;
+};
+
+[[noreturn]] void Usage(const std::string& message) { DemoUsage("mc2 demo pp", message); }
+
+int Ranks(const PpArgs& a) { return a.pp * a.tp * a.dp; }
+
+models::TransformerConfig ModelConfig(const PpArgs& a) {
+  models::TransformerConfig c;
+  c.layers = a.layers;
+  c.hidden = a.hidden;
+  c.heads = a.heads;
+  c.ffn = a.ffn;
+  c.vocab = a.vocab;
+  c.seq_len = a.seq_len;
+  c.batch = a.batch;
+  c.seed = a.seed;
+  c.gemm_dtype = a.dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  c.fused.splits = a.splits;
+  c.fused.pipeline = *ParsePipeline(a.pipeline);
+  return c;
+}
+
+std::vector<models::PipelineSchedule> Schedules(const std::string& text) {
+  std::vector<models::PipelineSchedule> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string name = text.substr(pos, comma - pos);
+    auto s = models::ParseSchedule(name);
+    if (!s) Usage(fmt::format("--schedules: unknown schedule '{}' (1f1b, interleaved)", name));
+    if (std::find(out.begin(), out.end(), *s) != out.end())
+      Usage(fmt::format("--schedules: '{}' given twice", name));
+    out.push_back(*s);
+    pos = comma + 1;
+  }
+  return out;
+}
+
+models::PipelineConfig PipeConfig(const PpArgs& a, models::PipelineSchedule s) {
+  models::PipelineConfig p;
+  p.micro_batches = a.micro_batches;
+  p.schedule = s;
+  p.virtual_stages = s == models::PipelineSchedule::kInterleaved ? a.virtual_stages : 1;
+  return p;
+}
+
+// ---------------------------------------------------------------------------
+// The rank side.
+
+// Per rank and timed step: what the table needs, gathered to rank 0.
+enum Field {
+  kStep, kPhase, kBusy, kRecvWait, kUncovered, kSendWait, kBubble, kDpSync, kOptimizer,
+  kFwdOp, kFields
+};
+
+int RunRankJob(const PpArgs& a) {
+  Group world = Group::FromEnv();
+  const bool root = world.rank() == 0;
+  models::ProcessGrid grid = models::MakeGrid3D(world, a.tp, a.pp);
+  const models::TransformerConfig c = ModelConfig(a);
+  json runs = json::array();
+  for (models::PipelineSchedule s : Schedules(a.schedules)) {
+    const models::PipelineConfig pipe = PipeConfig(a, s);
+    models::PipelineTransformer model(grid, c, pipe);
+    const std::string dir = (fs::path(a.out) / models::ScheduleName(s)).string();
+    std::vector<double> losses;
+    std::vector<std::vector<double>> fields;  // by timed step: every rank's kFields
+    const int steps = a.warmup + a.iters;
+    for (int step = 0; step < steps; ++step) {
+      const bool traced = step == steps - 1;
+      if (traced) trace::Enable(dir);
+      models::PipelineStepStats st = model.TrainStep(step);
+      if (traced) {
+        trace::EndStep();
+        trace::Flush();
+        trace::Disable();
+      }
+      losses.push_back(st.step.loss);
+      if (step < a.warmup) continue;
+      double fwd = 0;
+      int nfwd = 0;
+      for (const auto& op : st.ops) {
+        if (!op.forward) continue;
+        fwd += op.end - op.start;
+        ++nfwd;
+      }
+      std::vector<double> mine(kFields);
+      mine[kStep] = st.step.seconds;
+      mine[kPhase] = st.pipeline_seconds;
+      mine[kBusy] = st.busy_seconds;
+      mine[kRecvWait] = st.recv_wait_seconds;
+      mine[kUncovered] = st.uncovered_seconds;
+      mine[kSendWait] = st.send_wait_seconds;
+      mine[kBubble] = st.bubble;
+      mine[kDpSync] = st.dp_sync_seconds;
+      mine[kOptimizer] = st.optimizer_seconds;
+      mine[kFwdOp] = nfwd ? fwd / nfwd : 0;
+      std::vector<double> all(kFields * world.size());
+      AllGather(world, mine.data(), all.data(), kFields, DType::kF64).Wait();
+      fields.push_back(all);
+    }
+    if (root) {
+      fmt::print(stderr, "  {}: {} steps, loss {:.4f}\n", models::ScheduleName(s), steps,
+                 losses.back());
+    }
+    runs.push_back({{"schedule", models::ScheduleName(s)},
+                    {"virtual_stages", pipe.virtual_stages},
+                    {"bubble_formula", models::BubbleFormula(pipe, a.pp)},
+                    {"losses", losses},
+                    {"fields", fields},
+                    {"trace_dir", dir}});
+  }
+  if (root) {
+    const size_t message_bytes =
+        static_cast<size_t>(a.batch / a.dp / a.micro_batches) * a.seq_len / a.tp * a.hidden * 4;
+    std::ofstream f(a.results);
+    f << json{{"ranks", world.size()}, {"message_bytes", message_bytes}, {"runs", runs}}.dump(1)
+      << "\n";
+    if (!f) {
+      fmt::print(stderr, "mc2 demo pp: cannot write {}\n", a.results);
+      return kExitFailed;
+    }
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// The conductor.
+
+std::vector<std::string> RankArgv(const PpArgs& a, const std::string& schedules, int iters,
+                                  int warmup, const std::string& out, const std::string& results) {
+  std::vector<std::string> v = {SelfExe(), "demo", "pp", "--rank-job", "--results", results};
+  auto add = [&v](const char* flag, std::string value) {
+    v.push_back(flag);
+    v.push_back(std::move(value));
+  };
+  add("--out", out);
+  add("--schedules", schedules);
+  add("--iters", std::to_string(iters));
+  add("--warmup", std::to_string(warmup));
+  add("--pp", std::to_string(a.pp));
+  add("--tp", std::to_string(a.tp));
+  add("--dp", std::to_string(a.dp));
+  add("--micro-batches", std::to_string(a.micro_batches));
+  add("--virtual-stages", std::to_string(a.virtual_stages));
+  add("--layers", std::to_string(a.layers));
+  add("--hidden", std::to_string(a.hidden));
+  add("--heads", std::to_string(a.heads));
+  add("--ffn", std::to_string(a.ffn));
+  add("--vocab", std::to_string(a.vocab));
+  add("--seq-len", std::to_string(a.seq_len));
+  add("--batch", std::to_string(a.batch));
+  add("--dtype", a.dtype);
+  add("--splits", std::to_string(a.splits));
+  add("--pipeline", a.pipeline);
+  add("--seed", std::to_string(a.seed));
+  return v;
+}
+
+// The field `f` of rank r in a timed step's gathered row.
+double Field(const json& row, int r, int f) { return row[static_cast<size_t>(r * kFields + f)]; }
+
+// --link auto: one untimed 1F1B run without emulation; the bandwidth at
+// which a micro-batch's activations (one message) take comm_ratio times
+// the median forward of one chunk.
+std::string CalibrateLink(const PpArgs& a, const fs::path& out) {
+  const fs::path dir = out / "calibrate";
+  fs::create_directories(dir);
+  const std::string results = (dir / "results.json").string();
+  json res = RunDemoJob(Ranks(a), RankArgv(a, "1f1b", 1, 1, dir.string(), results), "", results,
+                        "mc2 demo pp", "calibration");
+  const double bytes = res["message_bytes"].get<double>();
+  std::vector<double> fwd;
+  for (const auto& row : res["runs"][0]["fields"])
+    for (int r = 0; r < Ranks(a); ++r) fwd.push_back(Field(row, r, kFwdOp));
+  const double f = Median(fwd);
+  if (f <= 0 || bytes <= 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                "mc2 demo pp: --link auto cannot calibrate (no forward measured); give a link "
+                "spec or none");
+  const double bw = bytes / (a.comm_ratio * f);
+  return fmt::format("bw={:.6g}MB/s,lat=5us", bw / 1e6);
+}
+
+void CheckArgs(const PpArgs& a) {
+  if (!ParsePipeline(a.pipeline)) Usage(fmt::format("--pipeline: unknown '{}'", a.pipeline));
+  const auto schedules = Schedules(a.schedules);
+  if (a.pp < 2) Usage(fmt::format("--pp {} must be >= 2 (a pipeline has stages)", a.pp));
+  const models::TransformerConfig c = ModelConfig(a);
+  for (auto s : schedules) models::ValidatePipeline(c, PipeConfig(a, s), a.tp, a.dp, a.pp);
+  if (a.link != "auto" && a.link != "none" && a.link != "off")
+    core::ParseLinkConfig(a.link, "--link");
+}
+
+std::vector<std::string> OwnOutputs() {
+  std::vector<std::string> names = {"results.json", "calibrate/results.json", "calibrate/1f1b/",
+                                    "calibrate/"};
+  for (const char* s : {"1f1b", "interleaved"}) {
+    names.push_back(fmt::format("trace-{}.json", s));
+    names.push_back(fmt::format("timeline-{}.svg", s));
+    names.push_back(fmt::format("{}/", s));
+  }
+  return names;
+}
+
+struct RunSummary {
+  std::string schedule;
+  int v = 1;
+  double formula = 0;
+  std::vector<double> losses;
+  double step_ms = 0, phase_ms = 0, dp_ms = 0, opt_ms = 0;
+  std::vector<double> busy, wait, uncovered, bubble;  // per stage, % of the phase (bubble: fraction)
+  double bubble_mean = 0;
+  trace::Breakdown b;
+  std::string trace_json, svg;
+};
+
+void Conduct(const PpArgs& a) {
+  const auto t_start = std::chrono::steady_clock::now();
+  CheckArgs(a);
+  if (!a.json_path.empty()) CheckWritableFile(a.json_path, "--json");
+  PrepareOutputDir(a.out, "--out");
+  const fs::path out = fs::absolute(a.out);
+  RemoveOwnOutputs(out.string(), OwnOutputs());
+  const int n = Ranks(a);
+  const DemoLink dl = ResolveLink(
+      a.link, [&] { return CalibrateLink(a, out); },
+      "one micro-batch's activation transfer", a.comm_ratio);
+  fmt::print(stderr, "pipeline training on {} ranks (pp {} x dp {} x tp {}), {}\n", n, a.pp,
+             a.dp, a.tp, dl.label);
+  const std::string results = (out / "results.json").string();
+  json res = RunDemoJob(n, RankArgv(a, a.schedules, a.iters, a.warmup, out.string(), results),
+                        dl.spec, results, "mc2 demo pp", "pipeline");
+
+  const int stage_ranks = a.tp * a.dp;
+  std::vector<RunSummary> runs;
+  for (const auto& run : res["runs"]) {
+    RunSummary s;
+    s.schedule = run["schedule"].get<std::string>();
+    s.v = run["virtual_stages"].get<int>();
+    s.formula = run["bubble_formula"].get<double>();
+    s.losses = run["losses"].get<std::vector<double>>();
+    std::vector<double> step, phase, dps, opt;
+    std::vector<std::vector<double>> busy(a.pp), wait(a.pp), unc(a.pp), bub(a.pp);
+    for (const auto& row : run["fields"]) {
+      double st = 0, dp = 0, op = 0;
+      for (int r = 0; r < n; ++r) {
+        st = std::max(st, Field(row, r, kStep));
+        dp += Field(row, r, kDpSync) / n;
+        op += Field(row, r, kOptimizer) / n;
+      }
+      const double ph = Field(row, 0, kPhase);
+      step.push_back(st);
+      phase.push_back(ph);
+      dps.push_back(dp);
+      opt.push_back(op);
+      for (int stg = 0; stg < a.pp; ++stg) {
+        double bu = 0, wa = 0, un = 0, bb = 0;
+        for (int k = 0; k < stage_ranks; ++k) {
+          const int r = stg * stage_ranks + k;
+          bu += Field(row, r, kBusy) / stage_ranks;
+          wa += Field(row, r, kRecvWait) / stage_ranks;
+          un += Field(row, r, kUncovered) / stage_ranks;
+          bb += Field(row, r, kBubble) / stage_ranks;
+        }
+        busy[stg].push_back(100 * bu / ph);
+        wait[stg].push_back(100 * wa / ph);
+        unc[stg].push_back(100 * un / ph);
+        bub[stg].push_back(bb);
+      }
+    }
+    s.step_ms = Median(step) * 1e3;
+    s.phase_ms = Median(phase) * 1e3;
+    s.dp_ms = Median(dps) * 1e3;
+    s.opt_ms = Median(opt) * 1e3;
+    for (int stg = 0; stg < a.pp; ++stg) {
+      s.busy.push_back(Median(busy[stg]));
+      s.wait.push_back(Median(wait[stg]));
+      s.uncovered.push_back(Median(unc[stg]));
+      s.bubble.push_back(Median(bub[stg]));
+      s.bubble_mean += s.bubble.back() / a.pp;
+    }
+    const std::string dir = run["trace_dir"].get<std::string>();
+    trace::TraceData t = trace::LoadTrace(dir);
+    trace::Report r = trace::Analyze(t);
+    for (const auto& st : r.steps) s.b += st.b;
+    s.trace_json = (out / fmt::format("trace-{}.json", s.schedule)).string();
+    trace::WriteChromeTrace(s.trace_json, t);
+    trace::PlotOptions po;
+    po.title = fmt::format("mc2 demo pp: {} schedule, pp {} x dp {} x tp {}, {}", s.schedule, a.pp,
+                           a.dp, a.tp, dl.spec.empty() ? "raw shm" : "emulated link " + dl.spec);
+    s.svg = (out / fmt::format("timeline-{}.svg", s.schedule)).string();
+    std::ofstream(s.svg) << trace::RenderTimelineSvg(t, po);
+    runs.push_back(std::move(s));
+  }
+
+  const RunSummary& base = runs.front();
+  auto row = [&](const std::string& label, auto cell) {
+    std::string line = fmt::format("{:<38}", label);
+    for (const auto& r : runs) line += fmt::format("{:>16}", cell(r));
+    fmt::print("{}\n", line);
+  };
+  fmt::print(
+      "\nmc2 demo pp: {} layers, hidden {}, {} heads, ffn {}, vocab {}, {} GEMMs; batch {} x {} "
+      "tokens in {} micro-batches; pp {} x dp {} x tp {} ({} ranks)\n{}; {} timed steps after {} "
+      "warm-up, medians\n\n",
+      a.layers, a.hidden, a.heads, a.ffn, a.vocab, a.dtype, a.batch, a.seq_len, a.micro_batches,
+      a.pp, a.dp, a.tp, n, dl.label, a.iters, a.warmup);
+  row("", [](const RunSummary& r) {
+    return r.v > 1 ? fmt::format("{} v={}", r.schedule, r.v) : r.schedule;
+  });
+  row("step time (ms)", [](const RunSummary& r) { return fmt::format("{:.2f}", r.step_ms); });
+  row("pipeline phase (ms)", [](const RunSummary& r) { return fmt::format("{:.2f}", r.phase_ms); });
+  row("DP gradient sync + AdamW (ms)",
+      [](const RunSummary& r) { return fmt::format("{:.2f}", r.dp_ms + r.opt_ms); });
+  row("bubble: formula (%)",
+      [](const RunSummary& r) { return fmt::format("{:.1f}", 100 * r.formula); });
+  row("bubble: measured, mean of stages (%)",
+      [](const RunSummary& r) { return fmt::format("{:.1f}", 100 * r.bubble_mean); });
+  for (int stg = 0; stg < a.pp; ++stg) {
+    row(fmt::format("stage {}: compute (% of phase)", stg),
+        [&](const RunSummary& r) { return fmt::format("{:.1f}", r.busy[stg]); });
+    row(fmt::format("stage {}: waiting for inputs (%)", stg),
+        [&](const RunSummary& r) { return fmt::format("{:.1f}", r.wait[stg]); });
+    row(fmt::format("stage {}: uncovered send/recv (%)", stg),
+        [&](const RunSummary& r) { return fmt::format("{:.2f}", r.uncovered[stg]); });
+    row(fmt::format("stage {}: bubble (%)", stg),
+        [&](const RunSummary& r) { return fmt::format("{:.1f}", 100 * r.bubble[stg]); });
+  }
+  auto pct = [](const trace::Breakdown& b, int64_t ns) { return fmt::format("{:.1f}", b.Pct(ns)); };
+  row("collectives: communication (%)", [&](const RunSummary& r) { return pct(r.b, r.b.comm_ns); });
+  row("collectives: uncovered comm (%)",
+      [&](const RunSummary& r) { return pct(r.b, r.b.uncovered_ns); });
+  row("free time (%)", [&](const RunSummary& r) { return pct(r.b, r.b.free_ns); });
+  row("speedup vs first schedule", [&](const RunSummary& r) {
+    return fmt::format("{:.2f}x", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0);
+  });
+  bool identical = true;
+  for (const auto& r : runs) identical = identical && r.losses == base.losses;
+  fmt::print("\nlosses identical across schedules (bitwise): {} (last {:.6f})\n",
+             identical ? "yes" : "NO", base.losses.empty() ? 0.0 : base.losses.back());
+  fmt::print(
+      "\nBubble: a stage's idle share of the pipeline phase (not computing, not waiting for a "
+      "transfer that\nwas still moving after its sender finished), from the schedule's own "
+      "timestamps. Uncovered send/recv:\nthat transfer wait. Collectives (the TP operators, "
+      "the DP exchange, the loss): from the traced step.\n");
+  for (const auto& r : runs)
+    fmt::print("{:>12}: trace {}\n              timeline {}\n", r.schedule, r.trace_json, r.svg);
+  fmt::print("finished in {:.0f} s\n",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+
+  if (!a.json_path.empty()) {
+    json j = {{"mode", "pp"},          {"ranks", n},
+              {"pp", a.pp},            {"tp", a.tp},
+              {"dp", a.dp},            {"micro_batches", a.micro_batches},
+              {"link", dl.spec},       {"layers", a.layers},
+              {"hidden", a.hidden},    {"batch", a.batch},
+              {"seq_len", a.seq_len},  {"losses_identical", identical}};
+    for (const auto& r : runs) {
+      j["runs"].push_back({{"schedule", r.schedule},
+                           {"virtual_stages", r.v},
+                           {"step_ms", r.step_ms},
+                           {"pipeline_ms", r.phase_ms},
+                           {"bubble_formula", r.formula},
+                           {"bubble_measured", r.bubble_mean},
+                           {"stage_bubble", r.bubble},
+                           {"stage_compute_pct", r.busy},
+                           {"stage_input_wait_pct", r.wait},
+                           {"stage_uncovered_pct", r.uncovered},
+                           {"comm_pct", r.b.Pct(r.b.comm_ns)},
+                           {"uncovered_pct", r.b.Pct(r.b.uncovered_ns)},
+                           {"free_pct", r.b.Pct(r.b.free_ns)},
+                           {"speedup", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0}});
+    }
+    const std::string err = WriteOutputFile(a.json_path, j.dump(1) + "\n");
+    if (!err.empty()) {
+      fmt::print(stderr, "mc2 demo pp: cannot write --json {}: {}\n", a.json_path, err);
+      throw CLI::RuntimeError(kExitFailed);
+    }
+  }
+  if (!identical) throw CLI::RuntimeError(kExitFailed);
+}
+
+}  // namespace
+
+void RegisterDemoPp(CLI::App& demo) {
+  auto a = std::make_shared<PpArgs>();
+  CLI::App* cmd = demo.add_subcommand(
+      "pp",
+      "Pipeline-parallel training (DP x TP x PP) with the 1F1B and interleaved schedules side "
+      "by side: step time, bubble measured against its formula, uncovered send/recv per stage");
+  auto range = [](int lo, int hi) { return CLI::Range(lo, hi); };
+  cmd->add_option("--pp", a->pp, "Pipeline stages")->capture_default_str()->check(range(1, 64));
+  cmd->add_option("--tp", a->tp, "Tensor-parallel group size of each stage")
+      ->capture_default_str()
+      ->check(range(1, 64));
+  cmd->add_option("--dp", a->dp, "Data-parallel replicas (ranks: pp x dp x tp)")
+      ->capture_default_str()
+      ->check(range(1, 64));
+  cmd->add_option("-m,--micro-batches", a->micro_batches, "Micro-batches per step")
+      ->capture_default_str()
+      ->check(range(1, 1 << 16));
+  cmd->add_option("--schedules", a->schedules,
+                  "Schedules to compare, comma-separated: 1f1b, interleaved")
+      ->capture_default_str();
+  cmd->add_option("-v,--virtual-stages", a->virtual_stages,
+                  "Chunks per stage of the interleaved schedule (>= 2)")
+      ->capture_default_str()
+      ->check(range(2, 64));
+  cmd->add_option("--link", a->link,
+                  "Emulated link: auto (calibrated so that one micro-batch's activations take "
+                  "--comm-ratio x a chunk's forward to cross it), none (raw shared memory), or a "
+                  "spec such as bw=1GB/s,lat=5us (docs/link-emulation.md)")
+      ->capture_default_str();
+  cmd->add_option("--comm-ratio", a->comm_ratio, "--link auto: transfer over forward")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 20.0));
+  cmd->add_option("-i,--iters", a->iters, "Timed steps per schedule")
+      ->capture_default_str()
+      ->check(range(1, 10000));
+  cmd->add_option("-w,--warmup", a->warmup, "Untimed steps first")
+      ->capture_default_str()
+      ->check(range(0, 100));
+  cmd->add_option("--layers", a->layers, "Transformer blocks")
+      ->capture_default_str()
+      ->check(range(1, 1 << 20));
+  cmd->add_option("--hidden", a->hidden, "Hidden size")->capture_default_str()->check(range(1, 1 << 20));
+  cmd->add_option("--heads", a->heads, "Attention heads")->capture_default_str()->check(range(1, 1 << 20));
+  cmd->add_option("--ffn", a->ffn, "SwiGLU inner width")->capture_default_str()->check(range(1, 1 << 20));
+  cmd->add_option("--vocab", a->vocab, "Vocabulary")->capture_default_str()->check(range(2, 1 << 20));
+  cmd->add_option("--seq-len", a->seq_len, "Tokens per sequence")
+      ->capture_default_str()
+      ->check(range(1, 1 << 16));
+  cmd->add_option("--batch", a->batch, "Sequences per step (global)")
+      ->capture_default_str()
+      ->check(range(1, 1 << 16));
+  cmd->add_option("-d,--dtype", a->dtype, "GEMM inputs: f32 or bf16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--splits", a->splits, "Chunks of the fused operators' pipelines (1-16)")
+      ->capture_default_str()
+      ->check(range(1, 16));
+  cmd->add_option("--pipeline", a->pipeline,
+                  "The fused operators' pipeline (tp > 1): serial, chunked, fused, auto")
+      ->capture_default_str();
+  cmd->add_option("--seed", a->seed, "Seed of the weights and the data")->capture_default_str();
+  cmd->add_option("--out", a->out,
+                  "Directory for traces, timelines and results: a new or empty one, or one an "
+                  "earlier `mc2 demo pp` wrote (only the files it writes are replaced)")
+      ->capture_default_str();
+  cmd->add_option("--json", a->json_path,
+                  "Also write the table to this JSON file (- for standard output)");
+  cmd->add_flag("--rank-job", a->rank_job)->group("");  // internal
+  cmd->add_option("--results", a->results)->group("");  // internal
+  cmd->callback([a] {
+    try {
+      if (a->rank_job) {
+        if (!Group::LaunchedByMc2()) Usage("--rank-job is internal to `mc2 demo pp`");
+        int status = RunRankJob(*a);
+        if (status != 0) throw CLI::RuntimeError(status);
+        return;
+      }
+      Conduct(*a);
+    } catch (const Error& e) {
+      const bool usage = e.code() == ErrorCode::kInvalidArgument;
+      fmt::print(stderr, "mc2 demo pp: {}\n", usage ? e.message() : std::string(e.what()));
+      throw CLI::RuntimeError(usage ? kExitUsageDemo : kExitFailed);
+    }
+  });
+}
+
+}  // namespace mc2::tools
