@@ -33,7 +33,8 @@ def _load_plotter():
 
 
 plot_curves = _load_plotter()
-KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "demo_pp", "demo_cp", "bench",
+KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "demo_pp", "demo_cp", "demo_fsdp",
+         "bench",
          "bench_batch", "torch_compare", "torch_tp", "torch_compress", "grad_overlap",
          "grad_exchange", "grad_train")
 REQUIRED = ("name", "kind", "date", "commit", "host", "command", "emulated", "result")
@@ -54,8 +55,8 @@ scripts/gen_benchmarks.py
 ```
 
 The recorder runs COMMAND (`bench/compare_mpi.sh`, `mc2 bench`,
-`mc2 bench ops`, `mc2 bench batch`, `mc2 demo`, `mc2 demo infer` or
-`mc2 demo pp` or `mc2 demo cp`), adds
+`mc2 bench ops`, `mc2 bench batch`, `mc2 demo`, `mc2 demo infer`,
+`mc2 demo pp`, `mc2 demo cp` or `mc2 demo fsdp`), adds
 the option that makes it write JSON,
 and writes `bench/results/NAME.json` with the date (UTC), the commit (and
 whether the tree had uncommitted changes), the host (CPU model, logical
@@ -79,6 +80,7 @@ scripts/record_bench.py pp_link -- build/tools/mc2 demo pp --pp 2 -m 8 --link au
 scripts/record_bench.py pp_raw -- build/tools/mc2 demo pp --pp 2 -m 8 --link none -i 5
 scripts/record_bench.py cp_ring_cp2 -- build/tools/mc2 demo cp --cp 2 --seq 2048 --link auto -i 7
 scripts/record_bench.py cp_ring_cp4 -- build/tools/mc2 demo cp --cp 4 --seq 2048 --link auto -i 7
+scripts/record_bench.py fsdp_link -- build/tools/mc2 demo fsdp --link auto -i 5
 scripts/record_bench.py batch_vs_separate -- build/tools/mc2 bench batch -n 2 --entries 200 --bytes 16K
 PYTHONPATH=build/python scripts/record_bench.py torch_vs_gloo -- bench/torch_compare.py -n 2 --reps 3
 PYTHONPATH=build/python scripts/record_bench.py torch_tp -- bench/torch_tp.py
@@ -236,6 +238,23 @@ same bits. Per variant:
 With `--link auto` the link is calibrated so that the non-overlapped
 ring's transfers take as long as its compute: one block's transfer about
 one block's compute.
+
+### Sharded data parallelism: `mc2 demo fsdp`
+
+`mc2 demo fsdp` trains the dense transformer with its parameters,
+gradients and optimizer state sharded over the ranks (docs/models.md
+"Sharded data parallelism"), with prefetch depth 0, 1 and 2 and beside
+plain data parallelism, in a rotating round robin over the same steps, and
+checks that every configuration's losses are bitwise identical. Per
+configuration:
+
+- step ms: the training step (median over the timed steps); vs prefetch 0:
+  prefetch 0's step / this step;
+- comm % / uncovered %: as above, from the traced step;
+- memory MiB: the peak bytes of parameters, gradients and AdamW moments
+  per rank (counted while held, activations not included);
+  formula MiB: 16 P / N + (1 + prefetch) gathered units + 2 unit
+  gradients; vs unsharded %: the peak over plain DP's 16 P.
 
 ### PyTorch: `bench/torch_compare.py`
 
@@ -457,6 +476,16 @@ def headline(results, refs):
                          f"ring attention step, no-overlap / overlap",
                          f"{num(over.get('speedup'))}x ({num(base.get('step_ms'), '.1f')} / "
                          f"{num(over.get('step_ms'), '.1f')} ms), results {same}", link_text(r), ref])
+        elif r["kind"] == "demo_fsdp":
+            j = r["result"]
+            runs = j.get("runs", [])
+            best = max((x for x in runs if x.get("config", "").startswith("prefetch-")),
+                       key=lambda x: x.get("speedup_vs_prefetch0", 0), default={})
+            same = "identical" if j.get("losses_identical") else "NOT identical"
+            rows.append([f"mc2 demo fsdp, {j.get('ranks')} ranks: step without prefetch / "
+                         f"{best.get('config')} step",
+                         f"{num(best.get('speedup_vs_prefetch0'))}x, losses {same}",
+                         link_text(r), ref])
         elif r["kind"] == "bench_batch":
             j = r["result"]
             for c in j.get("cases", []):
@@ -673,6 +702,32 @@ def cp_section(results, refs):
                  num(x.get("backward_ms"), ".1f"), num(x.get("wait_ms"), ".1f"),
                  num(x.get("comm_pct"), ".1f"), num(x.get("uncovered_pct"), ".1f"),
                  num(x.get("free_pct"), ".1f")]
+                for x in j.get("runs", [])]
+        out += table(header, rows) + [""]
+    return out
+
+
+def fsdp_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        out += [f"### Sharded data parallelism (`mc2 demo fsdp`), {j.get('ranks')} ranks, "
+                f"{j.get('layers')} layers, hidden {j.get('hidden')}, ffn {j.get('ffn')}, "
+                f"{j.get('batch')} sequences of {j.get('seq_len')} tokens [{refs[r['_file']]}]", "",
+                f"Link: {link_text(r)}; without prefetch the forward's all-gathers took "
+                f"{num(j.get('gather_over_compute_prefetch0'))} x its compute. Losses "
+                f"{'bitwise identical' if j.get('losses_identical') else 'NOT identical'} "
+                "across the configurations.", ""]
+        header = [("configuration", False), ("step ms", True), ("vs prefetch 0", True),
+                  ("comm %", True), ("uncovered %", True), ("memory MiB", True),
+                  ("formula MiB", True), ("vs unsharded %", True)]
+        mib = 1024.0 * 1024.0
+        rows = [[x.get("config"), num(x.get("step_ms"), ".1f"),
+                 f"{num(x.get('speedup_vs_prefetch0'))}x", num(x.get("comm_pct"), ".1f"),
+                 num(x.get("uncovered_pct"), ".1f"), num(x.get("peak_bytes", 0) / mib, ".1f"),
+                 num(x.get("formula_bytes", 0) / mib, ".1f"),
+                 num(100.0 * x.get("peak_bytes", 0) / x["unsharded_bytes"]
+                     if x.get("unsharded_bytes") else None, ".1f")]
                 for x in j.get("runs", [])]
         out += table(header, rows) + [""]
     return out
@@ -960,6 +1015,7 @@ def render(results):
     lines += infer_section(by_kind["demo_infer"], refs)
     lines += pp_section(by_kind["demo_pp"], refs)
     lines += cp_section(by_kind["demo_cp"], refs)
+    lines += fsdp_section(by_kind["demo_fsdp"], refs)
     lines += bench_section(by_kind["bench"], refs)
     lines += batch_section(by_kind["bench_batch"], refs)
     lines += torch_section(by_kind["torch_compare"], refs)

@@ -12,6 +12,7 @@ COMMAND is one of
   BUILD/tools/mc2 demo ...        (the recorder adds --json FILE, and --out DIR
                                    in a temporary directory unless given)
   BUILD/tools/mc2 demo infer ...  (the same)
+  BUILD/tools/mc2 demo fsdp ...   (the same)
   BUILD/tools/mc2 demo pp ...     (the same)
   BUILD/tools/mc2 demo cp ...     (the same)
   bench/torch_compare.py ...      (the recorder adds --json FILE)
@@ -86,7 +87,7 @@ def parse_args(argv):
 
 def command_kind(command):
     """Which tool the command runs: compare_mpi, bench, bench_ops, bench_batch,
-    demo, demo_infer, demo_pp, demo_cp, torch_compare, torch_tp, torch_compress,
+    demo, demo_infer, demo_pp, demo_cp, demo_fsdp, torch_compare, torch_tp, torch_compress,
     grad_overlap, grad_exchange or grad_train."""
     if "torch_compare.py" in (os.path.basename(c) for c in command[:2]):
         return "torch_compare"
@@ -109,7 +110,7 @@ def command_kind(command):
             return "bench"
         if command[1] == "demo":
             sub = command[2] if len(command) > 2 else ""
-            return {"infer": "demo_infer", "pp": "demo_pp", "cp": "demo_cp"}.get(sub, "demo")
+            return {"infer": "demo_infer", "pp": "demo_pp", "cp": "demo_cp", "fsdp": "demo_fsdp"}.get(sub, "demo")
     die(f"cannot record '{shlex.join(command)}': expected bench/compare_mpi.sh, "
         "mc2 bench, mc2 bench ops, mc2 bench batch, mc2 demo, bench/torch_compare.py, "
         "bench/torch_tp.py, bench/torch_compress.py or grad_bench")
@@ -159,7 +160,7 @@ def emulated_link(kind, command, result):
     if kind == "grad_exchange":
         requested = option_value(command, "--link") or "none"
         return None if requested == "none" else requested
-    demos = ("demo", "demo_infer", "demo_pp", "demo_cp")
+    demos = ("demo", "demo_infer", "demo_pp", "demo_cp", "demo_fsdp")
     requested = option_value(command, "--link") if kind in ("bench_ops",) + demos else None
     if requested is None and kind in demos:
         requested = "auto"  # mc2 demo's default
@@ -182,6 +183,7 @@ def main(argv):
     added = {"compare_mpi": ["--keep"], "bench": ["--json"], "bench_ops": ["--json"],
              "bench_batch": ["--json"],
              "demo": ["--json"], "demo_infer": ["--json"], "demo_pp": ["--json"], "demo_cp": ["--json"],
+             "demo_fsdp": ["--json"],
              "torch_compare": ["--json"], "torch_tp": ["--json"],
              "torch_compress": ["--json"], "grad_overlap": ["--json"],
              "grad_exchange": ["--json"], "grad_train": ["--json"]}[kind]
@@ -197,7 +199,7 @@ def main(argv):
             run += ["--keep", f"{tmp}/keep"]
         else:
             run += ["--json", f"{tmp}/result.json"]
-            if kind in ("demo", "demo_infer", "demo_pp", "demo_cp") and option_value(command, "--out") is None:
+            if kind in ("demo", "demo_infer", "demo_pp", "demo_cp", "demo_fsdp") and option_value(command, "--out") is None:
                 run += ["--out", f"{tmp}/demo"]
         date = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
         print(f"record_bench.py: running {shlex.join(run)}", file=sys.stderr)

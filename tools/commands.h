@@ -41,6 +41,9 @@ void RegisterDemo(CLI::App& app);
 // `mc2 demo infer [-n N] [--tp T] [--batch B] [--prompt-len P] [--new-tokens K] ...`,
 // a subcommand of `demo` (demo_infer.cc)
 void RegisterDemoInfer(CLI::App& demo);
+// `mc2 demo fsdp [-n N] [--prefetch 0,1,2] [--link auto] ...`, a subcommand of
+// `demo` (demo_fsdp.cc)
+void RegisterDemoFsdp(CLI::App& demo);
 // `mc2 demo pp [--pp P] [--tp T] [--dp D] [-m M] [--schedules 1f1b,interleaved] ...`,
 // a subcommand of `demo` (demo_pp.cc)
 void RegisterDemoPp(CLI::App& demo);

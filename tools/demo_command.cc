@@ -513,12 +513,14 @@ void RegisterDemo(CLI::App& app) {
   cmd->add_flag("--rank-job", a->rank_job)->group("");  // internal
   cmd->add_option("--results", a->results)->group("");  // internal
   RegisterDemoInfer(*cmd);
+  RegisterDemoFsdp(*cmd);
   RegisterDemoPp(*cmd);
   RegisterDemoCp(*cmd);
   cmd->callback([a, cmd] {
     if (cmd->got_subcommand("infer")) return;  // `mc2 demo infer` ran its own
     if (cmd->got_subcommand("pp")) return;     // and `mc2 demo pp`
     if (cmd->got_subcommand("cp")) return;     // and `mc2 demo cp`
+    if (cmd->got_subcommand("fsdp")) return;   // and `mc2 demo fsdp`
     try {
       if (a->rank_job) {
         if (!Group::LaunchedByMc2()) Usage("--rank-job is internal to `mc2 demo`");

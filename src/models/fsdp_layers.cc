@@ -1,0 +1,274 @@
+// The dense transformer's units for FsdpTransformer (fsdp_layers.h): the
+// reference model's block at tp = 1,
+//   x1 = x + Wo(attention(RoPE(Wqkv RMSNorm(x))))
+//   x' = x1 + Wdown(SwiGLU(Wgu RMSNorm(x1)))
+// with plain GEMMs on the gathered weights.
+#include "models/fsdp_layers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "mc2/gemm.h"
+#include "mc2/trace.h"
+#include "models/data.h"
+
+namespace mc2::models {
+
+std::vector<FsdpUnit> FsdpLayout(const TransformerConfig& c, int ranks) {
+  const size_t h = c.hidden, f = c.ffn, V = c.vocab, L = c.layers;
+  const float out_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(L));
+  std::vector<FsdpUnit> units(L + 2);
+  auto add = [](FsdpUnit& u, std::string name, size_t rows, size_t cols, bool decay, bool ones,
+                uint64_t stream, float stdev) {
+    FsdpTensor t{std::move(name), rows, cols, u.numel, decay, ones, stream, stdev};
+    u.numel += t.size();
+    u.tensors.push_back(std::move(t));
+  };
+  add(units[0], "embed", V, h, false, false, 1, 1.0f);
+  for (size_t l = 0; l < L; ++l) {
+    FsdpUnit& u = units[1 + l];
+    const std::string b = "block" + std::to_string(l);
+    const uint64_t base = 16 + 8 * l;
+    add(u, b + ".norm1", 1, h, false, true, 0, 0);
+    add(u, b + ".attn.qkv", h, 3 * h, true, false, base + 0, 1.0f / std::sqrt(float(h)));
+    add(u, b + ".attn.o", h, h, true, false, base + 1, out_scale / std::sqrt(float(h)));
+    add(u, b + ".norm2", 1, h, false, true, 0, 0);
+    add(u, b + ".mlp.gate_up", h, 2 * f, true, false, base + 2, 1.0f / std::sqrt(float(h)));
+    add(u, b + ".mlp.down", f, h, true, false, base + 3, out_scale / std::sqrt(float(f)));
+  }
+  add(units[L + 1], "final_norm", 1, h, false, true, 0, 0);
+  add(units[L + 1], "lm_head", h, V, true, false, 2, 1.0f / std::sqrt(float(h)));
+  for (FsdpUnit& u : units) u.shard = (u.numel + ranks - 1) / ranks;
+  return units;
+}
+
+float FsdpInitValue(const TransformerConfig& c, const FsdpTensor& t, size_t index) {
+  if (t.ones) return 1.0f;
+  const float k3 = 1.7320508f;  // uniform [-a, a) has std a / sqrt(3)
+  return k3 * t.stdev * HashUniform(c.seed, t.stream, index);
+}
+
+FsdpLayers::FsdpLayers(const TransformerConfig& c, int dp, int dp_rank)
+    : cfg_(c),
+      V_(c.vocab),
+      h_(c.hidden),
+      heads_(c.heads),
+      d_(c.hidden / c.heads),
+      f_(c.ffn),
+      T_(c.seq_len),
+      Bl_(c.batch / dp),
+      S_(T_ * Bl_),
+      dp_rank_(dp_rank),
+      grad_scale_(1.0f / static_cast<float>(static_cast<double>(c.batch) * c.seq_len)),
+      rope_(T_, d_, c.rope_base) {
+  const size_t S = S_, h = h_;
+  inputs_.resize(S);
+  targets_.resize(S);
+  acts_.resize(c.layers);
+  for (Acts& a : acts_) {
+    a.x.resize(S * h);
+    a.rstd1.resize(S);
+    a.xn1.resize(S * h);
+    a.qkv.resize(S * 3 * h);
+    a.probs.resize(Bl_ * heads_ * T_ * T_);
+    a.ctx.resize(S * h);
+    a.x1.resize(S * h);
+    a.rstd2.resize(S);
+    a.xn2.resize(S * h);
+    a.gu.resize(S * 2 * f_);
+    a.act.resize(S * f_);
+  }
+  xL_.resize(S * h);
+  rstdf_.resize(S);
+  xf_.resize(S * h);
+  logits_.resize(S * V_);
+  dx_.resize(S * h);
+  dx1_.resize(S * h);
+  dtmp_.resize(S * h);
+  dS_.resize(S * std::max({f_, V_}));
+  gu_grad_.resize(S * 2 * f_);
+  dqkv_.resize(S * 3 * h);
+  scratch_.resize(T_ * T_);
+}
+
+void FsdpLayers::SetBatch(int step) {
+  MakeBatch(cfg_, step, static_cast<int64_t>(dp_rank_) * static_cast<int64_t>(Bl_),
+            static_cast<int>(Bl_), 0, static_cast<int64_t>(S_), inputs_.data(), targets_.data());
+}
+
+uint64_t FsdpLayers::BlockFlops() const {
+  const uint64_t S = S_, h = h_, f = f_;
+  return 2 * S * (h * 3 * h + h * h + h * 2 * f + f * h) +
+         4 * static_cast<uint64_t>(Bl_ * heads_) * T_ * T_ * d_;
+}
+
+// y [m x n] = a [m x k] w [k x n].
+void FsdpLayers::Linear(const float* a, const float* w, size_t m, size_t k, size_t n, float* y) {
+  trace::Scope span("matmul", trace::Category::kCompute, GemmFlops(m, n, k));
+  Gemm(m, n, k, a, w, y);
+}
+
+// da = dy w^T (if da), dw = a^T dy (overwritten).
+void FsdpLayers::LinearBackward(const float* a, const float* w, const float* dy, size_t m,
+                                size_t k, size_t n, float* da, float* dw) {
+  trace::Scope span("matmul", trace::Category::kCompute, 2 * GemmFlops(m, n, k));
+  if (da != nullptr) {
+    GemmOptions o;
+    o.trans_b = true;
+    Gemm(m, k, n, dy, w, da, o);
+  }
+  GemmOptions o;
+  o.trans_a = true;
+  Gemm(k, n, m, a, dy, dw, o);
+}
+
+void FsdpLayers::EmbedForward(const float* w) {
+  trace::Scope span("embedding", trace::Category::kCompute);
+  for (size_t row = 0; row < S_; ++row) {
+    std::memcpy(xL_.data() + row * h_, w + static_cast<size_t>(inputs_[row]) * h_,
+                h_ * sizeof(float));
+  }
+}
+
+void FsdpLayers::BlockForward(size_t l, const float* w) {
+  const size_t S = S_, h = h_, f = f_, T = T_, Bl = Bl_, d = d_, H = heads_;
+  const float* norm1 = w;
+  const float* wqkv = norm1 + h;
+  const float* wo = wqkv + h * 3 * h;
+  const float* norm2 = wo + h * h;
+  const float* wgu = norm2 + h;
+  const float* wdown = wgu + h * 2 * f;
+  Acts& A = acts_[l];
+  float* tmp = dtmp_.data();
+  std::memcpy(A.x.data(), xL_.data(), S * h * sizeof(float));
+  {
+    trace::Scope span("rmsnorm", trace::Category::kCompute);
+    RmsNormForward(A.x.data(), norm1, S, h, cfg_.norm_eps, A.xn1.data(), A.rstd1.data());
+  }
+  Linear(A.xn1.data(), wqkv, S, h, 3 * h, A.qkv.data());
+  {
+    trace::Scope span("attention", trace::Category::kCompute,
+                      4 * static_cast<uint64_t>(Bl * H) * T * T * d);
+    for (size_t row = 0; row < S; ++row) {
+      float* q = A.qkv.data() + row * 3 * h;
+      for (size_t j = 0; j < H; ++j) {
+        RopeApply(rope_, row / Bl, q + j * d, false);
+        RopeApply(rope_, row / Bl, q + h + j * d, false);
+      }
+    }
+    const size_t ld = Bl * 3 * h;
+    for (size_t b = 0; b < Bl; ++b) {
+      for (size_t j = 0; j < H; ++j) {
+        const float* q = A.qkv.data() + b * 3 * h + j * d;
+        AttentionForward(q, q + h, q + 2 * h, T, d, ld, ld, ld,
+                         A.probs.data() + (b * H + j) * T * T, A.ctx.data() + b * h + j * d,
+                         Bl * h);
+      }
+    }
+  }
+  Linear(A.ctx.data(), wo, S, h, h, tmp);
+  for (size_t i = 0; i < S * h; ++i) A.x1[i] = A.x[i] + tmp[i];
+  {
+    trace::Scope span("rmsnorm", trace::Category::kCompute);
+    RmsNormForward(A.x1.data(), norm2, S, h, cfg_.norm_eps, A.xn2.data(), A.rstd2.data());
+  }
+  Linear(A.xn2.data(), wgu, S, h, 2 * f, A.gu.data());
+  {
+    trace::Scope span("swiglu", trace::Category::kCompute);
+    SwiGluForward(A.gu.data(), S, f, A.act.data());
+  }
+  Linear(A.act.data(), wdown, S, f, h, tmp);
+  for (size_t i = 0; i < S * h; ++i) xL_[i] = A.x1[i] + tmp[i];
+}
+
+double FsdpLayers::HeadForward(const float* w) {
+  const size_t S = S_, h = h_, V = V_;
+  {
+    trace::Scope span("rmsnorm", trace::Category::kCompute);
+    RmsNormForward(xL_.data(), w, S, h, cfg_.norm_eps, xf_.data(), rstdf_.data());
+  }
+  Linear(xf_.data(), w + h, S, h, V, logits_.data());
+  trace::Scope span("cross_entropy", trace::Category::kCompute);
+  // The logits' gradient is kept in dS_ for HeadBackward.
+  return CrossEntropy(logits_.data(), targets_.data(), S, V, grad_scale_, dS_.data());
+}
+
+void FsdpLayers::HeadBackward(const float* w, float* g) {
+  const size_t S = S_, h = h_, V = V_;
+  LinearBackward(xf_.data(), w + h, dS_.data(), S, h, V, dtmp_.data(), g + h);
+  trace::Scope span("rmsnorm", trace::Category::kCompute);
+  std::fill(g, g + h, 0.0f);
+  RmsNormBackward(xL_.data(), w, rstdf_.data(), dtmp_.data(), S, h, dx_.data(), g);
+}
+
+void FsdpLayers::BlockBackward(size_t l, const float* w, float* g) {
+  const size_t S = S_, h = h_, f = f_, T = T_, Bl = Bl_, d = d_, H = heads_;
+  const size_t o_norm1 = 0, o_qkv = h, o_o = o_qkv + h * 3 * h, o_norm2 = o_o + h * h,
+               o_gu = o_norm2 + h, o_down = o_gu + h * 2 * f;
+  const float* norm1 = w + o_norm1;
+  const float* wqkv = w + o_qkv;
+  const float* wo = w + o_o;
+  const float* norm2 = w + o_norm2;
+  const float* wgu = w + o_gu;
+  const float* wdown = w + o_down;
+  Acts& A = acts_[l];
+  float* dout = dx_.data();  // in: the block output's gradient; out: its input's
+  float* dact = dS_.data();
+  float* dtmp = dtmp_.data();
+  float* dx1 = dx1_.data();
+  // MLP.
+  LinearBackward(A.act.data(), wdown, dout, S, f, h, dact, g + o_down);
+  {
+    trace::Scope span("swiglu", trace::Category::kCompute);
+    SwiGluBackward(A.gu.data(), dact, S, f, gu_grad_.data());
+  }
+  LinearBackward(A.xn2.data(), wgu, gu_grad_.data(), S, h, 2 * f, dtmp, g + o_gu);
+  {
+    trace::Scope span("rmsnorm", trace::Category::kCompute);
+    std::fill(g + o_norm2, g + o_norm2 + h, 0.0f);
+    RmsNormBackward(A.x1.data(), norm2, A.rstd2.data(), dtmp, S, h, dx1, g + o_norm2);
+    for (size_t i = 0; i < S * h; ++i) dx1[i] += dout[i];
+  }
+  // Attention.
+  float* dctx = dtmp;
+  LinearBackward(A.ctx.data(), wo, dx1, S, h, h, dctx, g + o_o);
+  {
+    trace::Scope span("attention", trace::Category::kCompute,
+                      8 * static_cast<uint64_t>(Bl * H) * T * T * d);
+    const size_t ld = Bl * 3 * h;
+    for (size_t b = 0; b < Bl; ++b) {
+      for (size_t j = 0; j < H; ++j) {
+        const float* q = A.qkv.data() + b * 3 * h + j * d;
+        float* dq = dqkv_.data() + b * 3 * h + j * d;
+        AttentionBackward(q, q + h, q + 2 * h, A.probs.data() + (b * H + j) * T * T,
+                          dctx + b * h + j * d, T, d, ld, ld, ld, Bl * h, dq, dq + h, dq + 2 * h,
+                          scratch_.data());
+      }
+    }
+    for (size_t row = 0; row < S; ++row) {
+      float* dq = dqkv_.data() + row * 3 * h;
+      for (size_t j = 0; j < H; ++j) {
+        RopeApply(rope_, row / Bl, dq + j * d, true);
+        RopeApply(rope_, row / Bl, dq + h + j * d, true);
+      }
+    }
+  }
+  LinearBackward(A.xn1.data(), wqkv, dqkv_.data(), S, h, 3 * h, dtmp, g + o_qkv);
+  trace::Scope span("rmsnorm", trace::Category::kCompute);
+  std::fill(g + o_norm1, g + o_norm1 + h, 0.0f);
+  RmsNormBackward(A.x.data(), norm1, A.rstd1.data(), dtmp, S, h, dout, g + o_norm1);
+  for (size_t i = 0; i < S * h; ++i) dout[i] += dx1[i];
+}
+
+void FsdpLayers::EmbedBackward(float* g) {
+  trace::Scope span("embedding", trace::Category::kCompute);
+  std::fill(g, g + V_ * h_, 0.0f);
+  for (size_t row = 0; row < S_; ++row) {
+    float* gr = g + static_cast<size_t>(inputs_[row]) * h_;
+    const float* dr = dx_.data() + row * h_;
+    for (size_t c = 0; c < h_; ++c) gr[c] += dr[c];
+  }
+}
+
+}  // namespace mc2::models
