@@ -5,7 +5,13 @@ Usage: scripts/record_bench.py NAME [--results DIR] [--note TEXT] -- COMMAND ...
 
 COMMAND is one of
   bench/compare_mpi.sh ...        (the recorder adds --keep DIR and reads the
-                                   summary_COLLECTIVE.json files it writes)
+                                   summary_COLLECTIVE.json files it writes;
+                                   with --box, across a cluster in a box)
+  bench/box_ops.sh ... -- BUILD/tools/mc2 bench ops ...
+                                  (mc2 bench ops across a cluster in a box;
+                                   the recorder adds --json FILE; kind bench_ops)
+  bench/box_link.sh ...           (the box against link emulation; the
+                                   recorder adds --json FILE)
   BUILD/tools/mc2 bench ...       (the recorder adds --json FILE)
   BUILD/tools/mc2 bench ops ...   (the recorder adds --json FILE)
   BUILD/tools/mc2 bench batch ... (the recorder adds --json FILE)
@@ -81,7 +87,12 @@ def parse_args(argv):
 
 def command_kind(command):
     """Which tool the command runs: compare_mpi, bench, bench_ops, bench_batch,
-    demo, demo_infer, torch_compare or torch_tp."""
+    demo, demo_infer, torch_compare, torch_tp or box_link."""
+    first = [os.path.basename(c) for c in command[:2]]
+    if "box_ops.sh" in first:
+        return "bench_ops"
+    if "box_link.sh" in first:
+        return "box_link"
     if "torch_compare.py" in (os.path.basename(c) for c in command[:2]):
         return "torch_compare"
     if "torch_tp.py" in (os.path.basename(c) for c in command[:2]):
@@ -97,8 +108,8 @@ def command_kind(command):
         if command[1] == "demo":
             return "demo_infer" if len(command) > 2 and command[2] == "infer" else "demo"
     die(f"cannot record '{shlex.join(command)}': expected bench/compare_mpi.sh, "
-        "mc2 bench, mc2 bench ops, mc2 bench batch, mc2 demo, bench/torch_compare.py or "
-        "bench/torch_tp.py")
+        "mc2 bench, mc2 bench ops, mc2 bench batch, mc2 demo, bench/torch_compare.py, "
+        "bench/torch_tp.py, bench/box_ops.sh or bench/box_link.sh")
 
 
 def option_value(command, name):
@@ -136,8 +147,15 @@ def emulated_link(kind, command, result):
 
     mc2 bench ops and mc2 demo (infer) take --link (the demo's default is auto) and
     report the link they used (the calibrated one for `auto`); mc2 bench and
-    compare_mpi.sh follow MC2_LINK.
+    compare_mpi.sh follow MC2_LINK. Results measured across a cluster in a
+    box (a "box" object) ran over real links: None; box_link.sh's compares
+    the box with the emulated link it names.
     """
+    if kind == "box_link":
+        return f"{result.get('emulated_link')} (one-host side)" if isinstance(result, dict) else None
+    boxes = [c.get("box") for c in result.get("collectives", [])] if isinstance(result, dict) else []
+    if isinstance(result, dict) and (result.get("box") or any(boxes)):
+        return None
     demos = ("demo", "demo_infer")
     requested = option_value(command, "--link") if kind in ("bench_ops",) + demos else None
     if requested is None and kind in demos:
@@ -161,7 +179,7 @@ def main(argv):
     added = {"compare_mpi": ["--keep"], "bench": ["--json"], "bench_ops": ["--json"],
              "bench_batch": ["--json"],
              "demo": ["--json"], "demo_infer": ["--json"], "torch_compare": ["--json"],
-             "torch_tp": ["--json"]}[kind]
+             "torch_tp": ["--json"], "box_link": ["--json"]}[kind]
     for opt in added:
         if option_value(command, opt) is not None:
             die(f"the command carries {opt}: the recorder sets it")
