@@ -308,7 +308,8 @@ def box_of(r):
 
 def box_text(box):
     delay = f", delay {box['delay']}" if box.get("delay") else ""
-    return (f"box {box.get('hosts')} hosts x {box.get('ranks_per_host')} ranks, real TCP at "
+    ranks = box.get("ranks_per_host")
+    return (f"box {box.get('hosts')} hosts x {ranks} rank{'' if ranks == 1 else 's'}, real TCP at "
             f"{box.get('rate')}{delay}")
 
 
@@ -486,7 +487,7 @@ def compare_section(results, refs):
                               f"`{box.get('han')}`, out of place; mc2 / han = han time / mc2 "
                               f"time; bound = {box.get('bound') or 'none stated'}: the payload "
                               "bytes the busiest host link carries each way, full duplex, at the "
-                              "shaped rate (H hosts, L ranks per host, S = size).", ""]
+                              "shaped rate (H hosts, L ranks per host, S = size)."]
             if any("floor_us" in row for row in coll.get("rows", [])):
                 header += [("floor us", True), ("mc2 / floor", True), ("MPI / floor", True)]
                 for cells, row in zip(rows, coll.get("rows", [])):
