@@ -69,7 +69,9 @@ shopt -s nocasematch
 shopt -u nocasematch
 [[ $reps =~ ^[1-9][0-9]*$ ]] || die "-r $reps: expected a positive count"
 ar=$(to_bytes "$ar_bytes")
-printf '%s\n' "${ops[@]+"${ops[@]}"}" | grep -qx -- "--operator" || die "the ops options need --operator OP"
+has_op=0
+for a in "${ops[@]+"${ops[@]}"}"; do [[ $a == --operator || $a == --operator=* ]] && has_op=1; done
+(( has_op )) || die "the ops options need --operator OP"
 require_mc2 "$build"
 if [[ -n $json ]]; then
   : >>"$json" 2>/dev/null || die "--json $json: cannot write there"

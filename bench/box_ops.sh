@@ -74,7 +74,9 @@ while [[ $# -gt 0 ]]; do
     *) ops+=("$1"); shift ;;
   esac
 done
-printf '%s\n' "${ops[@]}" | grep -qx -- "--operator" || die "the command needs --operator OP"
+has_op=0
+for a in "${ops[@]+"${ops[@]}"}"; do [[ $a == --operator || $a == --operator=* ]] && has_op=1; done
+(( has_op )) || die "the command needs --operator OP"
 check_rate() {
   shopt -s nocasematch
   [[ $1 =~ ^[0-9]*\.?[0-9]+([kmgt]i?)?(bit|bps)?$ ]] || die "rate $1: expected a tc rate such as 100mbit"

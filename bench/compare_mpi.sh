@@ -105,7 +105,7 @@ if [[ -n $box ]]; then
   (( ! nranks_given || nranks == box_hosts * box_ranks )) ||
     die "-n $nranks disagrees with --box $box ($((box_hosts * box_ranks)) ranks)"
   nranks=$((box_hosts * box_ranks))
-  ompi_info 2>/dev/null | grep -q "MCA coll: han" ||
+  grep -q "MCA coll: han" <<<"$(ompi_info 2>/dev/null)" ||
     die "this Open MPI has no coll/han component (ompi_info | grep han)"
   # mc2's symmetric heap per rank: the largest send and receive buffers
   # (all_gather's output is the size, its input size / N) and slack.
