@@ -2,7 +2,8 @@
  *
  *   mpirun -np N ./mpi_coll_bench all_reduce|all_gather|reduce_scatter|
  *       all_to_all|broadcast|reduce|send_recv [-b 8] [-e 256M] [-f 2]
- *       [-d f32] [-o sum] [-i 20] [-w 5] [-c 0|1] [--root R] [--json FILE]
+ *       [-d f32] [-o sum] [-i 20] [-w 5] [-c 0|1] [--root R] [--in-place 0|1]
+ *       [--json FILE]
  *
  * Same sizes (nccl-tests convention: the total bytes per rank; all_gather:
  * the output, reduce_scatter: the input), same columns, same bus bandwidth
@@ -10,7 +11,9 @@
  * shows the average) and the same exactly checkable data as mc2 bench, so
  * bench/compare_mpi.sh can join the two --json outputs. MPI has no f16/bf16
  * and no avg: those are usage errors. Broadcast has one buffer in MPI, so
- * out-of-place and in-place run the same call.
+ * out-of-place and in-place run the same call. --in-place 0 skips the in-place
+ * calls (N/A, null in the JSON): Open MPI 4.1's coll/han mishandles
+ * MPI_IN_PLACE in its all-reduce and crashes.
  */
 #include <mpi.h>
 
@@ -31,6 +34,7 @@ static const char* kOpNames[] = {"sum", "prod", "min", "max", "band", "bor", "bx
 
 static int g_rank, g_n;
 static int g_coll, g_type = F32, g_op = SUM, g_root = 0, g_iters = 20, g_warmup = 5, g_check = 1;
+static int g_in_place = 1;
 static int64_t g_modulus = 1;
 static int g_prod_ranks = 0;
 
@@ -386,7 +390,7 @@ int main(int argc, char** argv) {
   int factor = 2;
   const char* json = NULL;
   if (argc < 2) Usage("usage: mpi_coll_bench COLLECTIVE [-b MIN] [-e MAX] [-f F] [-d T] [-o OP] "
-                      "[-i N] [-w N] [-c 0|1] [--root R] [--json FILE]", NULL);
+                      "[-i N] [-w N] [-c 0|1] [--root R] [--in-place 0|1] [--json FILE]", NULL);
   g_coll = Lookup(argv[1], kCollNames, 7);
   if (g_coll < 0) Usage("unknown collective", argv[1]);
   for (int i = 2; i < argc; ++i) {
@@ -403,6 +407,10 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "-w")) g_warmup = atoi(v);
     else if (!strcmp(a, "-c")) g_check = atoi(v);
     else if (!strcmp(a, "--root")) g_root = atoi(v);
+    else if (!strcmp(a, "--in-place")) {
+      if (strcmp(v, "0") && strcmp(v, "1")) Usage("--in-place expects 0 or 1", v);
+      g_in_place = atoi(v);
+    }
     else if (!strcmp(a, "--json")) json = v;
     else Usage("unknown option", a);
   }
@@ -461,7 +469,7 @@ int main(int argc, char** argv) {
     const Shape* s = &shapes[i];
     Mode* m = &res[2 * i];
     m[0] = Measure(s, 0, exp);
-    const int has_ip = g_coll != SEND_RECV;
+    const int has_ip = g_coll != SEND_RECV && g_in_place;
     if (has_ip) m[1] = Measure(s, 1, exp);
     for (int k = 0; k < 1 + has_ip; ++k) {
       bw += m[k].busbw, ++nbw;
@@ -504,7 +512,7 @@ int main(int argc, char** argv) {
                   shapes[i].elements);
           JsonMode(f, &res[2 * i]);
           fprintf(f, ", \"in_place\": ");
-          if (g_coll == SEND_RECV) fprintf(f, "null");
+          if (g_coll == SEND_RECV || !g_in_place) fprintf(f, "null");
           else JsonMode(f, &res[2 * i + 1]);
           fprintf(f, "}%s\n", i + 1 < nshapes ? "," : "");
         }

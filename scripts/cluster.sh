@@ -192,10 +192,15 @@ cmd_mpirun_args() {
   # plm_rsh_no_tree_spawn: mpirun starts every daemon itself (a daemon in one
   # namespace could not start one in another). routed direct: daemons talk
   # to mpirun, not to each other. --bind-to none: every host shares the
-  # machine's cores.
+  # machine's cores, so Open MPI must yield while it waits
+  # (mpi_yield_when_idle; it cannot tell that its "hosts" share cores).
+  # btl_tcp_links 2: two TCP connections per pair of processes; with one,
+  # traffic in both directions at once between two hosts runs far below
+  # the links' full-duplex rate (docs/cluster.md).
   echo "--allow-run-as-root --mca plm_rsh_agent $here/cluster_rsh.sh --mca plm_rsh_no_tree_spawn 1" \
-       "--mca routed direct --bind-to none --mca oob_tcp_if_include $subnet.0/24" \
-       "--mca btl tcp,self,vader --mca btl_tcp_if_include $subnet.0/24"
+       "--mca routed direct --bind-to none --mca mpi_yield_when_idle 1" \
+       "--mca oob_tcp_if_include $subnet.0/24" \
+       "--mca btl tcp,self,vader --mca btl_tcp_if_include $subnet.0/24 --mca btl_tcp_links 2"
 }
 
 cmd_exec() {

@@ -36,7 +36,7 @@ plot_curves = _load_plotter()
 KINDS = ("compare_mpi", "bench_ops", "demo", "demo_infer", "demo_pp", "demo_cp", "demo_fsdp",
          "bench",
          "bench_batch", "torch_compare", "torch_tp", "torch_compress", "grad_overlap",
-         "grad_exchange", "grad_train")
+         "grad_exchange", "grad_train", "box_link")
 REQUIRED = ("name", "kind", "date", "commit", "host", "command", "emulated", "result")
 # The judged figure of the all_reduce comparison.
 HEADLINE_SIZE = 16 << 20
@@ -92,6 +92,21 @@ scripts/record_bench.py grad_exchange_link -- build/bench/grad_bench exchange -n
     --link bw=20MB/s,lat=10us
 scripts/record_bench.py grad_train -- build/bench/grad_bench train -n 2 --steps 200 \\
     --schemes none,bf16,f16,topk@0.3,topk@0.01,threshold,auto
+```
+
+Across hosts, on a cluster in a box (root; see "Across hosts" below):
+
+```
+scripts/record_bench.py box_all_reduce_vs_openmpi -- bench/compare_mpi.sh --box 2x2 --rate 1gbit \
+    -b 8 -e 256M -f 4 -r 5 -i 5 -w 1 all_reduce
+scripts/record_bench.py box_ops_all_gather_matmul -- bench/box_ops.sh --box 2x2 --rate auto -- \
+    build/tools/mc2 bench ops --operator all_gather_matmul -m 1024 -k 2048 -N 2048 --pipeline all
+scripts/record_bench.py box_ops_matmul_reduce_scatter -- bench/box_ops.sh --box 2x2 --rate auto -- \
+    build/tools/mc2 bench ops --operator matmul_reduce_scatter -m 1024 -k 2048 -N 2048 --pipeline all
+scripts/record_bench.py box_ops_matmul_all_reduce -- bench/box_ops.sh --box 2x2 --rate auto -- \
+    build/tools/mc2 bench ops --operator matmul_all_reduce -m 1024 -k 2048 -N 2048 --pipeline all
+scripts/record_bench.py box_link -- bench/box_link.sh --hosts 2 --rate 200mbit -r 3 -- \
+    --operator all_gather_matmul -m 1024 -k 2048 -N 2048 --pipeline all
 ```
 
 Record on a quiet machine, from a Release build of a committed tree: on a
@@ -303,6 +318,45 @@ three modes, each alternating the ways it compares:
   scheme; the mean loss of the last 10 steps against the first scheme's
   (uncompressed), and the loss curves as a plot.
 
+### Across hosts: the cluster in a box
+
+These need root: each brings up its own cluster in a box
+([cluster.md](cluster.md): network namespaces as hosts, veth links shaped
+with `tc`, real TCP between them, Open MPI's `mpirun` launching the ranks)
+under the name `mc2bb` (`--box-name`, `--box-subnet` to change it), refuses
+one of that name that is already up, and takes it down at exit, also after
+an error or an interrupt. Every "host" shares the machine's cores, so the
+TCP processing competes with the ranks' work: record on a quiet machine,
+and with a rate well below what unshaped veth TCP carries there.
+
+- `bench/compare_mpi.sh --box HOSTSxRANKS --rate RATE [--delay TIME] ...
+  COLLECTIVE`: mc2 (`mc2 bench` on the ranks of an mpirun job), Open MPI's
+  default collectives and Open MPI with its hierarchical `han` component
+  (`--mca coll_han_priority 100`; out of place only, since 4.1's han
+  crashes on `MPI_IN_PLACE`), alternating, with per size the medians, the
+  ratios (of medians, and paired), and the bound the shaped rate sets on
+  any implementation: the payload bytes the busiest host link must carry in
+  each direction (full duplex) divided by the rate. For H hosts of L ranks
+  and a size S: all_reduce 2(H-1)/H x S (reduce-scatter and all-gather of
+  the host's sum between the hosts), all_gather and reduce_scatter
+  (H-1)/H x S, all_to_all L(H-1)/H x S, broadcast and reduce S. TCP/IP and
+  Ethernet headers, which `tc` counts, add about 4.5% at a 1500-byte MTU.
+- `bench/box_ops.sh --box HOSTSxRANKS --rate RATE|auto -- build/tools/mc2
+  bench ops --operator OP ...`: a fused operator's pipelines across the
+  box. The compute and the transfer of a dense operator both grow with M,
+  so their balance is set by the link: `--rate auto` calibrates the rate
+  (short serial runs; the rate scaled by comm-only / compute-only until
+  the two agree within 15%) so that the inter-host transfer takes about as
+  long as the compute, the conditions the fused pipelines are built for.
+  The table shows serial, the best pipeline, the floor max(compute-only,
+  comm-only), serial / best and best / floor.
+- `bench/box_link.sh --hosts H --rate RATE -- OPS OPTIONS`: the same
+  operator and an all_reduce on H box hosts of one rank each and on one
+  host under `--link bw=RATE,lat=LATENCY`, LATENCY being the box link's
+  measured 8-byte send_recv time; the table shows both and real /
+  emulated ([link-emulation.md](link-emulation.md) says where the two
+  differ).
+
 ### Exploring
 
 These print tables for a human and are not recorded: `bench/ops_table.sh`
@@ -361,7 +415,28 @@ def size_text(b):
     return f"{b} B"
 
 
+def box_of(r):
+    """The cluster in a box a result ran on (its "box" object), or None."""
+    res = r.get("result")
+    if not isinstance(res, dict):
+        return None
+    if res.get("box"):
+        return res["box"]
+    return next((c["box"] for c in res.get("collectives", []) if c.get("box")), None)
+
+
+def box_text(box):
+    delay = f", delay {box['delay']}" if box.get("delay") else ""
+    ranks = box.get("ranks_per_host")
+    return (f"box {box.get('hosts')} hosts x {ranks} rank{'' if ranks == 1 else 's'}, real TCP at "
+            f"{box.get('rate')}{delay}")
+
+
 def link_text(r):
+    if r["kind"] == "box_link":
+        return f"{box_text(box_of(r))} / **emulated** `{r['result'].get('emulated_link')}`"
+    if box_of(r):
+        return box_text(box_of(r))
     return f"**emulated** `{r['emulated']}`" if r["emulated"] else "raw shm"
 
 
@@ -427,7 +502,14 @@ def headline(results, refs):
         ref = f"[{refs[r['_file']]}]"
         if r["kind"] == "compare_mpi":
             for coll, row in compare_rows(r):
-                if coll.get("collective") == "all_reduce" and row.get("size") == HEADLINE_SIZE:
+                if coll.get("collective") == "all_reduce" and row.get("size") == HEADLINE_SIZE \
+                        and coll.get("box"):
+                    rows.append([f"all_reduce {size_text(HEADLINE_SIZE)} across hosts, "
+                                 f"{coll.get('ranks')} ranks: mc2 / Open MPI, mc2 / Open MPI han, "
+                                 f"time / bound", f"{num(row.get('ratio'))}x (paired "
+                                 f"{num(row.get('paired'))}x), {num(row.get('han_ratio'))}x, "
+                                 f"{num(row.get('mc2_over_bound'))}", link_text(r), ref])
+                elif coll.get("collective") == "all_reduce" and row.get("size") == HEADLINE_SIZE:
                     bound = (f"; at most {num(row['max_ratio'])}x possible (MPI / floor)"
                              if row.get("max_ratio") else "")
                     rows.append([f"all_reduce {size_text(HEADLINE_SIZE)}, {coll.get('ranks')} ranks, "
@@ -437,6 +519,12 @@ def headline(results, refs):
         elif r["kind"] == "bench_ops":
             j = r["result"]
             s = ops_summary(j)
+            if j.get("box"):
+                rows.append([f"{j.get('op')} {j.get('M')}x{j.get('K')}x{j.get('N')} across hosts, "
+                             f"{j.get('ranks')} ranks: serial / best ({s['best']}), best / floor",
+                             f"{num(ratio(s['serial'], s['best_ms']))}x, "
+                             f"{num(ratio(s['best_ms'], s['floor']))}", link_text(r), ref])
+                continue
             rows.append([f"{j.get('op')} {j.get('M')}x{j.get('K')}x{j.get('N')}, "
                          f"{j.get('ranks')} ranks: serial / best ({s['best']})",
                          f"{num(ratio(s['serial'], s['best_ms']))}x", link_text(r), ref])
@@ -493,6 +581,12 @@ def headline(results, refs):
                              f"{size_text(j.get('bytes', 0))} each, {j.get('ranks')} ranks: "
                              f"separate calls / one batch",
                              f"{num(c.get('speedup'))}x", link_text(r), ref])
+        elif r["kind"] == "box_link":
+            for f in r["result"].get("figures", []):
+                if f.get("figure", "").endswith(("best pipeline", " B")):
+                    rows.append([f"{f['figure']}, {r['result'].get('ranks')} hosts: real link / "
+                                 "emulated link", f"{num(f.get('real_over_emulated'))}",
+                                 link_text(r), ref])
         elif r["kind"] == "torch_compare":
             rows += torch_headline(r, ref)
         elif r["kind"] == "torch_compress":
@@ -560,8 +654,11 @@ def compare_section(results, refs):
     out = []
     for r in results:
         for coll in r["result"].get("collectives", []):
+            box = coll.get("box")
+            where = f", across hosts ({box_text(box)})" if box else ""
             out += [f"### {coll.get('collective')}, {coll.get('ranks')} ranks, {coll.get('dtype')}, "
-                    f"{coll.get('buffers')} buffers: mc2 against Open MPI [{refs[r['_file']]}]", "",
+                    f"{coll.get('buffers')} buffers{where}: mc2 against Open MPI "
+                    f"[{refs[r['_file']]}]", "",
                     f"Medians of {coll.get('reps')} alternated repetitions, time = {coll.get('stat')} of "
                     f"{coll.get('iters')} iterations, busbw in GB/s, ratio = mc2 / MPI (> 1: mc2 "
                     f"faster).", ""]
@@ -572,6 +669,19 @@ def compare_section(results, refs):
                      num(row.get("mc2_busbw_gbs")), num(row.get("mpi_busbw_gbs")),
                      num(row.get("ratio")), num(row.get("paired")), num(row.get("ratio_in_place")),
                      row.get("mc2_algo", "")] for row in coll.get("rows", [])]
+            if box:
+                header += [("han us", True), ("mc2 / han", True), ("han paired", True),
+                           ("bound us", True), ("mc2 / bound", True), ("MPI / bound", True)]
+                for cells, row in zip(rows, coll.get("rows", [])):
+                    cells += [num(row.get("han_us"), ".1f"), num(row.get("han_ratio")),
+                              num(row.get("han_paired")), num(row.get("bound_us"), ".1f"),
+                              num(row.get("mc2_over_bound")), num(row.get("mpi_over_bound"))]
+                out[-1:-1] = [f"Every host link shaped to {box.get('rate')} each way (tc tbf "
+                              "on veth pairs, scripts/cluster.sh); Open MPI han = Open MPI with "
+                              f"`{box.get('han')}`, out of place; mc2 / han = han time / mc2 "
+                              f"time; bound = {box.get('bound') or 'none stated'}: the payload "
+                              "bytes the busiest host link carries each way, full duplex, at the "
+                              "shaped rate (H hosts, L ranks per host, S = size)."]
             if any("floor_us" in row for row in coll.get("rows", [])):
                 header += [("floor us", True), ("mc2 / floor", True), ("MPI / floor", True)]
                 for cells, row in zip(rows, coll.get("rows", [])):
@@ -583,6 +693,51 @@ def compare_section(results, refs):
                               "MPI / floor is the largest ratio any all_reduce could reach "
                               "against Open MPI on this host.", ""]
             out += table(header, rows) + [""]
+    return out
+
+
+def box_ops_section(results, refs):
+    rows = []
+    for r in results:
+        j = r["result"]
+        s = ops_summary(j)
+        wrong = sum(row.get("wrong", 0) or 0 for row in j.get("rows", []))
+        rows.append([j.get("op"), f"{j['box'].get('hosts')} x {j['box'].get('ranks_per_host')}",
+                     j["box"].get("rate") + (" (calibrated)" if j["box"].get("calibration") else ""),
+                     f"{j.get('M')}x{j.get('K')}x{j.get('N')}", j.get("dtype"),
+                     num(s["compute"], ".1f"), num(s["comm"], ".1f"), num(s["floor"], ".1f"),
+                     num(s["serial"], ".1f"), s["best"], num(s["best_ms"], ".1f"),
+                     f"{num(ratio(s['serial'], s['best_ms']))}x",
+                     num(ratio(s["best_ms"], s["floor"])), wrong, f"[{refs[r['_file']]}]"])
+    if not rows:
+        return []
+    header = [("operator", False), ("hosts x ranks", False), ("link rate", False),
+              ("M x K x N", False), ("dtype", False), ("compute ms", True), ("comm ms", True),
+              ("floor ms", True), ("serial ms", True), ("best", False), ("best ms", True),
+              ("serial / best", True), ("best / floor", True), ("#wrong", True),
+              ("source", False)]
+    return ["### Fused operators across hosts (`bench/box_ops.sh`)", "",
+            "Real TCP between the hosts of a cluster in a box, every host link shaped to the "
+            "rate shown (calibrated: chosen so that comm-only ~ compute-only); floor = "
+            "max(compute-only, comm-only).", ""] + table(header, rows) + [""]
+
+
+def box_link_section(results, refs):
+    out = []
+    for r in results:
+        j = r["result"]
+        out += [f"### Emulated against real links: {j.get('op')} {j.get('M')}x{j.get('K')}x"
+                f"{j.get('N')} and all_reduce, {j.get('ranks')} hosts x 1 rank "
+                f"[{refs[r['_file']]}]", "",
+                f"`bench/box_link.sh`: on the box ({box_text(j.get('box', {}))}; measured "
+                f"latency {num(j.get('latency_us'), '.1f')} us) and on one host with "
+                f"`--link {j.get('emulated_link')}`; medians of {j.get('reps')} alternated "
+                f"repetitions; best pipeline on the box {', '.join(j.get('best_box', []))}, "
+                f"emulated {', '.join(j.get('best_emulated', []))}; #wrong {j.get('wrong')}.", ""]
+        rows = [[f.get("figure"), num(f.get("box")), num(f.get("emulated")),
+                 num(f.get("real_over_emulated"))] for f in j.get("figures", [])]
+        out += table([("figure", False), ("box ms", True), ("emulated ms", True),
+                      ("real / emulated", True)], rows) + [""]
     return out
 
 
@@ -1010,7 +1165,9 @@ def render(results):
     by_kind = {k: [r for r in results if r["kind"] == k] for k in KINDS}
     lines += headline(results, refs)
     lines += compare_section(by_kind["compare_mpi"], refs)
-    lines += ops_section(by_kind["bench_ops"], refs)
+    lines += ops_section([r for r in by_kind["bench_ops"] if not box_of(r)], refs)
+    lines += box_ops_section([r for r in by_kind["bench_ops"] if box_of(r)], refs)
+    lines += box_link_section(by_kind["box_link"], refs)
     lines += demo_section(by_kind["demo"], refs)
     lines += infer_section(by_kind["demo_infer"], refs)
     lines += pp_section(by_kind["demo_pp"], refs)

@@ -5,7 +5,13 @@ Usage: scripts/record_bench.py NAME [--results DIR] [--note TEXT] -- COMMAND ...
 
 COMMAND is one of
   bench/compare_mpi.sh ...        (the recorder adds --keep DIR and reads the
-                                   summary_COLLECTIVE.json files it writes)
+                                   summary_COLLECTIVE.json files it writes;
+                                   with --box, across a cluster in a box)
+  bench/box_ops.sh ... -- BUILD/tools/mc2 bench ops ...
+                                  (mc2 bench ops across a cluster in a box;
+                                   the recorder adds --json FILE; kind bench_ops)
+  bench/box_link.sh ...           (the box against link emulation; the
+                                   recorder adds --json FILE)
   BUILD/tools/mc2 bench ...       (the recorder adds --json FILE)
   BUILD/tools/mc2 bench ops ...   (the recorder adds --json FILE)
   BUILD/tools/mc2 bench batch ... (the recorder adds --json FILE)
@@ -88,7 +94,12 @@ def parse_args(argv):
 def command_kind(command):
     """Which tool the command runs: compare_mpi, bench, bench_ops, bench_batch,
     demo, demo_infer, demo_pp, demo_cp, demo_fsdp, torch_compare, torch_tp, torch_compress,
-    grad_overlap, grad_exchange or grad_train."""
+    grad_overlap, grad_exchange, grad_train or box_link."""
+    first = [os.path.basename(c) for c in command[:2]]
+    if "box_ops.sh" in first:
+        return "bench_ops"
+    if "box_link.sh" in first:
+        return "box_link"
     if "torch_compare.py" in (os.path.basename(c) for c in command[:2]):
         return "torch_compare"
     if "torch_tp.py" in (os.path.basename(c) for c in command[:2]):
@@ -113,7 +124,8 @@ def command_kind(command):
             return {"infer": "demo_infer", "pp": "demo_pp", "cp": "demo_cp", "fsdp": "demo_fsdp"}.get(sub, "demo")
     die(f"cannot record '{shlex.join(command)}': expected bench/compare_mpi.sh, "
         "mc2 bench, mc2 bench ops, mc2 bench batch, mc2 demo, bench/torch_compare.py, "
-        "bench/torch_tp.py, bench/torch_compress.py or grad_bench")
+        "bench/torch_tp.py, bench/torch_compress.py, grad_bench, bench/box_ops.sh or "
+        "bench/box_link.sh")
 
 
 def option_value(command, name):
@@ -149,12 +161,19 @@ def host_info():
 def emulated_link(kind, command, result):
     """The link emulation a result ran under, or None on raw shared memory.
 
-    mc2 bench ops and mc2 demo (infer, cp) take --link (the demo's default is auto) and
-    report the link they used (the calibrated one for `auto`); mc2 bench and
-    compare_mpi.sh follow MC2_LINK. grad_bench overlap always calibrates its
-    own link (reported as `link`); grad_bench exchange takes --link; grad_bench
-    train follows MC2_LINK.
+    mc2 bench ops and mc2 demo (infer, pp, cp, fsdp) take --link (the demo's
+    default is auto) and report the link they used (the calibrated one for
+    `auto`); mc2 bench and compare_mpi.sh follow MC2_LINK. grad_bench overlap
+    always calibrates its own link (reported as `link`); grad_bench exchange
+    takes --link; grad_bench train follows MC2_LINK. Results measured across a cluster in a
+    box (a "box" object) ran over real links: None; box_link.sh's compares
+    the box with the emulated link it names.
     """
+    if kind == "box_link":
+        return f"{result.get('emulated_link')} (one-host side)" if isinstance(result, dict) else None
+    boxes = [c.get("box") for c in result.get("collectives", [])] if isinstance(result, dict) else []
+    if isinstance(result, dict) and (result.get("box") or any(boxes)):
+        return None
     if kind == "grad_overlap":
         return f"calibrated ({result.get('link')})"
     if kind == "grad_exchange":
@@ -186,7 +205,8 @@ def main(argv):
              "demo_fsdp": ["--json"],
              "torch_compare": ["--json"], "torch_tp": ["--json"],
              "torch_compress": ["--json"], "grad_overlap": ["--json"],
-             "grad_exchange": ["--json"], "grad_train": ["--json"]}[kind]
+             "grad_exchange": ["--json"], "grad_train": ["--json"],
+             "box_link": ["--json"]}[kind]
     for opt in added:
         if option_value(command, opt) is not None:
             die(f"the command carries {opt}: the recorder sets it")

@@ -103,6 +103,38 @@ GRAD_TRAIN = record("gt", "grad_train", {
          "seconds": 1.0},
         {"scheme": "topk@0.3", "losses": [4.0, 3.5, 2.5], "tail_mean": 3.3, "rel_to_first": 0.1,
          "seconds": 1.5}]}, command="build/bench/grad_bench train -n 2 --steps 3")
+# Across a cluster in a box: 2 hosts x 2 ranks at 100mbit (12.5 MB/s); the
+# all_reduce bound at 16 MiB is 2 (H-1)/H x S / rate = 16 MiB / 12.5 MB/s.
+BOUND_16M_US = (16 << 20) / 12.5e6 * 1e6
+BOX = {"hosts": 2, "ranks_per_host": 2, "rate": "100mbit", "rate_bytes_per_s": 12.5e6,
+       "delay": None, "links": "real TCP", "han": "--mca coll_han_priority 100",
+       "bound": "2(H-1)/H x S / rate"}
+BOX_COMPARE = record("box_ar", "compare_mpi", {"collectives": [{
+    "collective": "all_reduce", "ranks": 4, "dtype": "f32", "buffers": "symmetric", "iters": 5,
+    "reps": 3, "stat": "avg", "mpich": False, "box": BOX, "rows": [
+        {"size": 16 << 20, "mc2_us": 1.5e6, "mpi_us": 2.4e6, "mc2_busbw_gbs": 0.017,
+         "mpi_busbw_gbs": 0.010, "ratio": 1.6, "paired": 1.55, "ratio_in_place": 1.4,
+         "mc2_algo": "hierarchical", "han_us": 3.0e6, "han_ratio": 2.0, "han_paired": 1.9,
+         "bound_us": BOUND_16M_US, "mc2_over_bound": 1.5e6 / BOUND_16M_US,
+         "mpi_over_bound": 2.4e6 / BOUND_16M_US}]}]},
+    command="bench/compare_mpi.sh --box 2x2 --rate 100mbit all_reduce")
+
+BOX_OPS = record("box_ops", "bench_ops", dict(json.loads(json.dumps(OPS["result"])), ranks=4, link="",
+                                               box=dict(BOX, calibration=[
+                                                   {"rate": "100mbit", "compute_ms": 150.0,
+                                                    "comm_ms": 170.0}])),
+                 command="bench/box_ops.sh --box 2x2 --rate auto -- mc2 bench ops")
+
+BOX_LINK = record("box_link", "box_link", {
+    "op": "all_gather_matmul", "M": 512, "K": 1024, "N": 1024, "dtype": "f32", "ranks": 2,
+    "reps": 3, "box": dict(BOX, ranks_per_host=1), "latency_us": 300.0,
+    "emulated_link": "bw=12.5000MB/s,lat=300.0us", "all_reduce_bytes": 16 << 20,
+    "best_box": ["fused s=4"], "best_emulated": ["fused s=4"], "wrong": 0, "figures": [
+        {"figure": "all_gather_matmul best pipeline", "unit": "ms", "box": 120.0, "emulated": 100.0,
+         "real_over_emulated": 1.2},
+        {"figure": "all_reduce 16777216 B", "unit": "ms", "box": 1500.0, "emulated": 1400.0,
+         "real_over_emulated": 1500.0 / 1400.0}]},
+    emulated="bw=12.5000MB/s,lat=300.0us (one-host side)", command="bench/box_link.sh --hosts 2")
 
 
 def run_gen(*args):
@@ -227,6 +259,34 @@ class GenBenchmarksTest(unittest.TestCase):
         proc = run_gen("--results", str(self.results), "--check", str(self.page))
         self.assertEqual(proc.returncode, 1)
         self.assertIn("gt_loss.svg", proc.stderr)
+    def test_box_comparison_shows_han_and_the_bound(self):
+        self.write(BOX_COMPARE)
+        page = self.generate()
+        self.assertIn("across hosts (box 2 hosts x 2 ranks, real TCP at 100mbit)", page)
+        self.assertIn(f"| 3000000.0 | 2.00 | 1.90 | {BOUND_16M_US:.1f} | {1.5e6 / BOUND_16M_US:.2f} | "
+                      f"{2.4e6 / BOUND_16M_US:.2f} |", page)
+        self.assertIn(f"| 1.60x (paired 1.55x), 2.00x, {1.5e6 / BOUND_16M_US:.2f} | box 2 hosts x 2 "
+                      "ranks, real TCP at 100mbit | [1] |", page)
+        self.assertIn("bound = 2(H-1)/H x S / rate", page)
+
+    def test_box_operators_show_best_over_floor(self):
+        self.write(BOX_OPS)
+        page = self.generate()
+        self.assertIn("### Fused operators across hosts", page)
+        self.assertNotIn("### Fused operators (`mc2 bench ops`)", page)
+        # Confirmation: serial 290, best 145, floor 150.
+        self.assertIn(f"| all_gather_matmul | 2 x 2 | 100mbit (calibrated) | 2048x2048x2048 | f32 | 150.0 | "
+                      f"140.0 | 150.0 | 290.0 | fused s=4 | 145.0 | {290 / 145:.2f}x | {145 / 150:.2f} | 0 |",
+                      page)
+
+    def test_box_link_table(self):
+        self.write(BOX_LINK)
+        page = self.generate()
+        self.assertIn("| all_gather_matmul best pipeline | 120.00 | 100.00 | 1.20 |", page)
+        self.assertIn(f"| all_reduce 16777216 B, 2 hosts: real link / emulated link | "
+                      f"{1500 / 1400:.2f} |", page)
+        self.assertIn("box 2 hosts x 1 rank, real TCP at 100mbit / **emulated** "
+                      "`bw=12.5000MB/s,lat=300.0us`", page)
 
     def test_check_detects_drift(self):
         self.write(COMPARE)
@@ -268,6 +328,9 @@ class RecordBenchTest(unittest.TestCase):
         self.assertEqual(self.rec.command_kind(["build/bench/grad_bench", "train"]), "grad_train")
         with self.assertRaises(SystemExit):
             self.rec.command_kind(["build/bench/grad_bench", "-n", "2"])
+        self.assertEqual(self.rec.command_kind(["bench/box_ops.sh", "--box", "2x2", "--", "mc2", "bench",
+                                                "ops"]), "bench_ops")
+        self.assertEqual(self.rec.command_kind(["bench/box_link.sh", "--hosts", "2"]), "box_link")
         with self.assertRaises(SystemExit):
             self.rec.command_kind(["ls", "-l"])
 
@@ -286,6 +349,14 @@ class RecordBenchTest(unittest.TestCase):
         self.assertEqual(self.rec.emulated_link("grad_exchange",
                                                 ["grad_bench", "exchange", "--link", "bw=1GB/s"], {}),
                          "bw=1GB/s")
+        # Across a box the links are real, whatever MC2_LINK says.
+        self.assertIsNone(self.rec.emulated_link("bench_ops", ["bench/box_ops.sh"],
+                                                 {"link": "", "box": BOX}))
+        self.assertIsNone(self.rec.emulated_link("compare_mpi", ["bench/compare_mpi.sh"],
+                                                 {"collectives": [{"box": BOX}]}))
+        self.assertEqual(self.rec.emulated_link("box_link", ["bench/box_link.sh"],
+                                                {"emulated_link": "bw=1MB/s,lat=5us"}),
+                         "bw=1MB/s,lat=5us (one-host side)")
 
 
 if __name__ == "__main__":
