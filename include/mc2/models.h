@@ -564,6 +564,11 @@ class RingAttention {
   double forward_wait_seconds() const;
   double backward_wait_seconds() const;
 
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // ---------------------------------------------------------------------------
 // Sharded data parallelism (ZeRO-3 / FSDP style; fsdp.cc, docs/models.md
 // "Sharded data parallelism").
