@@ -148,12 +148,8 @@ int RunRankJob(const DemoArgs& a) {
                        {"trace_dir", dir}});
   }
   if (root) {
-    std::ofstream f(a.results);
-    f << json{{"ranks", world.size()}, {"tp", tp}, {"runs", results}}.dump(1) << "\n";
-    if (!f) {
-      fmt::print(stderr, "mc2 demo: cannot write {}\n", a.results);
-      return kExitFailed;
-    }
+    return WriteJobResults(a.results, json{{"ranks", world.size()}, {"tp", tp}, {"runs", results}},
+                           "mc2 demo");
   }
   return 0;
 }
@@ -164,32 +160,29 @@ int RunRankJob(const DemoArgs& a) {
 std::vector<std::string> RankArgv(const DemoArgs& a, const std::string& pipelines, int steps,
                                   int warmup, const std::string& out,
                                   const std::string& results) {
-  std::vector<std::string> v = {SelfExe(), "demo", "--rank-job", "--results", results};
-  auto add = [&v](const char* flag, std::string value) {
-    v.push_back(flag);
-    v.push_back(std::move(value));
-  };
-  add("--out", out);
-  add("--pipelines", pipelines);
-  add("--steps", std::to_string(steps));
-  add("--warmup", std::to_string(warmup));
-  add("--splits", std::to_string(a.splits));
-  add("--layers", std::to_string(a.layers));
-  add("--hidden", std::to_string(a.hidden));
-  add("--heads", std::to_string(a.heads));
-  add("--ffn", std::to_string(a.ffn));
-  add("--vocab", std::to_string(a.vocab));
-  add("--seq", std::to_string(a.seq));
-  add("--batch", std::to_string(a.batch));
-  add("--seed", std::to_string(a.seed));
-  add("--tp", std::to_string(a.tp));
-  add("--lr", fmt::format("{:.9g}", a.lr));
-  add("--dtype", a.dtype);
+  JobArgv v(nullptr, results);
+  v.Add("--out", out);
+  v.Add("--pipelines", pipelines);
+  v.Add("--steps", std::to_string(steps));
+  v.Add("--warmup", std::to_string(warmup));
+  v.Add("--splits", std::to_string(a.splits));
+  v.Add("--layers", std::to_string(a.layers));
+  v.Add("--hidden", std::to_string(a.hidden));
+  v.Add("--heads", std::to_string(a.heads));
+  v.Add("--ffn", std::to_string(a.ffn));
+  v.Add("--vocab", std::to_string(a.vocab));
+  v.Add("--seq", std::to_string(a.seq));
+  v.Add("--batch", std::to_string(a.batch));
+  v.Add("--seed", std::to_string(a.seed));
+  v.Add("--tp", std::to_string(a.tp));
+  v.Add("--lr", fmt::format("{:.9g}", a.lr));
+  v.Add("--dtype", a.dtype);
   if (a.moe_experts > 0) {
-    v.insert(v.end(), {"--moe-experts", std::to_string(a.moe_experts), "--moe-topk",
-                       std::to_string(a.moe_topk), "--ep", std::to_string(a.ep)});
+    v.Add("--moe-experts", std::to_string(a.moe_experts));
+    v.Add("--moe-topk", std::to_string(a.moe_topk));
+    v.Add("--ep", std::to_string(a.ep));
   }
-  return v;
+  return v.Take();
 }
 
 int Launch(const DemoArgs& a, std::vector<std::string> argv, const std::string& link) {
@@ -424,11 +417,7 @@ void Conduct(const DemoArgs& a) {
                                                     std::max(1, r.timed_steps))},
                            {"grad_hidden_pct", r.grad.HiddenPct()},
                            {"losses", r.losses}});
-    const std::string err = WriteOutputFile(a.json_path, j.dump(1) + "\n");
-    if (!err.empty()) {
-      fmt::print(stderr, "mc2 demo: cannot write --json {}: {}\n", a.json_path, err);
-      throw CLI::RuntimeError(kExitFailed);
-    }
+    WriteJsonOption(a.json_path, j, "mc2 demo");
   }
   if (!identical) throw CLI::RuntimeError(kExitFailed);
 }

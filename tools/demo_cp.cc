@@ -195,12 +195,7 @@ int RunRankJob(const CpArgs& a) {
                     {"trace_dir", (fs::path(a.out) / ModeName(modes[m])).string()}});
   }
   if (root) {
-    std::ofstream f(a.results);
-    f << json{{"ranks", world.size()}, {"runs", runs}}.dump(1) << "\n";
-    if (!f) {
-      fmt::print(stderr, "{}: cannot write {}\n", kCommand, a.results);
-      return kExitFailed;
-    }
+    return WriteJobResults(a.results, json{{"ranks", world.size()}, {"runs", runs}}, kCommand);
   }
   return 0;
 }
@@ -210,24 +205,20 @@ int RunRankJob(const CpArgs& a) {
 
 std::vector<std::string> RankArgv(const CpArgs& a, const std::string& overlap, int iters,
                                   int warmup, const std::string& out, const std::string& results) {
-  std::vector<std::string> v = {SelfExe(), "demo", "cp", "--rank-job", "--results", results};
-  auto add = [&v](const char* flag, std::string value) {
-    v.push_back(flag);
-    v.push_back(std::move(value));
-  };
-  add("--out", out);
-  add("--overlap", overlap);
-  add("--iters", std::to_string(iters));
-  add("--warmup", std::to_string(warmup));
-  add("--cp", std::to_string(a.cp));
-  add("--tp", std::to_string(a.tp));
-  add("--seq", std::to_string(a.seq));
-  add("--heads", std::to_string(a.heads));
-  add("--head-dim", std::to_string(a.head_dim));
-  add("--batch", std::to_string(a.batch));
-  add("--seed", std::to_string(a.seed));
-  if (a.no_causal) v.push_back("--no-causal");
-  return v;
+  JobArgv v("cp", results);
+  v.Add("--out", out);
+  v.Add("--overlap", overlap);
+  v.Add("--iters", std::to_string(iters));
+  v.Add("--warmup", std::to_string(warmup));
+  v.Add("--cp", std::to_string(a.cp));
+  v.Add("--tp", std::to_string(a.tp));
+  v.Add("--seq", std::to_string(a.seq));
+  v.Add("--heads", std::to_string(a.heads));
+  v.Add("--head-dim", std::to_string(a.head_dim));
+  v.Add("--batch", std::to_string(a.batch));
+  v.Add("--seed", std::to_string(a.seed));
+  if (a.no_causal) v.Add("--no-causal");
+  return v.Take();
 }
 
 // The bandwidth at which the non-overlapped ring's transfers take
@@ -404,11 +395,7 @@ void Conduct(const CpArgs& a) {
                            {"free_pct", r.b.Pct(r.b.free_ns)},
                            {"speedup", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0}});
     }
-    const std::string err = WriteOutputFile(a.json_path, j.dump(1) + "\n");
-    if (!err.empty()) {
-      fmt::print(stderr, "{}: cannot write --json {}: {}\n", kCommand, a.json_path, err);
-      throw CLI::RuntimeError(kExitFailed);
-    }
+    WriteJsonOption(a.json_path, j, kCommand);
   }
   if (!identical) throw CLI::RuntimeError(kExitFailed);
 }

@@ -180,12 +180,7 @@ int RunRankJob(const FsdpArgs& a) {
                     {"trace_dir", (fs::path(a.out) / ColumnName(cols[k])).string()}});
   }
   if (root) {
-    std::ofstream f(a.results);
-    f << json{{"ranks", world.size()}, {"runs", runs}}.dump(1) << "\n";
-    if (!f) {
-      fmt::print(stderr, "{}: cannot write {}\n", kCommand, a.results);
-      return kExitFailed;
-    }
+    return WriteJobResults(a.results, json{{"ranks", world.size()}, {"runs", runs}}, kCommand);
   }
   return 0;
 }
@@ -195,25 +190,21 @@ int RunRankJob(const FsdpArgs& a) {
 
 std::vector<std::string> RankArgv(const FsdpArgs& a, const std::string& columns, int iters,
                                   int warmup, const std::string& out, const std::string& results) {
-  std::vector<std::string> v = {SelfExe(), "demo", "fsdp", "--rank-job", "--results", results};
-  auto add = [&v](const char* flag, std::string value) {
-    v.push_back(flag);
-    v.push_back(std::move(value));
-  };
-  add("--out", out);
-  add("--columns", columns);
-  add("--iters", std::to_string(iters));
-  add("--warmup", std::to_string(warmup));
-  add("--layers", std::to_string(a.layers));
-  add("--hidden", std::to_string(a.hidden));
-  add("--heads", std::to_string(a.heads));
-  add("--ffn", std::to_string(a.ffn));
-  add("--vocab", std::to_string(a.vocab));
-  add("--batch", std::to_string(a.batch));
-  add("--seq-len", std::to_string(a.seq_len));
-  add("--seed", std::to_string(a.seed));
-  add("--lr", fmt::format("{:.9g}", a.lr));
-  return v;
+  JobArgv v("fsdp", results);
+  v.Add("--out", out);
+  v.Add("--columns", columns);
+  v.Add("--iters", std::to_string(iters));
+  v.Add("--warmup", std::to_string(warmup));
+  v.Add("--layers", std::to_string(a.layers));
+  v.Add("--hidden", std::to_string(a.hidden));
+  v.Add("--heads", std::to_string(a.heads));
+  v.Add("--ffn", std::to_string(a.ffn));
+  v.Add("--vocab", std::to_string(a.vocab));
+  v.Add("--batch", std::to_string(a.batch));
+  v.Add("--seq-len", std::to_string(a.seq_len));
+  v.Add("--seed", std::to_string(a.seed));
+  v.Add("--lr", fmt::format("{:.9g}", a.lr));
+  return v.Take();
 }
 
 std::vector<double> Doubles(const json& j) { return j.get<std::vector<double>>(); }
@@ -452,11 +443,7 @@ void Conduct(const FsdpArgs& a) {
            {"formula_bytes", r.persistent + r.window_formula},
            {"unsharded_bytes", r.unsharded}});
     }
-    const std::string err = WriteOutputFile(a.json_path, j.dump(1) + "\n");
-    if (!err.empty()) {
-      fmt::print(stderr, "{}: cannot write --json {}: {}\n", kCommand, a.json_path, err);
-      throw CLI::RuntimeError(kExitFailed);
-    }
+    WriteJsonOption(a.json_path, j, kCommand);
   }
   if (!identical) throw CLI::RuntimeError(kExitFailed);
 }

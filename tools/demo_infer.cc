@@ -195,12 +195,8 @@ int RunRankJob(const InferArgs& a) {
          {"trace_dir", (fs::path(a.out) / PipelineName(pipelines[k])).string()}});
   }
   if (root) {
-    std::ofstream f(a.results);
-    f << json{{"ranks", world.size()}, {"tp", tp}, {"runs", runs}}.dump(1) << "\n";
-    if (!f) {
-      fmt::print(stderr, "mc2 demo infer: cannot write {}\n", a.results);
-      return kExitFailed;
-    }
+    return WriteJobResults(a.results, json{{"ranks", world.size()}, {"tp", tp}, {"runs", runs}},
+                           "mc2 demo infer");
   }
   return 0;
 }
@@ -210,31 +206,27 @@ int RunRankJob(const InferArgs& a) {
 
 std::vector<std::string> RankArgv(const InferArgs& a, const std::string& pipelines, int iters,
                                   int warmup, const std::string& out, const std::string& results) {
-  std::vector<std::string> v = {SelfExe(), "demo", "infer", "--rank-job", "--results", results};
-  auto add = [&v](const char* flag, std::string value) {
-    v.push_back(flag);
-    v.push_back(std::move(value));
-  };
-  add("--out", out);
-  add("--pipelines", pipelines);
-  add("--iters", std::to_string(iters));
-  add("--warmup", std::to_string(warmup));
-  add("--splits", std::to_string(a.splits));
-  add("--layers", std::to_string(a.layers));
-  add("--hidden", std::to_string(a.hidden));
-  add("--heads", std::to_string(a.heads));
-  add("--ffn", std::to_string(a.ffn));
-  add("--vocab", std::to_string(a.vocab));
-  add("--batch", std::to_string(a.batch));
-  add("--prompt-len", std::to_string(a.prompt_len));
-  add("--new-tokens", std::to_string(a.new_tokens));
-  add("--seed", std::to_string(a.seed));
-  add("--tp", std::to_string(a.tp));
-  add("--dtype", a.dtype);
-  add("--train-steps", std::to_string(a.train_steps));
-  add("--lr", fmt::format("{:.9g}", a.lr));
-  if (a.no_sp) v.push_back("--no-sp");
-  return v;
+  JobArgv v("infer", results);
+  v.Add("--out", out);
+  v.Add("--pipelines", pipelines);
+  v.Add("--iters", std::to_string(iters));
+  v.Add("--warmup", std::to_string(warmup));
+  v.Add("--splits", std::to_string(a.splits));
+  v.Add("--layers", std::to_string(a.layers));
+  v.Add("--hidden", std::to_string(a.hidden));
+  v.Add("--heads", std::to_string(a.heads));
+  v.Add("--ffn", std::to_string(a.ffn));
+  v.Add("--vocab", std::to_string(a.vocab));
+  v.Add("--batch", std::to_string(a.batch));
+  v.Add("--prompt-len", std::to_string(a.prompt_len));
+  v.Add("--new-tokens", std::to_string(a.new_tokens));
+  v.Add("--seed", std::to_string(a.seed));
+  v.Add("--tp", std::to_string(a.tp));
+  v.Add("--dtype", a.dtype);
+  v.Add("--train-steps", std::to_string(a.train_steps));
+  v.Add("--lr", fmt::format("{:.9g}", a.lr));
+  if (a.no_sp) v.Add("--no-sp");
+  return v.Take();
 }
 
 int Launch(const InferArgs& a, std::vector<std::string> argv, const std::string& link) {
@@ -492,11 +484,7 @@ void Conduct(const InferArgs& a) {
            {"ttft_speedup", r.ttft_ms > 0 ? base.ttft_ms / r.ttft_ms : 0.0},
            {"decode_speedup", base.decode_tps > 0 ? r.decode_tps / base.decode_tps : 0.0}});
     }
-    const std::string err = WriteOutputFile(a.json_path, j.dump(1) + "\n");
-    if (!err.empty()) {
-      fmt::print(stderr, "mc2 demo infer: cannot write --json {}: {}\n", a.json_path, err);
-      throw CLI::RuntimeError(kExitFailed);
-    }
+    WriteJsonOption(a.json_path, j, "mc2 demo infer");
   }
   if (!identical) throw CLI::RuntimeError(kExitFailed);
 }

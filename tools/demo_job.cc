@@ -1,19 +1,18 @@
 #include "demo_job.h"
 
+#include <fmt/format.h>
 #include <stdlib.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
 
-#include <fmt/format.h>
-
-#include <CLI/CLI.hpp>
-
 #include "launcher.h"
-#include "trace/trace_file.h"
 #include "mc2/error.h"
+#include "output_paths.h"
+#include "trace/trace_file.h"
 
 namespace mc2::tools {
 
@@ -136,6 +135,33 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   size_t m = v.size() / 2;
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+JobArgv::JobArgv(const char* mode, const std::string& results) : v_{SelfExe(), "demo"} {
+  if (mode) v_.push_back(mode);
+  v_.insert(v_.end(), {"--rank-job", "--results", results});
+}
+
+void JobArgv::Add(const char* flag, std::string value) {
+  v_.push_back(flag);
+  v_.push_back(std::move(value));
+}
+
+void JobArgv::Add(const char* flag) { v_.push_back(flag); }
+
+int WriteJobResults(const std::string& path, const nlohmann::json& results, const char* command) {
+  std::ofstream f(path);
+  f << results.dump(1) << "\n";
+  if (f) return 0;
+  fmt::print(stderr, "{}: cannot write {}\n", command, path);
+  return 1;
+}
+
+void WriteJsonOption(const std::string& path, const nlohmann::json& j, const char* command) {
+  const std::string err = WriteOutputFile(path, j.dump(1) + "\n");
+  if (err.empty()) return;
+  fmt::print(stderr, "{}: cannot write --json {}: {}\n", command, path, err);
+  throw CLI::RuntimeError(1);
 }
 
 }  // namespace mc2::tools

@@ -1,6 +1,7 @@
-// What `mc2 demo` and `mc2 demo infer` share: starting the demo's ranks as
-// one local job, reading the results the job leaves, the emulated link's
-// calibration and the median of a series.
+// What the modes of `mc2 demo` (training, infer, pp, cp, fsdp) share:
+// starting the demo's ranks as one local job (its argv), the results the
+// job leaves and the --json file, the emulated link's calibration and the
+// median of a series.
 #ifndef MC2_TOOLS_DEMO_JOB_H_
 #define MC2_TOOLS_DEMO_JOB_H_
 
@@ -84,6 +85,29 @@ double CommBytesPerRank(const trace::Report& r);
 std::string CalibrateLink(double comm_ratio, int n,
                           const std::function<LinkSample(const std::string&, const char*)>& measure,
                           const char* command);
+
+// The argv of a demo's rank job: this executable, "demo", the mode
+// (`mode` null: the training demo), "--rank-job", "--results RESULTS",
+// then what Add appends.
+class JobArgv {
+ public:
+  JobArgv(const char* mode, const std::string& results);
+  void Add(const char* flag, std::string value);
+  void Add(const char* flag);
+  std::vector<std::string> Take() { return std::move(v_); }
+
+ private:
+  std::vector<std::string> v_;
+};
+
+// Rank 0 of a rank job writes what it measured to `path` for the
+// conductor; on failure prints "COMMAND: cannot write PATH" and returns the
+// job's exit status 1 (0 on success).
+int WriteJobResults(const std::string& path, const nlohmann::json& results, const char* command);
+
+// --json FILE: writes `j` there; on failure prints "COMMAND: cannot write
+// --json FILE: WHY" and ends the command with exit status 1.
+void WriteJsonOption(const std::string& path, const nlohmann::json& j, const char* command);
 
 // The median (0 for none).
 double Median(std::vector<double> v);

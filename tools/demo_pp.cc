@@ -177,13 +177,9 @@ int RunRankJob(const PpArgs& a) {
   if (root) {
     const size_t message_bytes =
         static_cast<size_t>(a.batch / a.dp / a.micro_batches) * a.seq_len / a.tp * a.hidden * 4;
-    std::ofstream f(a.results);
-    f << json{{"ranks", world.size()}, {"message_bytes", message_bytes}, {"runs", runs}}.dump(1)
-      << "\n";
-    if (!f) {
-      fmt::print(stderr, "mc2 demo pp: cannot write {}\n", a.results);
-      return kExitFailed;
-    }
+    return WriteJobResults(
+        a.results, json{{"ranks", world.size()}, {"message_bytes", message_bytes}, {"runs", runs}},
+        "mc2 demo pp");
   }
   return 0;
 }
@@ -193,32 +189,28 @@ int RunRankJob(const PpArgs& a) {
 
 std::vector<std::string> RankArgv(const PpArgs& a, const std::string& schedules, int iters,
                                   int warmup, const std::string& out, const std::string& results) {
-  std::vector<std::string> v = {SelfExe(), "demo", "pp", "--rank-job", "--results", results};
-  auto add = [&v](const char* flag, std::string value) {
-    v.push_back(flag);
-    v.push_back(std::move(value));
-  };
-  add("--out", out);
-  add("--schedules", schedules);
-  add("--iters", std::to_string(iters));
-  add("--warmup", std::to_string(warmup));
-  add("--pp", std::to_string(a.pp));
-  add("--tp", std::to_string(a.tp));
-  add("--dp", std::to_string(a.dp));
-  add("--micro-batches", std::to_string(a.micro_batches));
-  add("--virtual-stages", std::to_string(a.virtual_stages));
-  add("--layers", std::to_string(a.layers));
-  add("--hidden", std::to_string(a.hidden));
-  add("--heads", std::to_string(a.heads));
-  add("--ffn", std::to_string(a.ffn));
-  add("--vocab", std::to_string(a.vocab));
-  add("--seq-len", std::to_string(a.seq_len));
-  add("--batch", std::to_string(a.batch));
-  add("--dtype", a.dtype);
-  add("--splits", std::to_string(a.splits));
-  add("--pipeline", a.pipeline);
-  add("--seed", std::to_string(a.seed));
-  return v;
+  JobArgv v("pp", results);
+  v.Add("--out", out);
+  v.Add("--schedules", schedules);
+  v.Add("--iters", std::to_string(iters));
+  v.Add("--warmup", std::to_string(warmup));
+  v.Add("--pp", std::to_string(a.pp));
+  v.Add("--tp", std::to_string(a.tp));
+  v.Add("--dp", std::to_string(a.dp));
+  v.Add("--micro-batches", std::to_string(a.micro_batches));
+  v.Add("--virtual-stages", std::to_string(a.virtual_stages));
+  v.Add("--layers", std::to_string(a.layers));
+  v.Add("--hidden", std::to_string(a.hidden));
+  v.Add("--heads", std::to_string(a.heads));
+  v.Add("--ffn", std::to_string(a.ffn));
+  v.Add("--vocab", std::to_string(a.vocab));
+  v.Add("--seq-len", std::to_string(a.seq_len));
+  v.Add("--batch", std::to_string(a.batch));
+  v.Add("--dtype", a.dtype);
+  v.Add("--splits", std::to_string(a.splits));
+  v.Add("--pipeline", a.pipeline);
+  v.Add("--seed", std::to_string(a.seed));
+  return v.Take();
 }
 
 // The field `f` of rank r in a timed step's gathered row.
@@ -436,11 +428,7 @@ void Conduct(const PpArgs& a) {
                            {"free_pct", r.b.Pct(r.b.free_ns)},
                            {"speedup", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0}});
     }
-    const std::string err = WriteOutputFile(a.json_path, j.dump(1) + "\n");
-    if (!err.empty()) {
-      fmt::print(stderr, "mc2 demo pp: cannot write --json {}: {}\n", a.json_path, err);
-      throw CLI::RuntimeError(kExitFailed);
-    }
+    WriteJsonOption(a.json_path, j, "mc2 demo pp");
   }
   if (!identical) throw CLI::RuntimeError(kExitFailed);
 }
