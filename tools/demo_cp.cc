@@ -445,29 +445,9 @@ void RegisterDemoCp(CLI::App& demo) {
       ->capture_default_str()
       ->check(CLI::Range(0, 100));
   cmd->add_option("--seed", a->seed, "Seed of the inputs")->capture_default_str();
-  cmd->add_option("--out", a->out,
-                  "Directory for traces, timelines and results: a new or empty one, or one an "
-                  "earlier `mc2 demo cp` wrote (only the files it writes are replaced)")
-      ->capture_default_str();
-  cmd->add_option("--json", a->json_path,
-                  "Also write the table to this JSON file (- for standard output)");
-  cmd->add_flag("--rank-job", a->rank_job)->group("");  // internal
-  cmd->add_option("--results", a->results)->group("");  // internal
-  cmd->callback([a] {
-    try {
-      if (a->rank_job) {
-        if (!Group::LaunchedByMc2()) Usage("--rank-job is internal to `mc2 demo cp`");
-        int status = RunRankJob(*a);
-        if (status != 0) throw CLI::RuntimeError(status);
-        return;
-      }
-      Conduct(*a);
-    } catch (const Error& e) {
-      const bool usage = e.code() == ErrorCode::kInvalidArgument;
-      fmt::print(stderr, "{}: {}\n", kCommand, usage ? e.message() : std::string(e.what()));
-      throw CLI::RuntimeError(usage ? kExitUsageDemo : kExitFailed);
-    }
-  });
+  AddDemoEntry(cmd, kCommand,
+               {&a->out, &a->json_path, &a->rank_job, &a->results, [a] { return RunRankJob(*a); },
+                [a] { Conduct(*a); }});
 }
 
 }  // namespace mc2::tools

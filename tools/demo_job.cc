@@ -11,6 +11,7 @@
 
 #include "launcher.h"
 #include "mc2/error.h"
+#include "mc2/group.h"
 #include "output_paths.h"
 #include "trace/trace_file.h"
 
@@ -162,6 +163,35 @@ void WriteJsonOption(const std::string& path, const nlohmann::json& j, const cha
   if (err.empty()) return;
   fmt::print(stderr, "{}: cannot write --json {}: {}\n", command, path, err);
   throw CLI::RuntimeError(1);
+}
+
+void AddDemoEntry(CLI::App* cmd, const char* command, DemoEntry e) {
+  cmd->add_option(
+         "--out", *e.out,
+         fmt::format("Directory for traces, timelines and results: a new or empty one, or one an "
+                     "earlier `{}` wrote (only the files it writes are replaced)",
+                     command))
+      ->capture_default_str();
+  cmd->add_option("--json", *e.json_path,
+                  "Also write the table to this JSON file (- for standard output)");
+  cmd->add_flag("--rank-job", *e.rank_job)->group("");  // internal
+  cmd->add_option("--results", *e.results)->group("");  // internal
+  cmd->callback([command, e] {
+    try {
+      if (*e.rank_job) {
+        if (!Group::LaunchedByMc2())
+          DemoUsage(command, fmt::format("--rank-job is internal to `{}`", command));
+        const int status = e.job();
+        if (status != 0) throw CLI::RuntimeError(status);
+        return;
+      }
+      e.conduct();
+    } catch (const Error& err) {
+      const bool usage = err.code() == ErrorCode::kInvalidArgument;
+      fmt::print(stderr, "{}: {}\n", command, usage ? err.message() : std::string(err.what()));
+      throw CLI::RuntimeError(usage ? kExitUsageDemo : 1);
+    }
+  });
 }
 
 }  // namespace mc2::tools

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <CLI/CLI.hpp>
+
 #include "trace/analysis.h"
 
 #include "mc2/fused_ops.h"
@@ -108,6 +110,24 @@ int WriteJobResults(const std::string& path, const nlohmann::json& results, cons
 // --json FILE: writes `j` there; on failure prints "COMMAND: cannot write
 // --json FILE: WHY" and ends the command with exit status 1.
 void WriteJsonOption(const std::string& path, const nlohmann::json& j, const char* command);
+
+// What every demo mode's command line ends with: --out DIR and --json FILE
+// (into `out` and `json_path`), the internal --rank-job and --results
+// (into `rank_job` and `results`), and the callback. Inside the mode's
+// rank job (only under `mc2 run`, else a usage error) the callback runs
+// `job` and ends the command with its status when not 0; otherwise it runs
+// `conduct`. An mc2::Error from either is printed as "COMMAND: ..." and
+// ends the command with kExitUsageDemo (invalid argument: the message
+// only) or 1.
+struct DemoEntry {
+  std::string* out;
+  std::string* json_path;
+  bool* rank_job;
+  std::string* results;
+  std::function<int()> job;
+  std::function<void()> conduct;
+};
+void AddDemoEntry(CLI::App* cmd, const char* command, DemoEntry entry);
 
 // The median (0 for none).
 double Median(std::vector<double> v);
