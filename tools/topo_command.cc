@@ -2,11 +2,11 @@
 // measurement of each level's link.
 //
 // Outside a job the command re-executes itself under the launcher with N
-// ranks (-n, default 2); inside one (`mc2 run -n N mc2 topo`, or every rank
-// of that launch) each rank describes itself -- host name, topology counts,
-// the CPUs its compute and progress threads may use -- and the records are
-// all-gathered over the public Group API, so the same code maps a world
-// that spans hosts. Rank 0 prints.
+// ranks (-n, default 2); inside one (`mc2 run -n N mc2 topo`, or a job of
+// mpirun / `mc2 run --hosts` across hosts) each rank describes itself --
+// host name, topology counts, the CPUs its compute and progress threads may
+// use -- and the records are all-gathered over the public Group API, so the
+// same code maps a world that spans hosts. Rank 0 prints.
 //
 // Link levels, from the ranks' compute CPUs: two ranks on different hosts
 // are "cross-host"; on one host, on different sockets "cross-socket", on
@@ -294,7 +294,9 @@ std::vector<std::string> SelfArgs() {
 }
 
 void Callback(const TopoArgs& args) {
-  if (Group::LaunchedByMc2()) {
+  // Inside a job: of `mc2 run`, or of mpirun / `mc2 run --hosts` (ranks on
+  // several hosts).
+  if (Group::LaunchedByMc2() || Group::LaunchedByMpi()) {
     try {
       RunRank(args);
     } catch (const Error& e) {

@@ -156,6 +156,14 @@ for r in 0 1 2 3; do
 done
 echo "send/recv: a receive from a silent rank across hosts timed out on every rank (${elapsed_ms} ms)"
 
+# mc2 topo inside an mpirun job: the map of both hosts, and the link
+# between them measured (not a local relaunch).
+timeout 60 mpirun "${margs[@]}" -np 4 -H ${name}h0:2,${name}h1:2 "$mc2" topo >"$work/topo.log" 2>&1 ||
+  { cat "$work/topo.log"; fail "mc2 topo failed across hosts"; }
+grep -q "^# 4 rank(s) on 2 host(s)" "$work/topo.log" && grep -qE "^ +cross-host +0-2 " "$work/topo.log" ||
+  { cat "$work/topo.log"; fail "mc2 topo did not map 2 hosts and measure the cross-host link"; }
+echo "topo: 4 ranks on 2 hosts mapped, cross-host link measured"
+
 # GradSync over hosts: each bucket's all-reduce hierarchical or flat
 # (measured, agreed across ranks, forced either way), every result bitwise
 # the per-tensor all-reduce's; on one host nothing spans levels.
