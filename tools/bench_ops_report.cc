@@ -125,7 +125,8 @@ void PrintHeader(const OpsConfig& cfg, const Results& res) {
     fmt::print("# emulated link: {}{}\n", res.link,
                cfg.link_auto ? " (--link auto: comm-only calibrated to compute-only)" : "");
   else
-    fmt::print("# raw shm (no emulation)\n");
+    // Shared memory inside a host; across hosts (an mpirun job) the real links.
+    fmt::print("# no link emulation\n");
   const Bounds& b = res.bounds;
   fmt::print(
       "# compute-only {:.2f} ms, comm-only {:.2f} ms, floor {:.2f} ms (medians of {} "

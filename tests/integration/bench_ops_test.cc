@@ -62,7 +62,7 @@ TEST_P(BenchOpsTest, EveryPipelineMatchesSerialAndColumnsExist) {
       {{"MC2_HEAP_BYTES", "64M"}}, 120);
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("# mc2 bench ops " + GetParam() + ": 3 ranks, dtype f32"));
-  EXPECT_THAT(r.out, HasSubstr("# raw shm (no emulation)"));
+  EXPECT_THAT(r.out, HasSubstr("# no link emulation"));
   EXPECT_THAT(r.out, HasSubstr("# compute-only "));
   EXPECT_THAT(r.out, HasSubstr("comm-only "));
   for (const char* col : {"pipeline", "splits", "time_ms", "floor_ms", "vs_floor", "overlap",
@@ -234,7 +234,9 @@ TEST(BenchOpsLink, LinkAutoCalibratesAgainstCompute) {
   for (const auto& row : DataRows(r.out)) {
     ASSERT_GE(row.size(), 11u) << r.out;
     std::optional<double> o = PrintedOverlap(row[6]);
-    if (o) EXPECT_LE(*o, 1.0) << r.out;
+    if (o) {
+      EXPECT_LE(*o, 1.0) << r.out;
+    }
   }
 }
 
