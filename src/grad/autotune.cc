@@ -5,13 +5,11 @@
 
 namespace mc2::grad {
 
-namespace {
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t m = v.size() / 2;
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
-}  // namespace
 
 Autotuner::Autotuner(std::vector<TuneCandidate> candidates, int warmup, int steps)
     : candidates_(std::move(candidates)), warmup_(warmup), steps_(steps) {}

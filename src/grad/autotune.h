@@ -25,6 +25,10 @@
 
 namespace mc2::grad {
 
+// The median of `v` (the mean of the two middle values for an even count;
+// v must not be empty).
+double Median(std::vector<double> v);
+
 struct TuneCandidate {
   size_t bucket_cap_bytes = 0;
   float threshold = 0;

@@ -1,22 +1,13 @@
 #include "grad/levels.h"
 
-#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
 
+#include "grad/autotune.h"
 #include "mc2/collectives.h"
 
 namespace mc2::grad {
-
-namespace {
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
 
 BucketReduction ChooseBucketReduction(const Group& g, void* data, size_t count, DType dtype,
                                       BucketAlgorithm policy) {
