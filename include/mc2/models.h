@@ -585,8 +585,8 @@ class RingAttention {
 // "Sharded data parallelism").
 //
 // The dense transformer of TransformerConfig (every block attention + the
-// SwiGLU MLP; no MoE, no tensor parallelism, f32) trained data-parallel
-// over a group of N ranks, each on config.batch / N sequences, with its
+// SwiGLU MLP; no MoE, f32; tensor parallelism with the ProcessGrid
+// constructor) trained data-parallel over a group of N ranks, each on config.batch / N sequences, with its
 // parameters, gradients and AdamW state sharded over the ranks. The model
 // is cut into units: the embedding, each block, and the head (final_norm
 // + lm_head); each unit's parameters are one flat buffer cut into N equal
@@ -657,6 +657,16 @@ class FsdpTransformer {
   // Collective over `dp` (it allocates the window).
   FsdpTransformer(const Group& dp, const TransformerConfig& config,
                   const FsdpOptions& options = {});
+  // FSDP over grid.dp with tensor parallelism over grid.tp (a MakeGrid(world,
+  // tp) grid; pp, cp and ep must be 1): each DP shard holds pieces of its
+  // TP rank's slices (the reference Transformer's at that tp), the
+  // all-gathers and reduce-scatters run over grid.dp, and the blocks are
+  // the TP transformer's (sequence parallel, AllGatherMatmul and
+  // MatmulReduceScatter over grid.tp with config.fused); each DP rank
+  // trains on config.batch / dp sequences. The same checks (ValidateConfig
+  // with grid.tp_size); collective over grid.world.
+  FsdpTransformer(const ProcessGrid& grid, const TransformerConfig& config,
+                  const FsdpOptions& options = {});
   ~FsdpTransformer();
   FsdpTransformer(const FsdpTransformer&) = delete;
   FsdpTransformer& operator=(const FsdpTransformer&) = delete;
@@ -665,7 +675,8 @@ class FsdpTransformer {
   // and spans included).
   FsdpStepStats TrainStep(int step);
   // Collective: the whole model, tensor by tensor (name, row-major values),
-  // in the order of Transformer::Parameters at tp = 1.
+  // in the order of Transformer::Parameters at tp = 1 (with TP: this TP
+  // rank's tensors, as Transformer::Parameters at that tp holds them).
   std::vector<std::pair<std::string, std::vector<float>>> GatherParameters();
   FsdpMemory memory() const;
   const FsdpOptions& options() const;
