@@ -25,8 +25,11 @@
 # that is already up. mc2 bench and mpi_coll_bench run under mpirun with the
 # box's options; Open MPI runs twice, with its default collectives and with
 # its hierarchical han component (--mca coll_han_priority 100; out of
-# place only: 4.1's han crashes on MPI_IN_PLACE). Per size it
-# adds han's time and ratios and the bound the shaped rate sets on any
+# place only: 4.1's han crashes on MPI_IN_PLACE), and a third time with
+# its TCP transport as shipped (one connection per pair of processes,
+# btl_tcp_links 1, where the box's options set 2: see docs/cluster.md,
+# "Full duplex"). Per size it adds han's and the shipped transport's times
+# and ratios and the bound the shaped rate sets on any
 # implementation (the bytes the busiest host link must carry each way,
 # full duplex, at RATE: all_reduce 2(H-1)/H x S, all_gather and
 # reduce_scatter (H-1)/H x S, all_to_all L(H-1)/H x S, broadcast and reduce
@@ -129,6 +132,11 @@ make_output_dir "$keep" compare
 if [[ -n $box ]]; then
   box_up "$box_name" "$box_subnet" "$box_hosts" "$rate" "$delay"
   mpirun_args=("${box_margs[@]}" -np "$nranks" -H "$(box_hostlist "$box_ranks")")
+  mpi1_args=()
+  for ((i = 0; i < ${#mpirun_args[@]}; i++)); do
+    mpi1_args+=("${mpirun_args[i]}")
+    [[ ${mpirun_args[i]} == btl_tcp_links ]] && { mpi1_args+=(1); ((i++)) || true; }
+  done
 fi
 han_args=(--mca coll_han_priority 100)
 
@@ -164,6 +172,12 @@ run_han() {  # collective rep: Open MPI with its hierarchical collectives, --box
     --json "$out/han_$1_$2.json" >"$out/han_$1_$2.txt" 2>"$out/han_$1_$2.err" ||
     failed "mpi_coll_bench $1 (han)" "$out/han_$1_$2"
 }
+run_mpi1() {  # collective rep: Open MPI's TCP as shipped (one link), --box only
+  [[ -n $box ]] || return 0
+  mpirun "${mpi1_args[@]}" "$mpib" "$1" "${sweep[@]}" \
+    --json "$out/mpi1_$1_$2.json" >"$out/mpi1_$1_$2.txt" 2>"$out/mpi1_$1_$2.err" ||
+    failed "mpi_coll_bench $1 (one link)" "$out/mpi1_$1_$2"
+}
 run_mpi() {
   mpirun "${mpirun_args[@]}" "$mpib" "$1" "${sweep[@]}" \
     --json "$out/mpi_$1_$2.json" >"$out/mpi_$1_$2.txt" 2>"$out/mpi_$1_$2.err" ||
@@ -193,11 +207,11 @@ for c in "${colls[@]}"; do
     progress '\r[compare] %s: repetition %d/%d ' "$c" "$r" "$reps"
     # Alternate which side goes first so that slow drift hits both equally.
     if (( r % 2 )); then
-      run_mc2 "$c" "$r"; run_mpi "$c" "$r"; run_han "$c" "$r"
+      run_mc2 "$c" "$r"; run_mpi "$c" "$r"; run_han "$c" "$r"; run_mpi1 "$c" "$r"
       (( mpich )) && run_mpich "$c" "$r"; run_floor "$c" "$r"
     else
       run_floor "$c" "$r"; (( mpich )) && run_mpich "$c" "$r"
-      run_han "$c" "$r"; run_mpi "$c" "$r"; run_mc2 "$c" "$r"
+      run_mpi1 "$c" "$r"; run_han "$c" "$r"; run_mpi "$c" "$r"; run_mc2 "$c" "$r"
     fi
   done
   progress '\r%40s\r' ''
@@ -214,6 +228,7 @@ mc2, mpi = load("mc2"), load("mpi")
 mpich = load("mpich") if with_mpich else None
 floors = load("floor") if with_floor else None
 han = load("han") if box_spec else None
+mpi1 = load("mpi1") if box_spec else None
 
 def rate_bytes_per_s(spec):
     # tc's rate units: bit, kbit, mbit, gbit, tbit (powers of 1000), their
@@ -292,9 +307,11 @@ extra += f"  {'floor us':>9} {'mc2/fl':>6} {'MPI/fl':>6}" if with_floor else ""
 if han:
     print(f"# box {box_spec} ({box_name}), rate {rate_spec}{', delay ' + delay_spec if delay_spec else ''}; "
           f"han = Open MPI with coll_han_priority 100; r/han = han time / mc2 time; "
+          f"1link = Open MPI with btl_tcp_links 1 (as shipped); r/1l = its time / mc2 time; "
           f"bound = {BOUND_TEXT.get(coll, 'none stated')} (H hosts, L ranks per host, "
           f"payload bytes each way, full duplex); mc2/bd = mc2 time / bound")
-    extra += f"  {'han us':>10} {'r/han':>6} {'paired':>6}  {'bound us':>10} {'mc2/bd':>6} {'MPI/bd':>6}"
+    extra += (f"  {'han us':>10} {'r/han':>6} {'paired':>6}  {'1link us':>10} {'r/1l':>6} "
+              f"{'paired':>6}  {'bound us':>10} {'mc2/bd':>6} {'MPI/bd':>6}")
 print(f"# {'size':>10}  {'mc2 us':>9} {'MPI us':>9} {'mc2 bw':>7} {'MPI bw':>7} {'ratio':>6}"
       f" {'paired':>6}  {'mc2 bw':>7} {'MPI bw':>7} {'ratio':>6}  mc2 algo{extra}")
 best_ratios = []
@@ -327,8 +344,11 @@ for i, size in enumerate(sizes):
     if han:
         ht = med(han, i, "out_of_place", "time_us")
         rh, rhp = ratio(ht, mt), paired(mc2, han, i, "out_of_place")
+        ot = med(mpi1, i, "out_of_place", "time_us")
+        ro, rop = ratio(ot, mt), paired(mc2, mpi1, i, "out_of_place")
         bd = bound_us(size)
-        extra += (f"  {f(ht, '10.1f')} {f(rh, '6.2f')} {f(rhp, '6.2f')}  {f(bd, '10.1f')} "
+        extra += (f"  {f(ht, '10.1f')} {f(rh, '6.2f')} {f(rhp, '6.2f')}  {f(ot, '10.1f')} "
+                  f"{f(ro, '6.2f')} {f(rop, '6.2f')}  {f(bd, '10.1f')} "
                   f"{f(ratio(mt, bd), '6.2f')} {f(ratio(pt, bd), '6.2f')}")
     print(f"  {size:>10}  {f(mt, '9.2f')} {f(pt, '9.2f')} {f(mb, '7.2f')} {f(pb, '7.2f')} "
           f"{f(rb, '6.2f')} {f(rp, '6.2f')}  {f(mbi, '7.2f')} {f(pbi, '7.2f')} {f(rbi, '6.2f')}  {algo}{extra}")
@@ -343,6 +363,8 @@ for i, size in enumerate(sizes):
                                  "max_ratio": ratio(pt, fl)})
     if han:
         summary_rows[-1].update({"han_us": ht, "han_ratio": rh, "han_paired": rhp,
+                                 "mpi_one_link_us": ot, "one_link_ratio": ro,
+                                 "one_link_paired": rop,
                                  "bound_us": bd, "mc2_over_bound": ratio(mt, bd),
                                  "mpi_over_bound": ratio(pt, bd)})
 lt_m, lt_p = med(mc2, 0, "out_of_place", "time_us"), med(mpi, 0, "out_of_place", "time_us")
@@ -370,7 +392,9 @@ if han:
             return f(pick(vals), ".2f") if vals else "N/A"
         print(f"# sizes >= 16 MiB: slowest mc2/MPI {worst('ratio', min)} (paired "
               f"{worst('paired', min)}), slowest mc2/han {worst('han_ratio', min)} (paired "
-              f"{worst('han_paired', min)}), largest mc2/bound {worst('mc2_over_bound', max)}")
+              f"{worst('han_paired', min)}), slowest mc2/one-link MPI {worst('one_link_ratio', min)} "
+              f"(paired {worst('one_link_paired', min)}), largest mc2/bound "
+              f"{worst('mc2_over_bound', max)}, largest MPI/bound {worst('mpi_over_bound', max)}")
 summary = {"collective": coll, "ranks": mc2[0]["ranks"], "dtype": mc2[0]["dtype"],
            "buffers": mc2[0]["buffers"], "iters": mc2[0]["iters"], "reps": reps, "stat": stat,
            "mpich": with_mpich, "rows": summary_rows}
@@ -381,6 +405,7 @@ if box_spec:
                       "links": "real TCP over veth pairs shaped by tc tbf (scripts/cluster.sh), "
                                "not emulated",
                       "han": "--mca coll_han_priority 100",
+                      "one_link": "--mca btl_tcp_links 1 (Open MPI's TCP as shipped)",
                       "bound": BOUND_TEXT.get(coll)}
 with open(f"{out}/summary_{coll}.json", "w") as fh:
     json.dump(summary, fh, indent=1)

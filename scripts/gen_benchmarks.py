@@ -117,10 +117,14 @@ def headline(results, refs):
                 if coll.get("collective") == "all_reduce" and row.get("size") == HEADLINE_SIZE \
                         and coll.get("box"):
                     rows.append([f"all_reduce {size_text(HEADLINE_SIZE)} across hosts, "
-                                 f"{coll.get('ranks')} ranks: mc2 / Open MPI, mc2 / Open MPI han, "
-                                 f"time / bound", f"{num(row.get('ratio'))}x (paired "
+                                 f"{coll.get('ranks')} ranks: mc2 / Open MPI, mc2 / Open MPI han"
+                                 + (", mc2 / Open MPI one link" if row.get("one_link_ratio")
+                                    else "") + ", time / bound",
+                                 f"{num(row.get('ratio'))}x (paired "
                                  f"{num(row.get('paired'))}x), {num(row.get('han_ratio'))}x, "
-                                 f"{num(row.get('mc2_over_bound'))}", link_text(r), ref])
+                                 + (f"{num(row.get('one_link_ratio'))}x, "
+                                    if row.get("one_link_ratio") else "")
+                                 + f"{num(row.get('mc2_over_bound'))}", link_text(r), ref])
                 elif coll.get("collective") == "all_reduce" and row.get("size") == HEADLINE_SIZE:
                     bound = (f"; at most {num(row['max_ratio'])}x possible (MPI / floor)"
                              if row.get("max_ratio") else "")
@@ -282,16 +286,28 @@ def compare_section(results, refs):
                      num(row.get("ratio")), num(row.get("paired")), num(row.get("ratio_in_place")),
                      row.get("mc2_algo", "")] for row in coll.get("rows", [])]
             if box:
-                header += [("han us", True), ("mc2 / han", True), ("han paired", True),
-                           ("bound us", True), ("mc2 / bound", True), ("MPI / bound", True)]
+                one_link = any("one_link_ratio" in row for row in coll.get("rows", []))
+                header += [("han us", True), ("mc2 / han", True), ("han paired", True)]
+                if one_link:
+                    header += [("1-link us", True), ("mc2 / 1-link", True), ("1-link paired", True)]
+                header += [("bound us", True), ("mc2 / bound", True), ("MPI / bound", True)]
                 for cells, row in zip(rows, coll.get("rows", [])):
                     cells += [num(row.get("han_us"), ".1f"), num(row.get("han_ratio")),
-                              num(row.get("han_paired")), num(row.get("bound_us"), ".1f"),
+                              num(row.get("han_paired"))]
+                    if one_link:
+                        cells += [num(row.get("mpi_one_link_us"), ".1f"),
+                                  num(row.get("one_link_ratio")), num(row.get("one_link_paired"))]
+                    cells += [num(row.get("bound_us"), ".1f"),
                               num(row.get("mc2_over_bound")), num(row.get("mpi_over_bound"))]
                 out[-1:-1] = [f"Every host link shaped to {box.get('rate')} each way (tc tbf "
                               "on veth pairs, scripts/cluster.sh); Open MPI han = Open MPI with "
                               f"`{box.get('han')}`, out of place; mc2 / han = han time / mc2 "
-                              f"time; bound = {box.get('bound') or 'none stated'}: the payload "
+                              "time; "
+                              + ("1-link = Open MPI with its TCP transport as shipped (one "
+                                 "connection per pair of processes, where the box's options "
+                                 "set two; docs/cluster.md), mc2 / 1-link = its time / mc2 "
+                                 "time; " if one_link else "")
+                              + f"bound = {box.get('bound') or 'none stated'}: the payload "
                               "bytes the busiest host link carries each way, full duplex, at the "
                               "shaped rate (H hosts, L ranks per host, S = size)."]
             if any("floor_us" in row for row in coll.get("rows", [])):

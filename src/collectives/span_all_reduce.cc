@@ -28,6 +28,7 @@
 // same reductions as without chunks: the result is the same bits.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "collectives/span_algorithms.h"
@@ -46,11 +47,15 @@ struct Chunk {
   size_t off = 0, len = 0;
   std::vector<size_t> counts, displs;
   std::vector<char> part;
-  Work node;  // the node step in flight (reduce-scatter, then all-gather)
+  std::vector<char> in;  // the other hosts' partials of this rank's piece
+  Work node;             // the node step in flight (reduce-scatter, then all-gather)
+  std::optional<SpanXfer> rs, ag;  // the exchanges across hosts
 };
 
 // Waits for every chunk's node step, also when the algorithm fails half
-// way: they write into the chunks' buffers. Errors are the caller's.
+// way: they write into the chunks' buffers. Errors are the caller's. (A
+// failed exchange across hosts fails the whole job, whose receives the MPI
+// engine cancels.)
 struct NodeSteps {
   std::vector<Chunk>& chunks;
   ~NodeSteps() {
@@ -97,48 +102,64 @@ void HierarchicalAllReduce(SpanGroup& s, const CollArgs& a, Deadline deadline) {
       std::memcpy(k.part.data(), send, k.part.size());
     }
   };
+  // 2. Across hosts, among the ranks of local index j: the reduce-scatter
+  // exchange of a chunk is posted while the previous chunk's all-gather
+  // exchange is in flight, so the link does not drain between them.
+  const int me = s.my_host;
+  auto shard = [&](const Chunk& k, int h, size_t* off, size_t* len) {
+    Share(k.counts[j], hosts, h, off, len);
+  };
+  auto post_reduce_scatter = [&](Chunk& k) {
+    size_t soff, slen;
+    shard(k, me, &soff, &slen);
+    k.in.resize(static_cast<size_t>(hosts) * slen * e);
+    for (int h = 0; h < hosts; ++h) {
+      if (h == me) continue;
+      size_t poff, plen;
+      shard(k, h, &poff, &plen);
+      k.rs->Recv(s.hosts[h][j], kTagReduceScatter, k.in.data() + h * slen * e, slen * e);
+      k.rs->Send(s.hosts[h][j], kTagReduceScatter, k.part.data() + poff * e, plen * e);
+    }
+  };
+  auto reduce_and_post_all_gather = [&](Chunk& k) {
+    size_t soff, slen;
+    shard(k, me, &soff, &slen);
+    char* mine = k.part.data() + soff * e;
+    std::vector<const void*> srcs(hosts);
+    for (int h = 0; h < hosts; ++h) srcs[h] = h == me ? mine : k.in.data() + h * slen * e;
+    SpanReduceBlocks(a, n, mine, srcs, slen);
+    for (int h = 0; h < hosts; ++h) {
+      if (h == me) continue;
+      size_t poff, plen;
+      shard(k, h, &poff, &plen);
+      k.ag->Recv(s.hosts[h][j], kTagAllGather, k.part.data() + poff * e, plen * e);
+      k.ag->Send(s.hosts[h][j], kTagAllGather, mine, slen * e);
+    }
+  };
+  for (Chunk& k : chunks) {
+    k.rs.emplace(s, deadline, "all_reduce");
+    k.ag.emplace(s, deadline, "all_reduce");
+  }
   reduce_in_node(chunks[0]);
-  SpanXfer x(s, deadline, "all_reduce");
+  chunks[0].node.Wait();
+  post_reduce_scatter(chunks[0]);
+  if (chunks.size() > 1) reduce_in_node(chunks[1]);
   for (size_t c = 0; c < chunks.size(); ++c) {
     Chunk& k = chunks[c];
-    k.node.Wait();
-    if (c + 1 < chunks.size()) reduce_in_node(chunks[c + 1]);
-    // 2. Across hosts, among the ranks of local index j.
-    const size_t len = k.counts[j];
-    char* part = k.part.data();
-    size_t soff, slen;
-    Share(len, hosts, s.my_host, &soff, &slen);
-    std::vector<char> in(static_cast<size_t>(hosts) * slen * e);
-    std::vector<const void*> srcs(hosts);
-    for (int h = 0; h < hosts; ++h) {
-      if (h == s.my_host) {
-        srcs[h] = part + soff * e;
-        continue;
-      }
-      const int peer = s.hosts[h][j];
-      size_t poff, plen;
-      Share(len, hosts, h, &poff, &plen);
-      srcs[h] = in.data() + h * slen * e;
-      x.Recv(peer, kTagReduceScatter, in.data() + h * slen * e, slen * e);
-      x.Send(peer, kTagReduceScatter, part + poff * e, plen * e);
+    k.rs->WaitAll();
+    reduce_and_post_all_gather(k);
+    if (c + 1 < chunks.size()) {
+      chunks[c + 1].node.Wait();
+      post_reduce_scatter(chunks[c + 1]);
+      if (c + 2 < chunks.size()) reduce_in_node(chunks[c + 2]);
     }
-    x.WaitAll();
-    SpanReduceBlocks(a, n, part + soff * e, srcs, slen);
-    for (int h = 0; h < hosts; ++h) {
-      if (h == s.my_host) continue;
-      const int peer = s.hosts[h][j];
-      size_t poff, plen;
-      Share(len, hosts, h, &poff, &plen);
-      x.Recv(peer, kTagAllGather, part + poff * e, plen * e);
-      x.Send(peer, kTagAllGather, part + soff * e, slen * e);
-    }
-    x.WaitAll();
+    k.ag->WaitAll();
     // 3. Every shard of the chunk to every rank of the host.
     char* recv = static_cast<char*>(a.recv) + k.off * e;
     if (local > 1) {
-      k.node = AllGatherV(node, part, recv, k.counts, k.displs, a.dtype, background);
-    } else if (len) {
-      std::memcpy(recv, part, len * e);
+      k.node = AllGatherV(node, k.part.data(), recv, k.counts, k.displs, a.dtype, background);
+    } else if (!k.part.empty()) {
+      std::memcpy(recv, k.part.data(), k.part.size());
     }
   }
   for (Chunk& k : chunks) k.node.Wait();
