@@ -53,9 +53,11 @@ using AlgorithmFn = void (*)(OpContext&, const CollArgs&);
 // k % 2, publishes, waits for every member, then calls consume(k, half_off)
 // where half_off is the area-relative offset of half k % 2 (use g->Ptr(peer,
 // half_off) to read a peer's staged data). Halves are reused two rounds later
-// only after every peer has moved past them.
+// only after every peer has moved past them. stage returns the bytes the
+// peers will read of what it staged, summed over the readers: the payload
+// of the round's publish (what link emulation charges).
 void RunStagedRounds(OpContext& ctx, int stream, size_t rounds,
-                     const std::function<void(size_t k, char* my_half)>& stage,
+                     const std::function<size_t(size_t k, char* my_half)>& stage,
                      const std::function<void(size_t k, uint64_t half_off)>& consume);
 
 inline size_t CeilDiv(size_t a, size_t b) { return b == 0 ? 0 : (a + b - 1) / b; }
@@ -98,6 +100,11 @@ void RegisterMoreAlgorithms(AlgorithmTable& table);
 // fingerprint checks. DirectInlineBytes: what each rank would stage.
 bool DirectInline(const CollArgs& a, int n);
 size_t DirectInlineBytes(const CollArgs& a, int n);
+// The bytes rank `me`'s peers read of its data in a direct (or eager) call,
+// summed over the readers: what its egress port carries on a network, where
+// every reader gets its own copy. Under link emulation a direct call
+// publishes this as the payload of the flag that makes the data readable.
+size_t DirectPeerBytes(const CollArgs& a, int n, int me);
 void DirectAllReduce(OpContext&, const CollArgs&);
 void DirectReduce(OpContext&, const CollArgs&);
 void DirectBroadcast(OpContext&, const CollArgs&);

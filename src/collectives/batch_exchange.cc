@@ -17,6 +17,8 @@
 //   is again the only synchronisation;
 // - larger: after the arrival, in windows of one scratch half
 //   (RunStagedRounds: one more handshake per window).
+// Under link emulation the flag that makes a part of the stream readable (the
+// arrival, or a window's step) carries the bytes the peers read of it.
 // Every reader publishes done at the end; a rank never exposes its user
 // buffers, so it does not wait for readers (its stream is rewritten only
 // after the peers' done, or after their next arrival).
@@ -82,6 +84,31 @@ void Consume(GroupImpl* g, const BatchPlan& p, size_t w0, size_t w1, PeerFn&& pe
   }
 }
 
+// The bytes of [w0, w1) of this rank's stream that its peers read, summed
+// over the readers: what link emulation charges for the window (each reader
+// gets its own copy on a network).
+size_t PeerBytes(const BatchPlan& p, size_t w0, size_t w1, int me, int n) {
+  size_t sum = 0;
+  const size_t peers = static_cast<size_t>(n - 1);
+  for (const BatchItem& it : p.items) {
+    if (it.send == nullptr || it.contrib == 0) continue;
+    const size_t a = std::max(w0, it.offset), b = std::min(w1, it.offset + it.contrib);
+    if (a >= b) continue;
+    if (it.kind != BatchKind::kReduceScatter) {
+      sum += peers * (b - a);  // all-reduce, all-gather, the broadcast root
+      continue;
+    }
+    // Reduce-scatter: peer r reads block r; this rank's own block stays.
+    const size_t block = it.count * it.esize;
+    const size_t own_lo = it.offset + static_cast<size_t>(me) * block;
+    const size_t own = std::min(b, own_lo + block) > std::max(a, own_lo)
+                           ? std::min(b, own_lo + block) - std::max(a, own_lo)
+                           : 0;
+    sum += (b - a) - own;
+  }
+  return sum;
+}
+
 // This rank's own part of the outputs that no peer supplies: its
 // all-gather block and a broadcast root's copy (not in place).
 void CopyOwn(const GroupImpl* g, const BatchPlan& p) {
@@ -104,7 +131,7 @@ void RunBatchExchange(OpContext& ctx, const BatchPlan& p, const internal::Finger
   if (p.total <= GroupImpl::kInlineBytes) {
     const uint64_t off = g->InlineOff(ctx.seq);
     Pack(p, 0, p.total, g->Ptr(me, off));
-    g->Arrive(ctx, fp, nullptr, 0, nullptr, 0);
+    g->Arrive(ctx, fp, nullptr, 0, nullptr, 0, PeerBytes(p, 0, p.total, me, g->size()));
     CopyOwn(g, p);
     Consume(g, p, 0, p.total, [&](int r) { return static_cast<const char*>(g->Ptr(r, off)); });
     return FinishOperation(ctx, false);
@@ -116,7 +143,7 @@ void RunBatchExchange(OpContext& ctx, const BatchPlan& p, const internal::Finger
       for (int r = 0; r < g->size(); ++r)
         if (r != me) g->WaitFlag(ctx, r, GroupImpl::kDoneOff, ctx.seq - 1);
     Pack(p, 0, p.total, g->Ptr(me, scratch));
-    g->Arrive(ctx, fp, nullptr, 0, nullptr, 0);
+    g->Arrive(ctx, fp, nullptr, 0, nullptr, 0, PeerBytes(p, 0, p.total, me, g->size()));
     CopyOwn(g, p);
     Consume(g, p, 0, p.total, [&](int r) { return static_cast<const char*>(g->Ptr(r, scratch)); });
     return FinishOperation(ctx, false);
@@ -128,7 +155,11 @@ void RunBatchExchange(OpContext& ctx, const BatchPlan& p, const internal::Finger
   CheckSteps(ctx, rounds, 1, "batch");
   RunStagedRounds(
       ctx, 0, rounds,
-      [&](size_t k, char* half) { Pack(p, k * w, std::min(p.total, (k + 1) * w), half); },
+      [&](size_t k, char* half) {
+        const size_t w0 = k * w, w1 = std::min(p.total, (k + 1) * w);
+        Pack(p, w0, w1, half);
+        return PeerBytes(p, w0, w1, me, g->size());
+      },
       [&](size_t k, uint64_t half_off) {
         Consume(g, p, k * w, std::min(p.total, (k + 1) * w),
                 [&](int r) { return static_cast<const char*>(g->Ptr(r, half_off)); });

@@ -176,8 +176,14 @@ void RunBody(OpContext& ctx, const CollArgs& a, const Plan& p) {
       t[p.n + r] = a.send_displs[r];
     }
   }
+  // A direct call's data is readable from the arrival on when it was
+  // staged inline or is exposed in place: the arrival carries it (the staged
+  // rounds charge the rest; other algorithms charge their own steps).
+  const size_t arrival_payload = p.algo == Algorithm::kDirect && (inline_stage || exposed)
+                                     ? DirectPeerBytes(a, p.n, g->rank())
+                                     : 0;
   g->Arrive(ctx, p.fp, exposed ? p.expose_send : nullptr, p.expose_bytes, p.expose_recv,
-            a.recv_bytes);
+            a.recv_bytes, arrival_payload);
   p.fn(ctx, a);
 }
 

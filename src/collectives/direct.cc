@@ -11,6 +11,12 @@
 // rank reads (N-1) S for all_reduce (latency-optimal, bandwidth-heavy), S
 // per block for the gathers. Reductions use core::ReduceTree over all N
 // contributions, the canonical deterministic order.
+//
+// Link emulation charges each rank what its peers read of its data
+// (DirectPeerBytes; (N-1) S for all_reduce and all-gather, one block per
+// peer for all-to-all), on the flag that makes that data readable: the
+// arrival when it is staged inline or exposed in place, else each staged
+// round's flag.
 #include <algorithm>
 #include <cstring>
 
@@ -70,6 +76,32 @@ size_t DirectInlineBytes(const CollArgs& a, int n) {
   }
 }
 
+size_t DirectPeerBytes(const CollArgs& a, int n, int me) {
+  if (n <= 1) return 0;
+  const size_t peers = static_cast<size_t>(n - 1);
+  const bool root = me == a.root;
+  auto others = [&](const std::vector<size_t>& counts) {
+    size_t sum = 0;
+    for (int r = 0; r < n; ++r)
+      if (r != me) sum += counts[r];
+    return sum * a.esize;
+  };
+  switch (a.kind) {
+    case OpKind::kAllReduce: return peers * a.count * a.esize;
+    case OpKind::kReduce: return root ? 0 : a.count * a.esize;
+    case OpKind::kBroadcast:
+    case OpKind::kScatter: return root ? peers * a.count * a.esize : 0;
+    case OpKind::kAllGather:
+    case OpKind::kAllGatherV: return peers * a.counts[me] * a.esize;
+    case OpKind::kGather: return root ? 0 : a.counts[me] * a.esize;
+    case OpKind::kReduceScatter:
+    case OpKind::kReduceScatterV: return others(a.counts);
+    case OpKind::kAllToAll:
+    case OpKind::kAllToAllV: return others(a.send_counts);
+    default: return 0;
+  }
+}
+
 bool DirectInline(const CollArgs& a, int n) {
   // Kept small: the inline copy sits on the latency path of every rank.
   return DirectInlineBytes(a, n) * static_cast<size_t>(n) <= GroupImpl::kInlineBytes;
@@ -92,10 +124,11 @@ void DirectAllReduce(OpContext& ctx, const CollArgs& a) {
   size_t w = PartElems(ctx, a.esize, 1, "direct");
   RunStagedRounds(
       ctx, 0, CeilDiv(a.count, w),
-      [&](size_t k, char* half) {
-        if (ctx.send_off[g->rank()] != kPrivate) return;
+      [&](size_t k, char* half) -> size_t {
+        if (ctx.send_off[g->rank()] != kPrivate) return 0;  // charged at arrival
         size_t n = std::min(w, a.count - k * w);
         core::CopyBytes(half, a.send + k * w * a.esize, n * a.esize);
+        return static_cast<size_t>(g->size() - 1) * n * a.esize;
       },
       [&](size_t k, uint64_t half_off) {
         size_t n = std::min(w, a.count - k * w);
@@ -123,10 +156,11 @@ void DirectReduce(OpContext& ctx, const CollArgs& a) {
   size_t w = PartElems(ctx, a.esize, 1, "direct");
   RunStagedRounds(
       ctx, 0, CeilDiv(a.count, w),
-      [&](size_t k, char* half) {
-        if (ctx.send_off[g->rank()] != kPrivate) return;
+      [&](size_t k, char* half) -> size_t {
+        if (ctx.send_off[g->rank()] != kPrivate) return 0;  // charged at arrival
         size_t n = std::min(w, a.count - k * w);
         core::CopyBytes(half, a.send + k * w * a.esize, n * a.esize);
+        return root ? 0 : n * a.esize;
       },
       [&](size_t k, uint64_t half_off) {
         if (!root) return;
@@ -151,10 +185,11 @@ void DirectBroadcast(OpContext& ctx, const CollArgs& a) {
   size_t w = PartElems(ctx, a.esize, 1, "direct");
   RunStagedRounds(
       ctx, 0, CeilDiv(a.count, w),
-      [&](size_t k, char* half) {
-        if (!root) return;
+      [&](size_t k, char* half) -> size_t {
+        if (!root) return 0;
         size_t n = std::min(w, a.count - k * w);
         core::CopyBytes(half, a.send + k * w * a.esize, n * a.esize);
+        return static_cast<size_t>(g->size() - 1) * n * a.esize;
       },
       [&](size_t k, uint64_t half_off) {
         if (root) return;
@@ -190,10 +225,12 @@ static void GatherBlocks(OpContext& ctx, const CollArgs& a, bool collect) {
   size_t w = PartElems(ctx, a.esize, 1, "direct");
   RunStagedRounds(
       ctx, 0, CeilDiv(maxc, w),
-      [&](size_t k, char* half) {
-        if (exposed || k * w >= a.counts[me]) return;
+      [&](size_t k, char* half) -> size_t {
+        if (exposed || k * w >= a.counts[me]) return 0;  // exposed: charged at arrival
         size_t m = std::min(w, a.counts[me] - k * w);
         core::CopyBytes(half, mine + k * w * a.esize, m * a.esize);
+        if (a.kind == OpKind::kGather) return me == a.root ? 0 : m * a.esize;
+        return static_cast<size_t>(n - 1) * m * a.esize;
       },
       [&](size_t k, uint64_t half_off) {
         if (!collect) return;
@@ -231,12 +268,13 @@ void DirectScatter(OpContext& ctx, const CollArgs& a) {
   size_t w = PartElems(ctx, a.esize, n, "direct");
   RunStagedRounds(
       ctx, 0, CeilDiv(a.count, w),
-      [&](size_t k, char* half) {
-        if (!root) return;
+      [&](size_t k, char* half) -> size_t {
+        if (!root) return 0;
         size_t m = std::min(w, a.count - k * w);
         for (int r = 0; r < n; ++r)
           core::CopyBytes(half + r * w * a.esize, a.send + (r * a.count + k * w) * a.esize,
                       m * a.esize);
+        return static_cast<size_t>(n - 1) * m * a.esize;
       },
       [&](size_t k, uint64_t half_off) {
         if (root) return;
@@ -269,14 +307,17 @@ void DirectReduceScatterV(OpContext& ctx, const CollArgs& a) {
   size_t w = PartElems(ctx, a.esize, n, "direct");
   RunStagedRounds(
       ctx, 0, CeilDiv(maxc, w),
-      [&](size_t k, char* half) {
-        if (exposed) return;
+      [&](size_t k, char* half) -> size_t {
+        if (exposed) return 0;  // charged at arrival
+        size_t peers_read = 0;
         for (int r = 0; r < n; ++r) {
           if (k * w >= a.counts[r]) continue;
           size_t m = std::min(w, a.counts[r] - k * w);
           core::CopyBytes(half + r * w * a.esize, a.send + (a.displs[r] + k * w) * a.esize,
                       m * a.esize);
+          if (r != me) peers_read += m * a.esize;
         }
+        return peers_read;
       },
       [&](size_t k, uint64_t half_off) {
         if (k * w >= a.counts[me]) return;
@@ -321,14 +362,17 @@ void DirectAllToAllV(OpContext& ctx, const CollArgs& a) {
   if (AllSend(ctx)) w = maxc;
   RunStagedRounds(
       ctx, 0, rounds,
-      [&](size_t k, char* half) {
-        if (exposed) return;
+      [&](size_t k, char* half) -> size_t {
+        if (exposed) return 0;  // charged at arrival
+        size_t peers_read = 0;
         for (int r = 0; r < n; ++r) {
           if (r == me || k * w >= a.send_counts[r]) continue;
           size_t m = std::min(w, a.send_counts[r] - k * w);
           core::CopyBytes(half + r * w * a.esize, a.send + (a.send_displs[r] + k * w) * a.esize,
                       m * a.esize);
+          peers_read += m * a.esize;
         }
+        return peers_read;
       },
       [&](size_t k, uint64_t half_off) {
         for (int r = 0; r < n; ++r) {

@@ -50,16 +50,17 @@ size_t EagerStagedBytes(const CollArgs& a, int n) {
 namespace {
 
 // Stages `mine_bytes` from `src` where the peers read this rank's data of an
-// eager call whose largest stage is `stage_bytes`, and publishes the arrival.
+// eager call whose largest stage is `stage_bytes`, and publishes the arrival,
+// which carries `peer_bytes` (DirectPeerBytes) under link emulation.
 void StageAndPublish(OpContext& ctx, const internal::Fingerprint& fp, size_t stage_bytes,
-                     const void* src, size_t mine_bytes) {
+                     const void* src, size_t mine_bytes, size_t peer_bytes) {
   GroupImpl* g = ctx.g;
   g->AwaitReuse(ctx);
   // memcpy with a null pointer is undefined even for 0 bytes (empty calls).
   if (mine_bytes)
     std::memcpy(g->Ptr(g->rank(), g->StageOff(ctx.seq, stage_bytes)), src, mine_bytes);
   // The flag orders the data.
-  g->PublishArrival(ctx, fp, stage_bytes);
+  g->PublishArrival(ctx, fp, stage_bytes, peer_bytes);
   // The next call is most likely this one again: its lines, as staged now.
   g->PrepareNextSlot(ctx, GroupImpl::StagesInArriveLine(stage_bytes) ? 0 : mine_bytes);
   if (g->StagesInArriveSlot(stage_bytes)) {
@@ -145,7 +146,7 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
   const bool gathers =
       a.kind == OpKind::kAllGather || a.kind == OpKind::kAllGatherV || a.kind == OpKind::kGather;
   StageAndPublish(ctx, fp, stage_bytes, gathers && a.in_place ? a.recv + a.displs[me] * e : a.send,
-                  mine_bytes);
+                  mine_bytes, DirectPeerBytes(a, n, me));
 
   switch (a.kind) {
     case OpKind::kBarrier:
@@ -214,7 +215,8 @@ void RunEager(OpContext& ctx, const CollArgs& a, const internal::Fingerprint& fp
 void RunEagerAllReduce(OpContext& ctx, const void* send, void* recv, size_t count, DType dtype,
                        ReduceOp op, const internal::Fingerprint& fp) {
   const size_t bytes = count * DTypeSize(dtype);
-  StageAndPublish(ctx, fp, bytes, send, bytes);
+  StageAndPublish(ctx, fp, bytes, send, bytes,
+                  static_cast<size_t>(ctx.g->size() - 1) * bytes);
   ReduceStages(ctx, fp, bytes, 0, recv, count, dtype, op);
   ctx.g->FinishReads(ctx);
 }

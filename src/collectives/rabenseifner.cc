@@ -19,7 +19,9 @@
 // shared-memory node every rank reaches every other, so both phases take a
 // single step. Cost per rank: reads S (phase 1) + S(N-1)/N (phase 2), writes
 // S/N + S(N-1)/N; two flag rounds per window. Bandwidth-optimal, hence the
-// default for large messages.
+// default for large messages. Link emulation charges each rank what it sends
+// on a network: S(N-1)/N in phase 1 (a chunk to each peer) and S(N-1)/N in
+// phase 2 (its reduced chunk to each of N-1 peers), 2 S(N-1)/N in all.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -95,7 +97,8 @@ void RabenseifnerAllReduce(OpContext& ctx, const CollArgs& a) {
       core::ReduceTree(a.dtype, a.op, mine, srcs.data(), n, m, n,
                        recv_sym ? core::ResultUse::kPeers : core::ResultUse::kLocal);
     if (!recv_sym && m) core::StreamBytes(g->Ptr(me, half) + result_at, mine, m * e);
-    PublishStep(ctx, 1, k + 1, m * e);
+    // N-1 peers read it: each gets its own copy over this rank's port.
+    PublishStep(ctx, 1, k + 1, static_cast<size_t>(n - 1) * m * e);
     WaitAll(ctx, 1, k + 1);
 
     // Phase 2: gather the other chunks from their owners.

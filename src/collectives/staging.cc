@@ -40,7 +40,7 @@ void PublishStep(OpContext& ctx, int stream, uint64_t step, size_t payload) {
 }
 
 void RunStagedRounds(OpContext& ctx, int stream, size_t rounds,
-                     const std::function<void(size_t k, char* my_half)>& stage,
+                     const std::function<size_t(size_t k, char* my_half)>& stage,
                      const std::function<void(size_t k, uint64_t half_off)>& consume) {
   GroupImpl* g = ctx.g;
   for (size_t k = 0; k < rounds; ++k) {
@@ -48,8 +48,8 @@ void RunStagedRounds(OpContext& ctx, int stream, size_t rounds,
     // k - 1 has finished consuming round k - 2.
     if (k >= 2) WaitAll(ctx, stream, k);
     uint64_t half_off = g->ScratchOff(static_cast<int>(k % 2));
-    stage(k, g->Ptr(g->rank(), half_off));
-    PublishStep(ctx, stream, k + 1);
+    const size_t payload = stage(k, g->Ptr(g->rank(), half_off));
+    PublishStep(ctx, stream, k + 1, payload);
     WaitAll(ctx, stream, k + 1);
     consume(k, half_off);
   }

@@ -317,13 +317,14 @@ void GroupImpl::RunSync(const char* name, std::function<void(OpContext&)> body) 
 }
 
 void GroupImpl::Arrive(OpContext& ctx, const Fingerprint& fp, const void* send,
-                       size_t send_bytes, const void* recv, size_t recv_bytes) {
+                       size_t send_bytes, const void* recv, size_t recv_bytes,
+                       size_t payload) {
   AwaitReuse(ctx);
   auto* slot = reinterpret_cast<ArrivalSlot*>(Ptr(rank_, ArriveOff(ctx.seq)));
   slot->fp = fp;
   slot->send_off = send ? HeapOffset(send, send_bytes) : kPrivate;
   slot->recv_off = recv ? HeapOffset(recv, recv_bytes) : kPrivate;
-  Publish(ArriveOff(ctx.seq), ctx.seq);
+  Publish(ArriveOff(ctx.seq), ctx.seq, payload);
 
   arrival_offsets_.assign(2 * size_, kPrivate);
   ctx.send_off = std::span<uint64_t>(arrival_offsets_.data(), size_);
@@ -365,14 +366,15 @@ void GroupImpl::AwaitPeersDone(OpContext& ctx) {
   peers_done_through_ = std::max(peers_done_through_, std::min(through, ctx.seq - 1));
 }
 
-void GroupImpl::PublishArrival(OpContext& ctx, const Fingerprint& fp, size_t stage_bytes) {
+void GroupImpl::PublishArrival(OpContext& ctx, const Fingerprint& fp, size_t stage_bytes,
+                               size_t payload) {
   auto* slot = reinterpret_cast<ArrivalSlot*>(Ptr(rank_, ArriveOff(ctx.seq)));
   slot->fp = fp;
   if (!StagesInArriveLine(stage_bytes)) {
     slot->send_off = kPrivate;
     slot->recv_off = kPrivate;
   }
-  Publish(ArriveOff(ctx.seq), ctx.seq);
+  Publish(ArriveOff(ctx.seq), ctx.seq, payload);
 }
 
 void GroupImpl::PrepareNextSlot(const OpContext& ctx, size_t staged_bytes) const {

@@ -189,8 +189,12 @@ class GroupImpl : public ControlArea, public std::enable_shared_from_this<GroupI
 
   // Publishes this rank's fingerprint and buffer offsets and waits for every
   // member's; throws kMismatch (on every rank) if fingerprints differ.
+  // `payload`: the bytes the peers read from this rank (summed over the
+  // readers) once it has arrived -- its staged or exposed data; under link
+  // emulation the arrival is visible only when they would have come over
+  // this rank's port (docs/link-emulation.md).
   void Arrive(OpContext& ctx, const Fingerprint& fp, const void* send, size_t send_bytes,
-              const void* recv, size_t recv_bytes);
+              const void* recv, size_t recv_bytes, size_t payload = 0);
   // Zero-copy reads of peers' user buffers end with FinishReads (publish
   // done=seq) and WaitReadersDone (wait for every member's done >= seq).
   void FinishReads(OpContext& ctx);
@@ -208,8 +212,10 @@ class GroupImpl : public ControlArea, public std::enable_shared_from_this<GroupI
   }
   // Fingerprint of operation ctx.seq published in its arrive slot with no
   // buffer offsets, for eager operations (after AwaitReuse and staging;
-  // `stage_bytes` as for StageOff: a stage in the arrive line is kept).
-  void PublishArrival(OpContext& ctx, const Fingerprint& fp, size_t stage_bytes);
+  // `stage_bytes` as for StageOff: a stage in the arrive line is kept;
+  // `payload` as for Arrive).
+  void PublishArrival(OpContext& ctx, const Fingerprint& fp, size_t stage_bytes,
+                      size_t payload = 0);
   // Asks for this rank's arrive line and first `staged_bytes` (up to
   // kPrepareBytes) of the stage (StageOff) of operation ctx.seq + 1 in exclusive
   // state, for eager operations once their arrival is out. A peer read

@@ -127,7 +127,7 @@ void Transformer::Impl::AttentionSublayerBackward(size_t l, float* dxio) {
                     params[P.norm1].g);
     for (size_t i = 0; i < s * h; ++i) dxio[i] += dx1[i];
   }
-  sync.IssuePendingThen(1 + 2 * static_cast<int>(l));
+  EndSublayerBackward(1 + 2 * static_cast<int>(l));
 }
 
 }  // namespace mc2::models

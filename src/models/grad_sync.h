@@ -8,7 +8,9 @@
 // NEXT sublayer's fused operators have been issued (IssuePendingThen): the
 // progress thread runs tasks in order, so an all-reduce issued earlier
 // would hold back their collectives; issued after, it travels under the
-// next sublayer's compute. The replicated tensors are marked last.
+// next sublayer's compute (data parallel only, with no such collectives,
+// each sublayer marks its own at its end: Transformer::Impl::
+// EndSublayerBackward). The replicated tensors are marked last.
 #ifndef MC2_MODELS_GRAD_SYNC_H_
 #define MC2_MODELS_GRAD_SYNC_H_
 

@@ -248,7 +248,8 @@ double CrossEntropy(const float* logits, const int32_t* targets, size_t rows, si
   return total;
 }
 
-void AdamW(float* w, const float* g, float* m, float* v, size_t n, int step, float lr,
+void AdamW(float* __restrict w, const float* __restrict g, float* __restrict m,
+           float* __restrict v, size_t n, int step, float lr,
            float beta1, float beta2, float eps, float weight_decay) {
   const float c1 = 1.0f - std::pow(beta1, static_cast<float>(step));
   const float c2 = 1.0f - std::pow(beta2, static_cast<float>(step));

@@ -86,7 +86,8 @@ double CrossEntropy(const float* logits, const int32_t* targets, size_t rows, si
 // transposes every projection weight once per optimizer step).
 void Transpose(const float* in, size_t rows, size_t cols, float* out);
 
-// One AdamW step (step >= 1, bias-corrected) over n elements.
+// One AdamW step (step >= 1, bias-corrected) over n elements. The four
+// arrays must not overlap (the loop is vectorized on that promise).
 void AdamW(float* w, const float* g, float* m, float* v, size_t n, int step, float lr,
            float beta1, float beta2, float eps, float weight_decay);
 

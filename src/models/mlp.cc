@@ -70,7 +70,7 @@ void Transformer::Impl::MlpBackward(size_t l, const float* dxio) {
   }
   // Issued after this sublayer's operators (see grad_sync.h): the previous
   // sublayer's gradients travel under the next sublayer's compute.
-  sync.IssuePendingThen(2 + 2 * static_cast<int>(l));
+  EndSublayerBackward(2 + 2 * static_cast<int>(l));
 }
 
 }  // namespace mc2::models

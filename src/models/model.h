@@ -72,6 +72,17 @@ struct Transformer::Impl {
   // A weight gradient of the sublayer above, deferred to run under the
   // transfers of the next sublayer's first dgrad operator (see Backward).
   std::function<void()> deferred_wgrad;
+  // Whether the backward runs collectives of its own (TP's fused operators,
+  // CP's ring attention, MoE's exchanges, pipeline stages): then a
+  // sublayer's last wgrad is deferred under the next sublayer's transfers
+  // and its bucket is marked after them (grad_sync.h). Without any (data
+  // parallel only) there is nothing to hide a wgrad under or to hold back.
+  bool backward_collectives = true;
+  // The end of a sublayer's backward: marks the gradients of the previous
+  // sublayer (backward_collectives), else runs this sublayer's deferred
+  // wgrad now and marks its own `bucket` at once, a sublayer earlier, so
+  // that more of the data-parallel all-reduce hides under backward.
+  void EndSublayerBackward(int bucket);
   std::function<void()> TakeDeferred() {
     std::function<void()> f = std::move(deferred_wgrad);
     deferred_wgrad = nullptr;

@@ -39,7 +39,9 @@
 // experts' gradients (summed over grid.edp, the ranks holding the same
 // experts). The TP-replicated tensors (embedding, norms, LM head, MoE
 // routers; their gradients are partial sums over the sequence shards) are
-// all-reduced over the whole world at the end.
+// all-reduced over the whole world at the end. Data parallel only, the
+// backward runs no collectives of its own: each sublayer then runs all its
+// wgrads and marks its own gradients at its end (EndSublayerBackward).
 //
 // The code, by concern: dims.h (sizes), parameters.h (tensors, GEMM copies,
 // AdamW), grad_sync.h (gradient all-reduces), parallel_linear.h (the TP
@@ -82,6 +84,8 @@ Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c, const 
       acts(dims),
       rope(static_cast<size_t>(cfg.seq_len), dims.d, cfg.rope_base) {
   ring = MakeRings();
+  backward_collectives =
+      grid.tp_size > 1 || grid.cp_size > 1 || grid.pp_size > 1 || dims.n_moe > 0;
   loss.local.assign(1 + 2 * dims.E * dims.n_moe, 0.0);
   loss.total = loss.local;
   block_fwd_s.assign(dims.L, 0.0);
@@ -245,6 +249,12 @@ void Transformer::Impl::ChunkBackward(const float* dy, float* dx_in) {
     }
   }
   if (deferred_wgrad) TakeDeferred()();  // (block 0 defers nothing)
+}
+
+void Transformer::Impl::EndSublayerBackward(int bucket) {
+  if (backward_collectives) return sync.IssuePendingThen(bucket);
+  if (deferred_wgrad) TakeDeferred()();
+  sync.Issue(bucket);
 }
 
 void Transformer::Impl::Backward() {
