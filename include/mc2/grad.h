@@ -351,7 +351,9 @@ class GradSync {
 // separately, as GradSync does per parameter (empty: the whole buffer is
 // one part). Every rank passes the same count, options and segments.
 // Bad arguments throw kInvalidArgument from the constructor, before any
-// communication. The constructor is collective over g for kF16 and kBF16
+// communication; so do kPowerSgd (it needs the parameters' shapes and keeps
+// each one's Q across steps) and kAuto (it measures whole steps): GradSync
+// only. The constructor is collective over g for kF16 and kBF16
 // (their exchange buffers are allocated in g's symmetric heap).
 // Invariants: data and residual stay valid, and data untouched, from Start
 // until Finish. Thread safety: one thread at a time, the one that issues
