@@ -19,8 +19,9 @@
 //                                [--json FILE]
 //     Trains the reference transformer (DP = n, TP = 1) for --steps steps
 //     from the same weights once per compression scheme (LIST: names of
-//     mc2::ParseCompression, top-k as topk@RATIO; every scheme exchanges its
-//     first W steps uncompressed: CompressionOptions::warmup_steps) and prints the
+//     mc2::ParseCompression, top-k as topk@RATIO, PowerSGD as powersgd@RANK;
+//     every scheme exchanges its first W steps uncompressed:
+//     CompressionOptions::warmup_steps) and prints the
 //     loss every 10 steps, the mean loss of the last 10 steps and its
 //     difference from the uncompressed run.
 //
@@ -377,6 +378,9 @@ int Train(const Args& a) {
     if (!parsed) Usage(("unknown scheme " + name).c_str());
     c.grad_compression.scheme = *parsed;
     c.grad_compression.topk_ratio = ratio;
+    if (*parsed == mc2::Compression::kPowerSgd)  // powersgd@RANK (default rank 1)
+      c.grad_compression.powersgd_rank = name.find('@') != std::string::npos
+                                             ? static_cast<int>(ratio) : 1;
     c.grad_compression.warmup_steps = a.warmup;
     std::vector<double> losses;
     const auto t0 = Clock::now();

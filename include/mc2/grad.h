@@ -88,8 +88,10 @@ enum class Compression : uint8_t {
   kThreshold,  // sparse: |g| >= threshold
   kTopK,       // sparse: the largest topk_ratio of each bucket
   kAuto,       // auto_scheme when measured steps show it pays, else kNone
+  kPowerSgd,   // low rank: P and Q of M ~ P Q^T (parameters registered as matrices)
 };
-// "none", "f16", "bf16", "threshold", "topk", "auto"; Parse is the inverse.
+// "none", "f16", "bf16", "threshold", "topk", "auto", "powersgd"; Parse is
+// the inverse.
 const char* CompressionName(Compression c);
 std::optional<Compression> ParseCompression(std::string_view name);
 
@@ -101,14 +103,27 @@ struct CompressionOptions {
   // kTopK: the fraction of each parameter's elements sent, in (0, 1]; at
   // least one element per parameter.
   double topk_ratio = 0.01;
-  // kThreshold and kTopK: keep what was not sent and add it next step.
+  // kPowerSgd: the rank r of the approximation M ~ P Q^T of each parameter
+  // registered as a rows x cols matrix, >= 1 (the default is PyTorch's
+  // PowerSGD hook's). A matrix is compressed at rank min(r, rows, cols) when
+  // that moves fewer values than the matrix (r (rows + cols) < rows cols);
+  // the other parameters (vectors, small or thin matrices) are all-reduced
+  // exactly, in the same exchange.
+  int powersgd_rank = 1;
+  // kPowerSgd: Q starts from values drawn from this seed and the
+  // parameter's id (the same on every rank), then each step starts from the
+  // last step's Q (warm start) unless powersgd_warm_start is off.
+  uint64_t powersgd_seed = 0;
+  bool powersgd_warm_start = true;
+  // kThreshold, kTopK and kPowerSgd: keep what was not sent and add it next
+  // step.
   bool error_feedback = true;
   // The first warmup_steps synchronised steps are exchanged uncompressed
   // (as Deep Gradient Compression warms up): the early gradients, large and
   // changing fast, are the ones compression hurts most.
   int warmup_steps = 0;
   // kAuto: the lossy scheme measured against the dense all-reduce (kF16,
-  // kBF16, kThreshold or kTopK, with the options above). After the first
+  // kBF16, kThreshold, kTopK or kPowerSgd, with the options above). After the first
   // synchronised step (and the warm-up steps above), the dense exchange
   // and then auto_scheme each run auto_warmup_steps untimed and auto_steps
   // timed steps (step time as the autotuner measures it, with its clock:
@@ -211,6 +226,14 @@ struct GradSyncOptions {
   // Off by default: the caps above are used as given.
   AutotuneOptions autotune = {};
   BucketAlgorithm bucket_algorithm = BucketAlgorithm::kAuto;
+  // Buckets of at most fuse_bucket_bytes that can start at the same time
+  // (several become ready at one MarkReady, at the tail of backward, or in
+  // Finish) and that are all-reduced uncompressed on the same group run as
+  // one Batch exchange (mc2/batch.h): one synchronisation instead of one
+  // per bucket. Results are those of the separate all-reduces (bitwise in
+  // deterministic mode). Off: every bucket is its own all-reduce.
+  bool fuse_buckets = true;
+  size_t fuse_bucket_bytes = size_t{1} << 20;
 };
 
 // What the last synchronised step moved. Bytes are those one rank
@@ -219,6 +242,7 @@ struct GradSyncOptions {
 // all-gather of B bytes per rank (N-1)/N B and (N-1) B.
 struct GradSyncStats {
   int buckets = 0;            // exchanged (groups of one rank exchange nothing)
+  int fused_exchanges = 0;    // Batch exchanges that ran several buckets' all-reduces
   size_t dense_bytes = 0;     // the uncompressed all-reduce of those buckets
   size_t wire_bytes = 0;      // what the chosen scheme moved instead
   size_t sent_elements = 0;   // elements this rank contributed (sparse: pairs)
@@ -244,6 +268,10 @@ class GradSync {
   // f16, bf16; compression: f32 only) reduced over group `group`; returns
   // its id (0, 1, ...). Names must be unique. Before Finalize only.
   int Register(std::string name, size_t count, DType dtype, int group = 0);
+  // As above, for a parameter that is a rows x cols matrix (row-major,
+  // rows x cols elements): kPowerSgd compresses it (see powersgd_rank).
+  // rows x cols overflowing throws kInvalidArgument.
+  int Register(std::string name, size_t rows, size_t cols, DType dtype, int group = 0);
   // Collective over the main group (and, for the buckets' storage, each
   // added group): checks that every rank registered the same parameters
   // (kMismatch naming the first difference, on every rank), lays out the
@@ -323,7 +351,9 @@ class GradSync {
 // separately, as GradSync does per parameter (empty: the whole buffer is
 // one part). Every rank passes the same count, options and segments.
 // Bad arguments throw kInvalidArgument from the constructor, before any
-// communication. The constructor is collective over g for kF16 and kBF16
+// communication; so do kPowerSgd (it needs the parameters' shapes and keeps
+// each one's Q across steps) and kAuto (it measures whole steps): GradSync
+// only. The constructor is collective over g for kF16 and kBF16
 // (their exchange buffers are allocated in g's symmetric heap).
 // Invariants: data and residual stay valid, and data untouched, from Start
 // until Finish. Thread safety: one thread at a time, the one that issues

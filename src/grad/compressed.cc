@@ -34,6 +34,11 @@ class CompressedAllReduce::Impl {
     if (c.scheme == Compression::kThreshold && !(c.threshold >= 0 && std::isfinite(c.threshold))) {
       Invalid("the threshold must be finite and >= 0, got " + std::to_string(c.threshold));
     }
+    if (c.scheme == Compression::kPowerSgd || c.scheme == Compression::kAuto) {
+      Invalid(std::string("scheme ") + CompressionName(c.scheme) +
+              " is for GradSync only (powersgd needs the parameters' shapes and keeps "
+              "state across steps; auto measures whole steps)");
+    }
     if (c.scheme == Compression::kTopK && !(c.topk_ratio > 0 && c.topk_ratio <= 1)) {
       Invalid("topk_ratio must be in (0, 1], got " + std::to_string(c.topk_ratio));
     }

@@ -17,7 +17,8 @@ bool Sparse(Compression c) { return c == Compression::kThreshold || c == Compres
 }  // namespace
 
 BucketExchange::BucketExchange(const Group& g, void* data, size_t count, DType dtype,
-                               std::vector<size_t> starts, const GradSyncOptions& options)
+                               std::vector<size_t> starts, const GradSyncOptions& options,
+                               std::vector<MatrixShape> shapes)
     : g_(g), data_(data), count_(count), dtype_(dtype), starts_(std::move(starts)), opt_(options) {
   n_ranks_ = g.size();
   rank_ = g.rank();
@@ -54,6 +55,7 @@ BucketExchange::BucketExchange(const Group& g, void* data, size_t count, DType d
     if (opt_.compression.error_feedback) residual_.assign(count_, 0.0f);
     counts_.assign(static_cast<size_t>(n_ranks_), 0);
   }
+  if (c == Compression::kPowerSgd) InitLowRank(std::move(shapes));
 }
 
 void BucketExchange::Start(GradSyncStats* stats, bool compress) {
@@ -77,9 +79,24 @@ void BucketExchange::Start(GradSyncStats* stats, bool compress) {
   }
   if (Sparse(c)) {
     StartSparse(stats);
+  } else if (c == Compression::kPowerSgd) {
+    StartLowRank(stats);
   } else {
     StartCast(stats);
   }
+}
+
+void BucketExchange::StartJoined(GradSyncStats* stats, const Work& work) {
+  scheme_ = Compression::kNone;
+  const size_t N = static_cast<size_t>(n_ranks_);
+  const size_t b = 2 * (N - 1) * count_ * DTypeSize(dtype_) / N;
+  ++stats->buckets;
+  stats->dense_bytes += b;
+  stats->wire_bytes += b;
+  stats->sent_elements += count_;
+  started_ = true;
+  stats_ = stats;
+  work_ = work;
 }
 
 void BucketExchange::StartCast(GradSyncStats* stats) {
@@ -125,6 +142,7 @@ void BucketExchange::StartSparse(GradSyncStats* stats) {
 void BucketExchange::Advance() {
   const Compression c = scheme_;
   if (c == Compression::kNone || c == Compression::kTopK) return;
+  if (c == Compression::kPowerSgd) return AdvanceLowRank();
   work_.Wait();
   const size_t N = static_cast<size_t>(n_ranks_);
   if (c == Compression::kThreshold) {
@@ -169,6 +187,7 @@ void BucketExchange::Complete() {
   const Compression c = scheme_;
   if (c == Compression::kNone) return;
   trace::Scope span("grad.decompress", trace::Category::kCompute);
+  if (c == Compression::kPowerSgd) return CompleteLowRank();
   float* out = static_cast<float*>(data_);
   if (c == Compression::kF16 || c == Compression::kBF16) {
     FromHalf(c == Compression::kBF16 ? DType::kBF16 : DType::kF16, gather16_, out, count_);

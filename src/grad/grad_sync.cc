@@ -15,42 +15,16 @@
 #include "grad/auto_compression.h"
 #include "grad/autotune.h"
 #include "grad/exchange.h"
+#include "grad/fuse.h"
 #include "grad/layout.h"
 #include "grad/levels.h"
+#include "mc2/batch.h"
 #include "mc2/collectives.h"
 #include "mc2/error.h"
 #include "mc2/grad.h"
 #include "mc2/trace.h"
 
 namespace mc2 {
-
-const char* CompressionName(Compression c) {
-  switch (c) {
-    case Compression::kNone:
-      return "none";
-    case Compression::kF16:
-      return "f16";
-    case Compression::kBF16:
-      return "bf16";
-    case Compression::kThreshold:
-      return "threshold";
-    case Compression::kTopK:
-      return "topk";
-    case Compression::kAuto:
-      return "auto";
-  }
-  return "?";
-}
-
-std::optional<Compression> ParseCompression(std::string_view name) {
-  for (Compression c : {Compression::kNone, Compression::kF16, Compression::kBF16,
-                        Compression::kThreshold, Compression::kTopK, Compression::kAuto}) {
-    if (name == CompressionName(c)) return c;
-  }
-  if (name == "fp16") return Compression::kF16;
-  if (name == "top-k" || name == "top_k") return Compression::kTopK;
-  return std::nullopt;
-}
 
 namespace {
 
@@ -119,6 +93,13 @@ class GradSync::Impl {
     if (c.scheme == Compression::kTopK && !(c.topk_ratio > 0 && c.topk_ratio <= 1)) {
       Invalid("topk_ratio must be in (0, 1], got " + std::to_string(c.topk_ratio));
     }
+    if (c.scheme == Compression::kPowerSgd && c.powersgd_rank < 1)
+      Invalid("powersgd_rank must be >= 1, got " + std::to_string(c.powersgd_rank));
+    if (static_cast<int>(c.scheme) > static_cast<int>(Compression::kPowerSgd))
+      Invalid("compression scheme " + std::to_string(static_cast<int>(c.scheme)) +
+              " is not a Compression");
+    if (o.fuse_buckets && o.fuse_bucket_bytes == 0)
+      Invalid("fuse_bucket_bytes must be > 0 (turn fusion off with fuse_buckets = false)");
     if (static_cast<int>(o.bucket_algorithm) > static_cast<int>(BucketAlgorithm::kFlat))
       Invalid("bucket_algorithm " + std::to_string(static_cast<int>(o.bucket_algorithm)) +
               " is not one of kAuto, kHierarchical, kFlat");
@@ -134,6 +115,16 @@ class GradSync::Impl {
     if (!g.valid()) Invalid("AddGroup: the group is invalid (this rank is not in it)");
     groups_.push_back(g);
     return static_cast<int>(groups_.size()) - 1;
+  }
+
+  int RegisterMatrix(std::string name, size_t rows, size_t cols, DType dtype, int group) {
+    if (cols != 0 && rows > SIZE_MAX / cols)
+      Invalid("parameter \"" + name + "\": " + std::to_string(rows) + " x " + std::to_string(cols) +
+              " elements overflow");
+    const int id = Register(std::move(name), rows * cols, dtype, group);
+    params_[id].rows = rows;
+    params_[id].cols = cols;
+    return id;
   }
 
   int Register(std::string name, size_t count, DType dtype, int group) {
@@ -193,9 +184,11 @@ class GradSync::Impl {
     ready_order_.push_back(p);
     if (!sync) return;
     --pending_[where_[p].first];
-    while (next_start_ < ex_.size() && pending_[next_start_] == 0) {
-      ex_[next_start_]->Start(&stats_, Compress());
-      ++next_start_;
+    while (next_start_ < ex_.size()) {
+      const size_t end = set_end_[next_start_];
+      for (size_t b = next_start_; b < end; ++b)
+        if (pending_[b] != 0) return;
+      StartSet(end);
     }
   }
 
@@ -211,10 +204,7 @@ class GradSync::Impl {
     trace::Scope span("grad_sync.finish", trace::Category::kWait);
     stats_.scheme = Compress() ? opt_.compression.scheme : Compression::kNone;
     try {
-      while (next_start_ < ex_.size()) {
-        ex_[next_start_]->Start(&stats_, Compress());
-        ++next_start_;
-      }
+      while (next_start_ < ex_.size()) StartSet(set_end_[next_start_]);
       for (auto& e : ex_) e->Advance();
       for (auto& e : ex_) e->Complete();
     } catch (...) {
@@ -332,6 +322,8 @@ class GradSync::Impl {
       h.Add(p.count);
       h.Add(static_cast<int>(p.dtype));
       h.Add(groups_[p.group].size());
+      h.Add(p.rows);
+      h.Add(p.cols);
       hashes.push_back(h.h);
       all.Add(h.h);
     }
@@ -346,6 +338,11 @@ class GradSync::Impl {
     o.Add(opt_.compression.topk_ratio);
     o.Add(opt_.compression.error_feedback);
     o.Add(opt_.compression.warmup_steps);
+    o.Add(opt_.compression.powersgd_rank);
+    o.Add(opt_.compression.powersgd_seed);
+    o.Add(opt_.compression.powersgd_warm_start);
+    o.Add(opt_.fuse_buckets);
+    o.Add(opt_.fuse_bucket_bytes);
     o.Add(auto_ != nullptr);
     o.Add(static_cast<int>(given_.compression.auto_scheme));
     o.Add(given_.compression.auto_warmup_steps);
@@ -435,8 +432,11 @@ class GradSync::Impl {
     for (size_t b = 0; b < plan.size(); ++b) {
       void* data = storage[plan[b].group].data + off[b];
       const Group& g = groups_[plan[b].group];
+      std::vector<grad::MatrixShape> shapes;
+      for (int p : plan[b].params)
+        shapes.push_back({params_[p].rows, params_[p].cols, static_cast<uint64_t>(p)});
       ex.push_back(std::make_unique<grad::BucketExchange>(g, data, plan[b].count, plan[b].dtype,
-                                                          plan[b].offsets, opt_));
+                                                          plan[b].offsets, opt_, std::move(shapes)));
       // On zeroed storage, before the values are carried over.
       reductions.push_back(grad::ChooseBucketReduction(g, data, plan[b].count, plan[b].dtype,
                                                        opt_.bucket_algorithm));
@@ -466,6 +466,8 @@ class GradSync::Impl {
           std::memcpy(to.data() + plan[nb].offsets[ns], from.data() + plan_[ob].offsets[os],
                       params_[p].count * sizeof(float));
         }
+        std::span<float> qa = ex_[ob]->low_rank_q(os), qb = ex[nb]->low_rank_q(ns);
+        if (!qa.empty() && qa.size() == qb.size()) std::copy(qa.begin(), qa.end(), qb.begin());
       }
     }
     // Every exchange on the old storage has completed (and its readers
@@ -543,7 +545,7 @@ class GradSync::Impl {
   void MakeAuto(const CompressionOptions& c) {
     if (c.auto_scheme == Compression::kNone || c.auto_scheme == Compression::kAuto)
       Invalid(std::string("compression.auto_scheme must be a lossy scheme (f16, bf16, threshold, "
-                          "topk), got ") +
+                          "topk, powersgd), got ") +
               CompressionName(c.auto_scheme));
     if (c.auto_warmup_steps < 0)
       Invalid("compression.auto_warmup_steps must be >= 0, got " +
@@ -653,7 +655,35 @@ class GradSync::Impl {
     last_end_ = Now();
   }
 
+  // Starts buckets [next_start_, end): one exchange each, or one Batch of
+  // their all-reduces when the set has several (grad/fuse.h).
+  void StartSet(size_t end) {
+    if (end - next_start_ == 1) {
+      ex_[next_start_++]->Start(&stats_, Compress());
+      return;
+    }
+    std::vector<BatchEntry> entries;
+    const ReduceOp op = opt_.average ? ReduceOp::kAvg : ReduceOp::kSum;
+    for (size_t b = next_start_; b < end; ++b) {
+      void* d = ex_[b]->data();
+      entries.push_back(BatchEntry::AllReduce(d, d, plan_[b].count, plan_[b].dtype, op));
+    }
+    CollectiveOptions co;
+    co.may_run_inline = false;
+    const Work w = Batch(groups_[plan_[next_start_].group], entries, co);
+    ++stats_.fused_exchanges;
+    for (; next_start_ < end; ++next_start_) ex_[next_start_]->StartJoined(&stats_, w);
+  }
+
   void ResetStep() {
+    std::vector<grad::FuseItem> items(plan_.size());
+    for (size_t b = 0; opt_.fuse_buckets && b < plan_.size(); ++b) {
+      const Group& g = groups_[plan_[b].group];
+      items[b] = {ex_[b]->Dense(Compress()) && g.size() > 1 && plan_[b].count > 0 &&
+                      !reductions_[b].spans_levels && (!opt_.deterministic || g.deterministic()),
+                  plan_[b].group, ex_[b]->bytes()};
+    }
+    set_end_ = grad::PlanFusion(items, opt_.fuse_bucket_bytes);
     std::fill(marked_.begin(), marked_.end(), 0);
     ready_order_.clear();
     pending_.assign(plan_.size(), 0);
@@ -688,6 +718,7 @@ class GradSync::Impl {
   std::vector<int> ready_order_;
   std::vector<int> pending_;  // unmarked parameters per bucket
   size_t next_start_ = 0;
+  std::vector<size_t> set_end_;  // per bucket: the end of its fused set
   GradSyncStats stats_, last_stats_;
 };
 
@@ -697,6 +728,9 @@ GradSync::~GradSync() = default;
 int GradSync::AddGroup(const Group& g) { return impl_->AddGroup(g); }
 int GradSync::Register(std::string name, size_t count, DType dtype, int group) {
   return impl_->Register(std::move(name), count, dtype, group);
+}
+int GradSync::Register(std::string name, size_t rows, size_t cols, DType dtype, int group) {
+  return impl_->RegisterMatrix(std::move(name), rows, cols, dtype, group);
 }
 void GradSync::Finalize() { impl_->Finalize(); }
 void* GradSync::Grad(int param) { return impl_->Grad(param); }

@@ -16,6 +16,7 @@ struct ParamInfo {
   size_t count = 0;
   DType dtype = DType::kF32;
   int group = 0;
+  size_t rows = 0, cols = 0;  // registered as a matrix (else 0 x 0)
 };
 
 // A bucket: parameters of one group and dtype, contiguous in this order.

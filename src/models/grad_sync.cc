@@ -51,11 +51,10 @@ DpSync::DpSync(const ProcessGrid& grid, ParamStore& params, const TransformerCon
   for (size_t pi = 0; pi < params.size(); ++pi) {
     const Param& p = params[static_cast<int>(pi)];
     const Sync s = params.buckets[p.bucket].sync;
-    const size_t n = p.rows * p.cols;
     if (s == Sync::kWorld) {
-      id_[pi] = world_->Register(p.name, n, DType::kF32);
+      id_[pi] = world_->Register(p.name, p.rows, p.cols, DType::kF32);
     } else {
-      id_[pi] = dp_->Register(p.name, n, DType::kF32, s == Sync::kExpert ? edp : dp);
+      id_[pi] = dp_->Register(p.name, p.rows, p.cols, DType::kF32, s == Sync::kExpert ? edp : dp);
     }
   }
   world_->Finalize();

@@ -179,10 +179,10 @@ TEST(GradCompression, TopKWithErrorFeedbackAcrossTheRebuild) {
 TEST(GradCompression, TheDefaultThresholdIsTheReferenceSystems) {
   EXPECT_EQ(CompressionOptions{}.threshold, 1e-6f);
   for (Compression c : {Compression::kNone, Compression::kF16, Compression::kBF16,
-                        Compression::kThreshold, Compression::kTopK}) {
+                        Compression::kThreshold, Compression::kTopK, Compression::kPowerSgd}) {
     EXPECT_EQ(ParseCompression(CompressionName(c)), c);
   }
-  EXPECT_FALSE(ParseCompression("powersgd").has_value());
+  EXPECT_FALSE(ParseCompression("lowrank").has_value());
 }
 
 // The merge of sparse lists equals the dense canonical sum, bit for bit,
