@@ -135,6 +135,13 @@ void RunCallback(const BenchArgs& a) {
       if (status != 0) throw CLI::RuntimeError(status);
       return;
     }
+    if (Group::LaunchedByMpi()) {  // an mpirun job, across hosts: both levels
+      if (a.nranks) Usage("-n goes with --tune outside a job (inside one: the job's ranks)");
+      if (!a.output.empty()) CheckOutput(a.output, "--output");
+      const int status = bench::RunTuneSpan(a.output);
+      if (status != 0) throw CLI::RuntimeError(status);
+      return;
+    }
     if (a.nranks == 1) Usage("-n 1 is invalid for --tune: expected 2 to 256 ranks");
     if (!a.output.empty()) CheckOutput(a.output, "--output");
     std::vector<int> counts = a.nranks ? std::vector<int>{a.nranks} : std::vector<int>{2, 4};
