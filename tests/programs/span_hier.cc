@@ -2,11 +2,16 @@
 // against the other and against a reference computed here, run as one job
 // under mpirun on the cluster in a box (tests/cluster/span_check.sh).
 //
-//   test_prog_span_hier LAYOUT     LAYOUT: what the job's hosts look like:
+//   test_prog_span_hier LAYOUT [table]
+//   LAYOUT: what the job's hosts look like:
 //     aligned    every host a contiguous power-of-two block (2x2)
 //     single     one rank per host (4x1)
 //     unaligned  neither (hosts of 2 and 1 ranks, or ranks dealt round
 //                robin over the hosts)
+//   table: MC2_TUNING_FILE names a table whose entries across hosts choose
+//     flat for all_gather and hierarchical for all_to_all (2 hosts of 2
+//     ranks): the defaults must follow it (an all_to_allv's choice ignores
+//     the table: its counts are known only to their rank).
 //
 // For all_gather(v), reduce_scatter(v), all_to_all(v) and broadcast, with
 // uneven and zero counts: the hierarchical and the flat algorithm
@@ -34,6 +39,7 @@ using mc2::Algorithm;
 
 int g_failures = 0;
 std::string g_layout;
+bool g_table = false;
 
 void Check(const std::string& name, bool ok, const std::string& detail) {
   if (!ok) {
@@ -107,7 +113,7 @@ void AllGatherCases(const mc2::Group& g, bool several) {
                                                      mc2::DType::kI32, {.algorithm = a});
           w.Wait();
           Check(name, got == want, "wrong blocks");
-          CheckAlgo(name, w, a, true, several);
+          CheckAlgo(name, w, a, true, several && !g_table);
         }
     }
 }
@@ -211,7 +217,7 @@ void AllToAllCases(const mc2::Group& g) {
                                                   mc2::DType::kI32, o);
         w.Wait();
         Check(name, got == want, "wrong blocks");
-        CheckAlgo(name, w, a, true, false);
+        CheckAlgo(name, w, a, true, g_table && shape == 0);
         if (shape == 0) {
           std::vector<int32_t> ip = in;
           mc2::AllToAll(g, ip.data(), ip.data(), base, mc2::DType::kI32, o).Wait();
@@ -244,12 +250,15 @@ void BroadcastCases(const mc2::Group& g) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2 || (std::string(argv[1]) != "aligned" && std::string(argv[1]) != "single" &&
-                    std::string(argv[1]) != "unaligned")) {
-    std::fprintf(stderr, "usage: %s aligned|single|unaligned\n", argv[0]);
+  if (argc < 2 || argc > 3 ||
+      (std::string(argv[1]) != "aligned" && std::string(argv[1]) != "single" &&
+       std::string(argv[1]) != "unaligned") ||
+      (argc == 3 && std::string(argv[2]) != "table")) {
+    std::fprintf(stderr, "usage: %s aligned|single|unaligned [table]\n", argv[0]);
     return 2;
   }
   g_layout = argv[1];
+  g_table = argc == 3;
   try {
     mc2::Group world = mc2::Group::FromEnv();
     const bool aligned = g_layout != "unaligned";
