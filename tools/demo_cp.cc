@@ -12,9 +12,8 @@
 //
 // Outside a job the command is the conductor: it checks the options,
 // optionally calibrates the emulated link (--link auto: the bandwidth at
-// which the non-overlapped ring's transfers take --comm-ratio times its
-// compute, so that one block's transfer takes about one block's compute
-// at the default 1), launches the job (re-executing itself with
+// which one block's transfer takes --comm-ratio times one block's compute,
+// about equal at the default 1), launches the job (re-executing itself with
 // --rank-job) and analyses the traces. Inside the job each rank runs both
 // variants in turn, round after round; rank 0 writes the results.
 #include <fmt/format.h>
@@ -221,10 +220,13 @@ std::vector<std::string> RankArgv(const CpArgs& a, const std::string& overlap, i
   return v.Take();
 }
 
-// The bandwidth at which the non-overlapped ring's transfers take
-// comm_ratio times its compute (two short traced runs, as `mc2 demo`
-// calibrates; the trace counts each block once as sent and once as
-// received, so n = 2 halves the bytes to those a rank's port sends).
+// The bandwidth at which one block's transfer takes comm_ratio times one
+// block's compute (the mean of the 2N blocks, N forward and N backward, a
+// rank computes), from two short traced non-overlapped runs, as `mc2 demo`
+// calibrates. The ring passes fewer blocks than it computes (N-1 forward,
+// 2N-3 backward), so the runs' bytes and transfer time are scaled to 2N
+// transfers; the trace counts each block once as sent and once as
+// received, so n = 2 halves the bytes to those a rank's port sends.
 std::string Calibrate(const CpArgs& a, const fs::path& out) {
   auto measure = [&](const std::string& link, const char* name) {
     trace::Report r = CalibrationRun(
@@ -237,17 +239,23 @@ std::string Calibrate(const CpArgs& a, const fs::path& out) {
           return status;
         });
     LinkSample m;
-    m.bytes = CommBytesPerRank(r);
+    const double recorded = CommBytesPerRank(r);
     for (const auto& st : r.steps) {
       m.compute_s += st.b.compute_ns * 1e-9;
       m.comm_s += st.b.comm_ns * 1e-9;
     }
-    if (m.compute_s <= 0 || m.bytes <= 0)
+    if (m.compute_s <= 0 || recorded <= 0)
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("{}: --link auto cannot calibrate: the run recorded {:.0f} bytes "
                               "per rank (one CP rank passes nothing: --cp 1); give a link "
                               "spec or none",
-                              kCommand, m.bytes));
+                              kCommand, recorded));
+    // One block: K and V of this rank's positions and heads.
+    const double block = 2.0 * (a.seq / a.cp) * a.batch * (a.heads / a.tp) * a.head_dim *
+                         static_cast<double>(sizeof(float));
+    const double per_block = 2.0 * (2.0 * a.cp) * block;  // 2N blocks, sent and received
+    m.comm_s *= per_block / recorded;
+    m.bytes = per_block;
     return m;
   };
   return tools::CalibrateLink(a.comm_ratio, 2, measure, kCommand);
@@ -303,8 +311,7 @@ void Conduct(const CpArgs& a) {
   RemoveOwnOutputs(out.string(), OwnOutputs());
   const int nranks = a.cp * a.tp;
   const DemoLink dl = ResolveLink(
-      a.link, [&] { return Calibrate(a, out); }, "the non-overlapped ring's transfers",
-      a.comm_ratio);
+      a.link, [&] { return Calibrate(a, out); }, "one block's transfer", a.comm_ratio);
   fmt::print(stderr, "ring attention on {} ranks (cp {}, tp {}), {}\n", nranks, a.cp, a.tp,
              dl.label);
   const std::string results = (out / "results.json").string();
@@ -431,11 +438,12 @@ void RegisterDemoCp(CLI::App& demo) {
                   "on, off or both (the ring without overlap is the baseline)")
       ->capture_default_str();
   cmd->add_option("--link", a->link,
-                  "Emulated link: auto (calibrated so that the non-overlapped ring's transfers "
-                  "take --comm-ratio x its compute: one block's transfer about one block's "
-                  "compute at 1), none (raw shared memory), or a spec such as bw=1GB/s,lat=5us")
+                  "Emulated link: auto (calibrated so that one block's transfer takes "
+                  "--comm-ratio x one block's compute), none (raw shared memory), or a spec "
+                  "such as bw=1GB/s,lat=5us")
       ->capture_default_str();
-  cmd->add_option("--comm-ratio", a->comm_ratio, "--link auto: communication over compute")
+  cmd->add_option("--comm-ratio", a->comm_ratio,
+                  "--link auto: one block's transfer over one block's compute")
       ->capture_default_str()
       ->check(CLI::Range(0.05, 20.0));
   cmd->add_option("-i,--iters", a->iters, "Timed steps per variant")

@@ -1,6 +1,8 @@
 // `mc2 demo fsdp`: sharded data parallelism (models::FsdpTransformer,
-// include/mc2/models.h) on N local ranks: the dense transformer trained
-// with its parameters, gradients and AdamW state sharded over the ranks,
+// include/mc2/models.h) on N local ranks (N x T with --tp T: the blocks
+// then tensor parallel over TP groups of T ranks, FSDP over the N DP
+// ranks): the dense transformer trained with its parameters, gradients
+// and AdamW state sharded over the DP ranks,
 // each unit all-gathered before use, with prefetch depth 0 (none), 1 and 2,
 // beside plain data parallelism (the whole model on every rank), on the
 // same steps: step time, the communication share, uncovered communication,
@@ -50,7 +52,8 @@ constexpr int kExitFailed = 1;
 constexpr const char* kCommand = "mc2 demo fsdp";
 
 struct FsdpArgs {
-  int nranks = 2;
+  int nranks = 2;  // the data-parallel ranks
+  int tp = 1;      // x the tensor-parallel ones: ranks launched
   std::string link = "auto";
   double comm_ratio = 1.0;
   std::string prefetch = "0,1,2";
@@ -69,6 +72,8 @@ struct FsdpArgs {
 };
 
 [[noreturn]] void Usage(const std::string& message) { DemoUsage(kCommand, message); }
+
+int Ranks(const FsdpArgs& a) { return a.nranks * a.tp; }
 
 models::TransformerConfig ModelConfig(const FsdpArgs& a) {
   models::TransformerConfig c;
@@ -104,11 +109,13 @@ std::string ColumnName(const std::string& col) {
   return col == "dp" ? "dp" : "prefetch-" + col;
 }
 
-// Bytes a forward all-gathers on a rank: every unit, padded to N shards.
+// Bytes a forward all-gathers on a rank: every unit (a block: its TP
+// rank's slices), padded to N shards.
 double GatherBytes(const FsdpArgs& a) {
-  const double h = a.hidden, f = a.ffn, V = a.vocab, N = a.nranks;
+  const double h = a.hidden, f = a.ffn, V = a.vocab, N = a.nranks, p = a.tp;
   auto padded = [&](double n) { return std::ceil(n / N) * N * 4; };
-  return padded(V * h) + a.layers * padded(2 * h + 4 * h * h + 3 * h * f) + padded(h + h * V);
+  return padded(V * h) + a.layers * padded(2 * h + (4 * h * h + 3 * h * f) / p) +
+         padded(h + h * V);
 }
 
 // ---------------------------------------------------------------------------
@@ -125,7 +132,12 @@ int RunRankJob(const FsdpArgs& a) {
     models::FsdpOptions o;
     o.shard = col != "dp";
     o.prefetch = col == "dp" ? 0 : std::stoi(col);
-    models.push_back(std::make_unique<models::FsdpTransformer>(world, c, o));
+    if (a.tp == 1) {
+      models.push_back(std::make_unique<models::FsdpTransformer>(world, c, o));
+    } else {
+      models.push_back(
+          std::make_unique<models::FsdpTransformer>(models::MakeGrid(world, a.tp), c, o));
+    }
   }
   struct Acc {
     json step = json::array(), fwd = json::array(), bwd = json::array(),
@@ -195,6 +207,8 @@ std::vector<std::string> RankArgv(const FsdpArgs& a, const std::string& columns,
   v.Add("--columns", columns);
   v.Add("--iters", std::to_string(iters));
   v.Add("--warmup", std::to_string(warmup));
+  v.Add("--nranks", std::to_string(a.nranks));
+  v.Add("--tp", std::to_string(a.tp));
   v.Add("--layers", std::to_string(a.layers));
   v.Add("--hidden", std::to_string(a.hidden));
   v.Add("--heads", std::to_string(a.heads));
@@ -220,7 +234,7 @@ std::string Calibrate(const FsdpArgs& a, const fs::path& out) {
     const fs::path dir = out / "calibrate" / name;
     fs::create_directories(dir);
     const std::string results = (dir / "results.json").string();
-    json res = RunDemoJob(a.nranks, RankArgv(a, "0", 3, 1, dir.string(), results), link, results,
+    json res = RunDemoJob(Ranks(a), RankArgv(a, "0", 3, 1, dir.string(), results), link, results,
                           kCommand, "calibration");
     const json& run = res["runs"][0];  // the median of 3 steps after 1 warm-up
     const auto fwd = Doubles(run["forward_seconds"]);
@@ -258,7 +272,7 @@ void CheckArgs(const FsdpArgs& a) {
   need(a.batch % a.nranks == 0,
        fmt::format("-n {} must divide --batch {} (each rank trains on its sequences)",
                    a.nranks, a.batch));
-  models::ValidateConfig(ModelConfig(a), 1, a.nranks);
+  models::ValidateConfig(ModelConfig(a), a.tp, a.nranks);
   ParseColumns(a.prefetch);
   if (a.link != "auto" && a.link != "none" && a.link != "off")
     core::ParseLinkConfig(a.link, "--link");
@@ -297,10 +311,11 @@ void Conduct(const FsdpArgs& a) {
       "the forward's all-gathers without prefetch (a unit's all-gather ~ its forward)",
       a.comm_ratio);
   const std::string& link = dl.spec;
-  fmt::print(stderr, "sharded data parallelism on {} ranks, {}\n", a.nranks, dl.label);
+  fmt::print(stderr, "sharded data parallelism on {} ranks (dp {} x tp {}), {}\n", Ranks(a),
+             a.nranks, a.tp, dl.label);
 
   const std::string results = (out / "results.json").string();
-  json res = RunDemoJob(a.nranks, RankArgv(a, columns, a.iters, a.warmup, out.string(), results),
+  json res = RunDemoJob(Ranks(a), RankArgv(a, columns, a.iters, a.warmup, out.string(), results),
                         link, results, kCommand, "training");
 
   std::vector<RunSummary> runs;
@@ -327,7 +342,7 @@ void Conduct(const FsdpArgs& a) {
     s.trace_json = (out / fmt::format("trace-{}.json", name)).string();
     trace::WriteChromeTrace(s.trace_json, t);
     trace::PlotOptions po;
-    po.title = fmt::format("mc2 demo fsdp: {}, {} ranks, {}", name, a.nranks,
+    po.title = fmt::format("mc2 demo fsdp: {}, dp {} x tp {}, {}", name, a.nranks, a.tp,
                            link.empty() ? "raw shm" : "emulated link " + link);
     s.svg = (out / fmt::format("timeline-{}.svg", name)).string();
     std::ofstream(s.svg) << trace::RenderTimelineSvg(t, po);
@@ -346,8 +361,10 @@ void Conduct(const FsdpArgs& a) {
   auto pct = [](const trace::Breakdown& b, int64_t ns) { return fmt::format("{:.1f}", b.Pct(ns)); };
   fmt::print(
       "\nmc2 demo fsdp: {} layers, hidden {}, {} heads, ffn {}, vocab {}, f32; {} sequences of "
-      "{} tokens per step over {} ranks; {}; {} timed steps after {} warm-up, medians\n\n",
-      a.layers, a.hidden, a.heads, a.ffn, a.vocab, a.batch, a.seq_len, a.nranks, dl.label,
+      "{} tokens per step over {} ranks (dp {} x tp {}); {}; {} timed steps after {} warm-up, "
+      "medians\n\n",
+      a.layers, a.hidden, a.heads, a.ffn, a.vocab, a.batch, a.seq_len, Ranks(a), a.nranks, a.tp,
+      dl.label,
       a.iters, a.warmup);
   row("", [](const RunSummary& r) { return r.config == "dp" ? "plain DP" : ColumnName(r.config); });
   row("step time (ms)", [](const RunSummary& r) { return fmt::format("{:.1f}", r.step_ms); });
@@ -413,7 +430,9 @@ void Conduct(const FsdpArgs& a) {
 
   if (!a.json_path.empty()) {
     json j = {{"mode", "fsdp"},
-              {"ranks", a.nranks},
+              {"ranks", Ranks(a)},
+              {"dp", a.nranks},
+              {"tp", a.tp},
               {"link", link},
               {"layers", a.layers},
               {"hidden", a.hidden},
@@ -457,7 +476,12 @@ void RegisterDemoFsdp(CLI::App& demo) {
       "Sharded data parallelism (ZeRO-3 / FSDP): parameters, gradients and optimizer state "
       "sharded over the ranks, all-gathered per layer with prefetch 0, 1, 2, beside plain data "
       "parallelism; step time, overlap and memory per rank");
-  cmd->add_option("-n,--nranks", a->nranks, "Ranks to launch (the data-parallel group)")
+  cmd->add_option("-n,--nranks", a->nranks,
+                  "Data-parallel ranks, over which the model is sharded (launched: n x tp)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--tp", a->tp,
+                  "Tensor-parallel group size: each shard holds pieces of its TP rank's slices")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   cmd->add_option("--link", a->link,

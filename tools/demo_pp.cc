@@ -1,5 +1,5 @@
 // `mc2 demo pp`: pipeline-parallel training of the reference transformer
-// (models::PipelineTransformer, include/mc2/models.h) on a DP x TP x PP grid
+// (models::PipelineTransformer, include/mc2/models.h) on a DP x CP x TP x PP grid
 // of local ranks, with each schedule (1F1B and interleaved) side by side:
 // step time, the pipeline phase, each stage's compute, its waits for inputs
 // and the part of them that was transfer not hidden behind compute, the
@@ -46,7 +46,7 @@ using json = nlohmann::json;
 constexpr int kExitFailed = 1;
 
 struct PpArgs {
-  int pp = 2, tp = 1, dp = 1;
+  int pp = 2, tp = 1, dp = 1, cp = 1;
   int micro_batches = 8;
   std::string schedules = "1f1b,interleaved";
   int virtual_stages = 2;
@@ -66,7 +66,7 @@ struct PpArgs {
 
 [[noreturn]] void Usage(const std::string& message) { DemoUsage("mc2 demo pp", message); }
 
-int Ranks(const PpArgs& a) { return a.pp * a.tp * a.dp; }
+int Ranks(const PpArgs& a) { return a.pp * a.tp * a.dp * a.cp; }
 
 models::TransformerConfig ModelConfig(const PpArgs& a) {
   models::TransformerConfig c;
@@ -120,7 +120,7 @@ enum Field {
 int RunRankJob(const PpArgs& a) {
   Group world = Group::FromEnv();
   const bool root = world.rank() == 0;
-  models::ProcessGrid grid = models::MakeGrid3D(world, a.tp, a.pp);
+  models::ProcessGrid grid = models::MakeGrid3D(world, a.tp, a.pp, /*ep=*/1, a.cp);
   const models::TransformerConfig c = ModelConfig(a);
   json runs = json::array();
   for (models::PipelineSchedule s : Schedules(a.schedules)) {
@@ -176,7 +176,8 @@ int RunRankJob(const PpArgs& a) {
   }
   if (root) {
     const size_t message_bytes =
-        static_cast<size_t>(a.batch / a.dp / a.micro_batches) * a.seq_len / a.tp * a.hidden * 4;
+        static_cast<size_t>(a.batch / a.dp / a.micro_batches) * a.seq_len / a.cp / a.tp *
+        a.hidden * 4;
     return WriteJobResults(
         a.results, json{{"ranks", world.size()}, {"message_bytes", message_bytes}, {"runs", runs}},
         "mc2 demo pp");
@@ -197,6 +198,7 @@ std::vector<std::string> RankArgv(const PpArgs& a, const std::string& schedules,
   v.Add("--pp", std::to_string(a.pp));
   v.Add("--tp", std::to_string(a.tp));
   v.Add("--dp", std::to_string(a.dp));
+  v.Add("--cp", std::to_string(a.cp));
   v.Add("--micro-batches", std::to_string(a.micro_batches));
   v.Add("--virtual-stages", std::to_string(a.virtual_stages));
   v.Add("--layers", std::to_string(a.layers));
@@ -243,7 +245,8 @@ void CheckArgs(const PpArgs& a) {
   const auto schedules = Schedules(a.schedules);
   if (a.pp < 2) Usage(fmt::format("--pp {} must be >= 2 (a pipeline has stages)", a.pp));
   const models::TransformerConfig c = ModelConfig(a);
-  for (auto s : schedules) models::ValidatePipeline(c, PipeConfig(a, s), a.tp, a.dp, a.pp);
+  for (auto s : schedules)
+    models::ValidatePipeline(c, PipeConfig(a, s), a.tp, a.dp, a.pp, /*ep=*/1, a.cp);
   if (a.link != "auto" && a.link != "none" && a.link != "off")
     core::ParseLinkConfig(a.link, "--link");
 }
@@ -282,13 +285,13 @@ void Conduct(const PpArgs& a) {
   const DemoLink dl = ResolveLink(
       a.link, [&] { return CalibrateLink(a, out); },
       "one micro-batch's activation transfer", a.comm_ratio);
-  fmt::print(stderr, "pipeline training on {} ranks (pp {} x dp {} x tp {}), {}\n", n, a.pp,
-             a.dp, a.tp, dl.label);
+  fmt::print(stderr, "pipeline training on {} ranks (pp {} x dp {} x cp {} x tp {}), {}\n", n,
+             a.pp, a.dp, a.cp, a.tp, dl.label);
   const std::string results = (out / "results.json").string();
   json res = RunDemoJob(n, RankArgv(a, a.schedules, a.iters, a.warmup, out.string(), results),
                         dl.spec, results, "mc2 demo pp", "pipeline");
 
-  const int stage_ranks = a.tp * a.dp;
+  const int stage_ranks = a.tp * a.dp * a.cp;
   std::vector<RunSummary> runs;
   for (const auto& run : res["runs"]) {
     RunSummary s;
@@ -343,8 +346,9 @@ void Conduct(const PpArgs& a) {
     s.trace_json = (out / fmt::format("trace-{}.json", s.schedule)).string();
     trace::WriteChromeTrace(s.trace_json, t);
     trace::PlotOptions po;
-    po.title = fmt::format("mc2 demo pp: {} schedule, pp {} x dp {} x tp {}, {}", s.schedule, a.pp,
-                           a.dp, a.tp, dl.spec.empty() ? "raw shm" : "emulated link " + dl.spec);
+    po.title = fmt::format("mc2 demo pp: {} schedule, pp {} x dp {} x cp {} x tp {}, {}",
+                           s.schedule, a.pp, a.dp, a.cp, a.tp,
+                           dl.spec.empty() ? "raw shm" : "emulated link " + dl.spec);
     s.svg = (out / fmt::format("timeline-{}.svg", s.schedule)).string();
     std::ofstream(s.svg) << trace::RenderTimelineSvg(t, po);
     runs.push_back(std::move(s));
@@ -358,10 +362,11 @@ void Conduct(const PpArgs& a) {
   };
   fmt::print(
       "\nmc2 demo pp: {} layers, hidden {}, {} heads, ffn {}, vocab {}, {} GEMMs; batch {} x {} "
-      "tokens in {} micro-batches; pp {} x dp {} x tp {} ({} ranks)\n{}; {} timed steps after {} "
+      "tokens in {} micro-batches; pp {} x dp {} x cp {} x tp {} ({} ranks)\n{}; {} timed steps "
+      "after {} "
       "warm-up, medians\n\n",
       a.layers, a.hidden, a.heads, a.ffn, a.vocab, a.dtype, a.batch, a.seq_len, a.micro_batches,
-      a.pp, a.dp, a.tp, n, dl.label, a.iters, a.warmup);
+      a.pp, a.dp, a.cp, a.tp, n, dl.label, a.iters, a.warmup);
   row("", [](const RunSummary& r) {
     return r.v > 1 ? fmt::format("{} v={}", r.schedule, r.v) : r.schedule;
   });
@@ -408,7 +413,8 @@ void Conduct(const PpArgs& a) {
   if (!a.json_path.empty()) {
     json j = {{"mode", "pp"},          {"ranks", n},
               {"pp", a.pp},            {"tp", a.tp},
-              {"dp", a.dp},            {"micro_batches", a.micro_batches},
+              {"dp", a.dp},            {"cp", a.cp},
+              {"micro_batches", a.micro_batches},
               {"link", dl.spec},       {"layers", a.layers},
               {"hidden", a.hidden},    {"batch", a.batch},
               {"seq_len", a.seq_len},  {"losses_identical", identical}};
@@ -439,14 +445,18 @@ void RegisterDemoPp(CLI::App& demo) {
   auto a = std::make_shared<PpArgs>();
   CLI::App* cmd = demo.add_subcommand(
       "pp",
-      "Pipeline-parallel training (DP x TP x PP) with the 1F1B and interleaved schedules side "
+      "Pipeline-parallel training (DP x CP x TP x PP) with the 1F1B and interleaved schedules side "
       "by side: step time, bubble measured against its formula, uncovered send/recv per stage");
   auto range = [](int lo, int hi) { return CLI::Range(lo, hi); };
   cmd->add_option("--pp", a->pp, "Pipeline stages")->capture_default_str()->check(range(1, 64));
   cmd->add_option("--tp", a->tp, "Tensor-parallel group size of each stage")
       ->capture_default_str()
       ->check(range(1, 64));
-  cmd->add_option("--dp", a->dp, "Data-parallel replicas (ranks: pp x dp x tp)")
+  cmd->add_option("--dp", a->dp, "Data-parallel replicas (ranks: pp x dp x cp x tp)")
+      ->capture_default_str()
+      ->check(range(1, 64));
+  cmd->add_option("--cp", a->cp,
+                  "Context-parallel group size of each stage (ring attention over the sequence)")
       ->capture_default_str()
       ->check(range(1, 64));
   cmd->add_option("-m,--micro-batches", a->micro_batches, "Micro-batches per step")

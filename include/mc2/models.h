@@ -62,8 +62,10 @@ namespace mc2::models {
 // the activations travel along (pp_rank = pp_index).
 // Context parallelism: `cp` (default 1) splits every sequence over CP
 // groups of cp ranks (RingAttention below; docs/models.md "Context
-// parallelism"): world rank w = (dp_index * cp + cp_index) * tp +
-// tp_index (pp must be 1), the CP group is the ranks with the same dp_index and tp_index.
+// parallelism"): world rank w = ((pp_index * dp + dp_index) * cp +
+// cp_index) * tp + tp_index, the CP group is the ranks of the stage with
+// the same dp_index and tp_index (a stage then holds dp x cp x tp ranks,
+// and `pp` links the ranks with the same (dp_index, cp_index, tp_index)).
 // The CP ranks hold the same weights, so their gradients are summed with
 // the data-parallel ones: `dp` is then every rank with the same tp_index
 // (dp_size * cp_size ranks), while dp_size and dp_rank still count the
@@ -76,7 +78,7 @@ struct ProcessGrid {
   Group ep;   // expert parallel group (size ep_size; one rank when ep == 1)
   Group edp;  // expert replicas: same ep_rank (size world / ep_size)
   Group pp;     // pipeline: same dp_index and tp_index (invalid when pp_size == 1)
-  Group stage;  // this pipeline stage's dp x tp ranks (the world when pp == 1)
+  Group stage;  // this pipeline stage's dp x cp x tp ranks (the world when pp == 1)
   Group cp;     // context parallel group (size cp_size; one rank when cp == 1)
   int tp_size = 1, dp_size = 1, ep_size = 1, pp_size = 1, cp_size = 1;
   int tp_rank = 0, dp_rank = 0, ep_rank = 0, pp_rank = 0, cp_rank = 0;
@@ -86,11 +88,11 @@ struct ProcessGrid {
 // cp >= 1 divide world.size() with tp * cp dividing it, ep >= 1 divides
 // world.size() / (tp * cp), and ep == 1 when cp > 1.
 ProcessGrid MakeGrid(const Group& world, int tp, int ep = 1, int cp = 1);
-// The DP x TP x PP grid (x EP inside DP): throws kInvalidArgument unless
-// pp >= 1 and tp >= 1, tp * pp divides world.size() and ep divides
-// dp = world.size() / (tp pp). pp == 1 is MakeGrid(world, tp, ep).
-// Context parallelism is not combined with pipeline parallelism.
-ProcessGrid MakeGrid3D(const Group& world, int tp, int pp, int ep = 1);
+// The DP x CP x TP x PP grid (x EP inside DP): throws kInvalidArgument
+// unless pp, tp and cp are >= 1, tp * pp * cp divides world.size(), ep
+// divides dp = world.size() / (tp pp cp), and ep == 1 when cp > 1.
+// pp == 1 is MakeGrid(world, tp, ep, cp).
+ProcessGrid MakeGrid3D(const Group& world, int tp, int pp, int ep = 1, int cp = 1);
 
 // ---------------------------------------------------------------------------
 // The model and its training.
@@ -296,8 +298,11 @@ std::vector<StepStats> TrainSteps(const Group& world, const TransformerConfig& c
 // micro_batches micro-batches of batch / micro_batches sequences (every DP
 // rank takes its share of each), which flow through the chunks: a chunk's
 // output rows go to the next chunk's stage by Send / Recv over grid.pp
-// (between the ranks with the same tp_rank: each holds its sequence-
-// parallel rows), the gradients back. The receives are posted one
+// (between the ranks with the same tp_rank and cp_rank: each holds its
+// sequence-parallel rows of its CP positions), the gradients back. With
+// context parallelism (grid.cp_size > 1) every chunk's attention is ring
+// attention over the stage's CP group, each micro-batch in flight keeping
+// its own ring state for its backward. The receives are posted one
 // operation ahead, so a transfer travels while the stage computes. The
 // gradients of the micro-batches are accumulated (in micro-batch order)
 // and summed over DP once the pipeline has drained, then AdamW.
@@ -326,9 +331,11 @@ struct PipelineConfig {
 // blocks), batch % (dp m) (whole micro-batches on every DP rank), m % pp
 // for kInterleaved, virtual_stages (1 for k1F1B, >= 2 for kInterleaved),
 // MoE layers (not supported with pp > 1: their load-balancing loss is a
-// function of the whole batch) and ep > 1 (likewise).
+// function of the whole batch) and ep > 1 (likewise). With cp > 1 (each
+// stage's attention is ring attention over its CP group) ValidateConfig's
+// CP constraints apply too.
 void ValidatePipeline(const TransformerConfig& config, const PipelineConfig& pipe, int tp, int dp,
-                      int pp, int ep = 1);
+                      int pp, int ep = 1, int cp = 1);
 
 // The schedule's idle fraction with uniform operation times:
 // (p - 1) / (m + p - 1) for 1F1B, (p - 1) / (v m + p - 1) interleaved.
@@ -399,6 +406,10 @@ class PipelineTransformer {
 std::vector<PipelineStepStats> TrainPipelineSteps(
     const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
     int pp, int steps, const std::function<void(const PipelineStepStats&)>& on_step = {});
+// The same on the DP x CP x TP x PP grid (MakeGrid3D with cp).
+std::vector<PipelineStepStats> TrainPipelineSteps(
+    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
+    int pp, int cp, int steps, const std::function<void(const PipelineStepStats&)>& on_step = {});
 
 // ---------------------------------------------------------------------------
 // Inference: prefill a batch of prompts, then greedy decoding with a KV
@@ -574,8 +585,8 @@ class RingAttention {
 // "Sharded data parallelism").
 //
 // The dense transformer of TransformerConfig (every block attention + the
-// SwiGLU MLP; no MoE, no tensor parallelism, f32) trained data-parallel
-// over a group of N ranks, each on config.batch / N sequences, with its
+// SwiGLU MLP; no MoE, f32; tensor parallelism with the ProcessGrid
+// constructor) trained data-parallel over a group of N ranks, each on config.batch / N sequences, with its
 // parameters, gradients and AdamW state sharded over the ranks. The model
 // is cut into units: the embedding, each block, and the head (final_norm
 // + lm_head); each unit's parameters are one flat buffer cut into N equal
@@ -646,6 +657,16 @@ class FsdpTransformer {
   // Collective over `dp` (it allocates the window).
   FsdpTransformer(const Group& dp, const TransformerConfig& config,
                   const FsdpOptions& options = {});
+  // FSDP over grid.dp with tensor parallelism over grid.tp (a MakeGrid(world,
+  // tp) grid; pp, cp and ep must be 1): each DP shard holds pieces of its
+  // TP rank's slices (the reference Transformer's at that tp), the
+  // all-gathers and reduce-scatters run over grid.dp, and the blocks are
+  // the TP transformer's (sequence parallel, AllGatherMatmul and
+  // MatmulReduceScatter over grid.tp with config.fused); each DP rank
+  // trains on config.batch / dp sequences. The same checks (ValidateConfig
+  // with grid.tp_size); collective over grid.world.
+  FsdpTransformer(const ProcessGrid& grid, const TransformerConfig& config,
+                  const FsdpOptions& options = {});
   ~FsdpTransformer();
   FsdpTransformer(const FsdpTransformer&) = delete;
   FsdpTransformer& operator=(const FsdpTransformer&) = delete;
@@ -654,7 +675,8 @@ class FsdpTransformer {
   // and spans included).
   FsdpStepStats TrainStep(int step);
   // Collective: the whole model, tensor by tensor (name, row-major values),
-  // in the order of Transformer::Parameters at tp = 1.
+  // in the order of Transformer::Parameters at tp = 1 (with TP: this TP
+  // rank's tensors, as Transformer::Parameters at that tp holds them).
   std::vector<std::pair<std::string, std::vector<float>>> GatherParameters();
   FsdpMemory memory() const;
   const FsdpOptions& options() const;

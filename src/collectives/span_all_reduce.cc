@@ -19,12 +19,51 @@
 // The node phases use the node group's own algorithms (chosen by its
 // selector); the network phase keeps every message of a step in flight.
 // kAvg sums at the node level and divides once, at the end of step 2, by N.
+//
+// Pipelined: a vector above kChunkBytes is cut into chunks (at most
+// kMaxChunks) that go through the three steps in turn, and while chunk c
+// crosses the network, chunk c + 1 is reduce-scattered and chunk c - 1
+// all-gathered inside the node (on the node group's progress thread), so
+// the node steps hide behind the transfers. Each element goes through the
+// same reductions as without chunks: the result is the same bits.
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "collectives/span_algorithms.h"
 #include "engine/access.h"
 
 namespace mc2::collectives {
+
+namespace {
+
+constexpr size_t kChunkBytes = 4u << 20;
+constexpr size_t kMaxChunks = 16;
+
+// One chunk of the vector: its elements [off, off + len), each local
+// rank's share of them, and this rank's partial result of its share.
+struct Chunk {
+  size_t off = 0, len = 0;
+  std::vector<size_t> counts, displs;
+  std::vector<char> part;
+  Work node;  // the node step in flight (reduce-scatter, then all-gather)
+};
+
+// Waits for every chunk's node step, also when the algorithm fails half
+// way: they write into the chunks' buffers. Errors are the caller's.
+struct NodeSteps {
+  std::vector<Chunk>& chunks;
+  ~NodeSteps() {
+    for (Chunk& c : chunks) {
+      try {
+        c.node.Wait();
+      } catch (...) {
+      }
+    }
+  }
+};
+
+}  // namespace
 
 void HierarchicalAllReduce(SpanGroup& s, const CollArgs& a, Deadline deadline) {
   const int n = static_cast<int>(s.members.size());
@@ -33,53 +72,76 @@ void HierarchicalAllReduce(SpanGroup& s, const CollArgs& a, Deadline deadline) {
   const int j = s.local_of[s.rank];
   const size_t e = a.esize;
   Group node = internal::Access::MakeGroup(s.node);
-
-  std::vector<size_t> counts(local), displs(local);
-  for (int i = 0; i < local; ++i) Share(a.count, local, i, &displs[i], &counts[i]);
-  const size_t len = counts[j];
-  std::vector<char> part(len * e);
-  // 1. The host's partial result of shard j.
   const ReduceOp node_op = a.op == ReduceOp::kAvg ? ReduceOp::kSum : a.op;
-  if (local > 1) {
-    ReduceScatterV(node, a.send, part.data(), counts, a.dtype, node_op).Wait();
-  } else if (len) {
-    std::memcpy(part.data(), a.send, len * e);
+  CollectiveOptions background;
+  background.may_run_inline = false;
+
+  const size_t nchunks =
+      std::clamp<size_t>((a.count * e + kChunkBytes - 1) / kChunkBytes, 1, kMaxChunks);
+  std::vector<Chunk> chunks(std::min(nchunks, std::max<size_t>(a.count, 1)));
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    Chunk& k = chunks[c];
+    Share(a.count, static_cast<int>(chunks.size()), static_cast<int>(c), &k.off, &k.len);
+    k.counts.resize(local);
+    k.displs.resize(local);
+    for (int i = 0; i < local; ++i) Share(k.len, local, i, &k.displs[i], &k.counts[i]);
+    k.part.resize(k.counts[j] * e);
   }
-  // 2. Across hosts, among the ranks of local index j.
-  size_t soff, slen;
-  Share(len, hosts, s.my_host, &soff, &slen);
-  std::vector<char> in(static_cast<size_t>(hosts) * slen * e);
-  std::vector<const void*> srcs(hosts);
-  SpanXfer x(s, deadline, "all_reduce");
-  for (int h = 0; h < hosts; ++h) {
-    if (h == s.my_host) {
-      srcs[h] = part.data() + soff * e;
-      continue;
+  NodeSteps wait_all{chunks};
+  // 1. The host's partial result of shard j of a chunk.
+  auto reduce_in_node = [&](Chunk& k) {
+    const char* send = static_cast<const char*>(a.send) + k.off * e;
+    if (local > 1) {
+      k.node = ReduceScatterV(node, send, k.part.data(), k.counts, a.dtype, node_op, background);
+    } else if (!k.part.empty()) {
+      std::memcpy(k.part.data(), send, k.part.size());
     }
-    const int peer = s.hosts[h][j];
-    size_t poff, plen;
-    Share(len, hosts, h, &poff, &plen);
-    srcs[h] = in.data() + h * slen * e;
-    x.Recv(peer, kTagReduceScatter, in.data() + h * slen * e, slen * e);
-    x.Send(peer, kTagReduceScatter, part.data() + poff * e, plen * e);
+  };
+  reduce_in_node(chunks[0]);
+  SpanXfer x(s, deadline, "all_reduce");
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    Chunk& k = chunks[c];
+    k.node.Wait();
+    if (c + 1 < chunks.size()) reduce_in_node(chunks[c + 1]);
+    // 2. Across hosts, among the ranks of local index j.
+    const size_t len = k.counts[j];
+    char* part = k.part.data();
+    size_t soff, slen;
+    Share(len, hosts, s.my_host, &soff, &slen);
+    std::vector<char> in(static_cast<size_t>(hosts) * slen * e);
+    std::vector<const void*> srcs(hosts);
+    for (int h = 0; h < hosts; ++h) {
+      if (h == s.my_host) {
+        srcs[h] = part + soff * e;
+        continue;
+      }
+      const int peer = s.hosts[h][j];
+      size_t poff, plen;
+      Share(len, hosts, h, &poff, &plen);
+      srcs[h] = in.data() + h * slen * e;
+      x.Recv(peer, kTagReduceScatter, in.data() + h * slen * e, slen * e);
+      x.Send(peer, kTagReduceScatter, part + poff * e, plen * e);
+    }
+    x.WaitAll();
+    SpanReduceBlocks(a, n, part + soff * e, srcs, slen);
+    for (int h = 0; h < hosts; ++h) {
+      if (h == s.my_host) continue;
+      const int peer = s.hosts[h][j];
+      size_t poff, plen;
+      Share(len, hosts, h, &poff, &plen);
+      x.Recv(peer, kTagAllGather, part + poff * e, plen * e);
+      x.Send(peer, kTagAllGather, part + soff * e, slen * e);
+    }
+    x.WaitAll();
+    // 3. Every shard of the chunk to every rank of the host.
+    char* recv = static_cast<char*>(a.recv) + k.off * e;
+    if (local > 1) {
+      k.node = AllGatherV(node, part, recv, k.counts, k.displs, a.dtype, background);
+    } else if (len) {
+      std::memcpy(recv, part, len * e);
+    }
   }
-  x.WaitAll();
-  SpanReduceBlocks(a, n, part.data() + soff * e, srcs, slen);
-  for (int h = 0; h < hosts; ++h) {
-    if (h == s.my_host) continue;
-    const int peer = s.hosts[h][j];
-    size_t poff, plen;
-    Share(len, hosts, h, &poff, &plen);
-    x.Recv(peer, kTagAllGather, part.data() + poff * e, plen * e);
-    x.Send(peer, kTagAllGather, part.data() + soff * e, slen * e);
-  }
-  x.WaitAll();
-  // 3. Every shard to every rank of the host.
-  if (local > 1) {
-    AllGatherV(node, part.data(), a.recv, counts, displs, a.dtype).Wait();
-  } else if (len) {
-    std::memcpy(a.recv, part.data(), len * e);
-  }
+  for (Chunk& k : chunks) k.node.Wait();
 }
 
 }  // namespace mc2::collectives

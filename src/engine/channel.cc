@@ -14,6 +14,7 @@
 #include "engine/access.h"
 #include "engine/group_impl.h"
 #include "engine/p2p_engine.h"
+#include "engine/span.h"
 #include "engine/span_channel.h"
 #include "trace/recorder.h"
 #include "transport/link_emulation.h"
@@ -230,6 +231,21 @@ LinkInfo Channel::link() const {
 }
 
 size_t Channel::heap_bytes() const { return g_->tx().HeapBytes(); }
+
+std::vector<int> Channel::HostOf() const {
+  if (!g_->span) return {};
+  return g_->span->host_of;
+}
+
+std::optional<LinkInfo> Channel::host_link() const {
+  std::lock_guard<std::mutex> lock(host_link_mu_);
+  return host_link_;
+}
+
+void Channel::set_host_link(const LinkInfo& link) {
+  std::lock_guard<std::mutex> lock(host_link_mu_);
+  host_link_ = link;
+}
 
 void Channel::Abort(const Error& error) const {
   if (span_) {

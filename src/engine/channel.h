@@ -70,6 +70,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,6 +92,7 @@ enum class InternalTag : int64_t {
   kBatchGather = kInternalTagBase + 1,  // AllGatherBatchMatmul's fused ring
   kMoeDispatch,                         // MoE token dispatch
   kMoeCombine,                          // MoE expert-output combine
+  kHostLinkProbe,                       // the operators' measurement of a host link
 };
 
 // The emulated link of a rank's egress port (all zero without emulation).
@@ -162,6 +165,13 @@ class Channel {
   // real: no emulated link (the node's heap size still counts).
   LinkInfo link() const;
   size_t heap_bytes() const;
+  // Each member's host (hosts numbered in order of their first member)
+  // when the group spans hosts; empty for a group within one host.
+  std::vector<int> HostOf() const;
+  // The link between the group's hosts as the operators measured it
+  // (ops/host_link.h), kept for the group's life: nullopt until set.
+  std::optional<LinkInfo> host_link() const;
+  void set_host_link(const LinkInfo& link);
   // Records `error` as the world's failure, so that every rank's waits
   // fail promptly (for a call that failed after data moved).
   void Abort(const Error& error) const;
@@ -176,6 +186,8 @@ class Channel {
   SymmetricBuffer counters_, window_;
   std::vector<uint64_t> counter_off_, window_off_;  // every member's heap offsets
   std::array<std::vector<uint64_t>, kPhases> consumed_;
+  mutable std::mutex host_link_mu_;
+  std::optional<LinkInfo> host_link_;  // guarded by host_link_mu_
 };
 
 }  // namespace mc2::internal

@@ -47,11 +47,8 @@ double Since(Clock::time_point t0) {
   throw Error(ErrorCode::kInvalidArgument, "FsdpTransformer: " + msg);
 }
 
-// Checks everything before the members are built (FsdpLayers sizes its
-// buffers from the config).
-const TransformerConfig& Checked(const Group& dp, const TransformerConfig& c,
-                                 const FsdpOptions& o) {
-  if (!dp.valid()) Invalid("the data-parallel group is not valid");
+// The options and the config on tp x dp ranks, without communicating.
+void CheckConfig(const TransformerConfig& c, const FsdpOptions& o, int tp, int dp) {
   if (o.prefetch < 0 || o.prefetch > 2) {
     Invalid("prefetch must be 0, 1 or 2, not " + std::to_string(o.prefetch));
   }
@@ -60,21 +57,49 @@ const TransformerConfig& Checked(const Group& dp, const TransformerConfig& c,
   if (c.grad_compression.scheme != Compression::kNone) {
     Invalid("grad_compression is not supported (the gradients are reduce-scattered)");
   }
-  ValidateConfig(c, 1, dp.size());
+  ValidateConfig(c, tp, dp);
+}
+
+// Checks everything before the members are built (FsdpLayers sizes its
+// buffers from the config).
+const TransformerConfig& Checked(const ProcessGrid& g, const TransformerConfig& c,
+                                 const FsdpOptions& o) {
+  if (!g.dp.valid()) Invalid("the data-parallel group is not valid");
+  if (!g.tp.valid()) Invalid("the tensor-parallel group is not valid");
+  if (g.pp_size != 1 || g.cp_size != 1 || g.ep_size != 1) {
+    Invalid("the grid must be DP x TP only (pp, cp and ep 1)");
+  }
+  CheckConfig(c, o, g.tp.size(), g.dp.size());
   return c;
+}
+
+// A bare data-parallel group as a grid: dp and world the group itself, a
+// TP group of one rank (collective over dp: one Split, after the checks).
+ProcessGrid DpOnly(const Group& dp, const TransformerConfig& c, const FsdpOptions& o) {
+  if (!dp.valid()) Invalid("the data-parallel group is not valid");
+  CheckConfig(c, o, 1, dp.size());
+  ProcessGrid g;
+  g.world = dp;
+  g.dp = dp;
+  g.dp_size = dp.size();
+  g.dp_rank = dp.rank();
+  g.tp = dp.Split(/*color=*/dp.rank(), /*key=*/0);
+  return g;
 }
 
 }  // namespace
 
 struct FsdpTransformer::Impl {
-  Impl(const Group& g, const TransformerConfig& c, const FsdpOptions& o)
-      : dp(g),
+  Impl(const ProcessGrid& g, const TransformerConfig& c, const FsdpOptions& o)
+      : dp(g.dp),
+        tp(g.tp),
+        world(g.world),
         cfg(Checked(g, c, o)),
         opts(o),
-        N(g.size()),
-        rank(g.rank()),
-        units(FsdpLayout(cfg, N)),
-        layers(cfg, N, rank) {
+        N(g.dp.size()),
+        rank(g.dp.rank()),
+        units(FsdpLayout(cfg, N, g.tp.size(), g.tp.rank())),
+        layers(cfg, N, rank, g.tp) {
     const size_t U = units.size();
     w.resize(U);
     gs.resize(U);
@@ -168,6 +193,25 @@ struct FsdpTransformer::Impl {
   }
 
   // ---- gradients
+  // With TP, the replicated tensors' gradients of unit u ([g, g + numel))
+  // are partial sums over the TP ranks' rows: summed over TP first (in
+  // place, deterministic), then reduced over DP like the rest.
+  void SumOverTp(size_t u, float* g) {
+    if (tp.size() == 1) return;
+    trace::Scope span("tp_grad_sum", trace::Category::kHost);
+    const std::vector<FsdpTensor>& ts = units[u].tensors;
+    for (size_t i = 0; i < ts.size();) {
+      if (!ts[i].tp_replicated) {
+        ++i;
+        continue;
+      }
+      size_t j = i, n = 0;  // a run of adjacent replicated tensors
+      while (j < ts.size() && ts[j].tp_replicated) n += ts[j++].size();
+      float* x = g + ts[i].offset;
+      AllReduce(tp, x, x, n, DType::kF32, ReduceOp::kSum).Wait();
+      i = j;
+    }
+  }
   float* GradBuffer(size_t u) {
     if (!opts.shard) return gs[u].data();
     grads[u].slot = Acquire(Padded(u));
@@ -250,7 +294,7 @@ struct FsdpTransformer::Impl {
     double loss_sum = 0;
     CollectiveOptions co;
     co.may_run_inline = false;
-    Work loss_work = AllReduce(dp, &local_loss, &loss_sum, 1, DType::kF64, ReduceOp::kSum, co);
+    Work loss_work = AllReduce(world, &local_loss, &loss_sum, 1, DType::kF64, ReduceOp::kSum, co);
     const auto t1 = Clock::now();
     st.forward_gather_wait_seconds = st.gather_wait_seconds;
     st.forward_seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -266,6 +310,7 @@ struct FsdpTransformer::Impl {
       } else {
         layers.HeadBackward(p, g);
       }
+      SumOverTp(u, g);
       FreeParams(u);
       Reduce(u, st);
     }
@@ -314,7 +359,7 @@ struct FsdpTransformer::Impl {
     size_t floats = 0;  // in use (0: free)
   };
 
-  Group dp;
+  Group dp, tp, world;
   const TransformerConfig cfg;
   const FsdpOptions opts;
   const size_t N, rank;
@@ -332,7 +377,11 @@ struct FsdpTransformer::Impl {
 
 FsdpTransformer::FsdpTransformer(const Group& dp, const TransformerConfig& config,
                                  const FsdpOptions& options)
-    : impl_(std::make_unique<Impl>(dp, config, options)) {}
+    : impl_(std::make_unique<Impl>(DpOnly(dp, config, options), config, options)) {}
+
+FsdpTransformer::FsdpTransformer(const ProcessGrid& grid, const TransformerConfig& config,
+                                 const FsdpOptions& options)
+    : impl_(std::make_unique<Impl>(grid, config, options)) {}
 
 FsdpTransformer::~FsdpTransformer() = default;
 

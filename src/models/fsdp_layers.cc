@@ -15,15 +15,24 @@
 
 namespace mc2::models {
 
-std::vector<FsdpUnit> FsdpLayout(const TransformerConfig& c, int ranks) {
+size_t FsdpTensor::GlobalIndex(size_t index) const {
+  const size_t i = index / cols, j = index % cols;
+  const size_t gc = part == 0 ? j : (j / part) * part_global + part_offset + j % part;
+  return (row0 + i) * (global_cols == 0 ? cols : global_cols) + gc;
+}
+
+std::vector<FsdpUnit> FsdpLayout(const TransformerConfig& c, int ranks, int tp, int tp_rank) {
   const size_t h = c.hidden, f = c.ffn, V = c.vocab, L = c.layers;
+  const size_t p = static_cast<size_t>(tp), r = static_cast<size_t>(tp_rank);
+  const size_t hd = h / p, fl = f / p;  // this TP rank's heads x head_dim, ffn columns
   const float out_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(L));
   std::vector<FsdpUnit> units(L + 2);
   auto add = [](FsdpUnit& u, std::string name, size_t rows, size_t cols, bool decay, bool ones,
-                uint64_t stream, float stdev) {
+                uint64_t stream, float stdev) -> FsdpTensor& {
     FsdpTensor t{std::move(name), rows, cols, u.numel, decay, ones, stream, stdev};
     u.numel += t.size();
     u.tensors.push_back(std::move(t));
+    return u.tensors.back();
   };
   add(units[0], "embed", V, h, false, false, 1, 1.0f);
   for (size_t l = 0; l < L; ++l) {
@@ -31,11 +40,25 @@ std::vector<FsdpUnit> FsdpLayout(const TransformerConfig& c, int ranks) {
     const std::string b = "block" + std::to_string(l);
     const uint64_t base = 16 + 8 * l;
     add(u, b + ".norm1", 1, h, false, true, 0, 0);
-    add(u, b + ".attn.qkv", h, 3 * h, true, false, base + 0, 1.0f / std::sqrt(float(h)));
-    add(u, b + ".attn.o", h, h, true, false, base + 1, out_scale / std::sqrt(float(h)));
+    // Wqkv [h x 3h]: q | k | v, this rank's heads of each part. (Each
+    // slice's fields are set before the next add: it may move the vector.)
+    FsdpTensor* t =
+        &add(u, b + ".attn.qkv", h, 3 * hd, true, false, base + 0, 1.0f / std::sqrt(float(h)));
+    t->global_cols = 3 * h, t->part = hd, t->part_global = h, t->part_offset = r * hd;
+    t->tp_replicated = p == 1;
+    // Wo [h x h]: the rows of this rank's heads.
+    t = &add(u, b + ".attn.o", hd, h, true, false, base + 1, out_scale / std::sqrt(float(h)));
+    t->row0 = r * hd;
+    t->tp_replicated = p == 1;
     add(u, b + ".norm2", 1, h, false, true, 0, 0);
-    add(u, b + ".mlp.gate_up", h, 2 * f, true, false, base + 2, 1.0f / std::sqrt(float(h)));
-    add(u, b + ".mlp.down", f, h, true, false, base + 3, out_scale / std::sqrt(float(f)));
+    // Wgu [h x 2f]: gate | up, this rank's columns of each.
+    t = &add(u, b + ".mlp.gate_up", h, 2 * fl, true, false, base + 2, 1.0f / std::sqrt(float(h)));
+    t->global_cols = 2 * f, t->part = fl, t->part_global = f, t->part_offset = r * fl;
+    t->tp_replicated = p == 1;
+    // Wdown [f x h]: rows [r fl, (r+1) fl).
+    t = &add(u, b + ".mlp.down", fl, h, true, false, base + 3, out_scale / std::sqrt(float(f)));
+    t->row0 = r * fl;
+    t->tp_replicated = p == 1;
   }
   add(units[L + 1], "final_norm", 1, h, false, true, 0, 0);
   add(units[L + 1], "lm_head", h, V, true, false, 2, 1.0f / std::sqrt(float(h)));
@@ -46,11 +69,14 @@ std::vector<FsdpUnit> FsdpLayout(const TransformerConfig& c, int ranks) {
 float FsdpInitValue(const TransformerConfig& c, const FsdpTensor& t, size_t index) {
   if (t.ones) return 1.0f;
   const float k3 = 1.7320508f;  // uniform [-a, a) has std a / sqrt(3)
-  return k3 * t.stdev * HashUniform(c.seed, t.stream, index);
+  return k3 * t.stdev * HashUniform(c.seed, t.stream, t.GlobalIndex(index));
 }
 
-FsdpLayers::FsdpLayers(const TransformerConfig& c, int dp, int dp_rank)
+FsdpLayers::FsdpLayers(const TransformerConfig& c, int dp, int dp_rank, const Group& tp)
     : cfg_(c),
+      tp_(tp),
+      p_(static_cast<size_t>(tp.size())),
+      tp_rank_(static_cast<size_t>(tp.rank())),
       V_(c.vocab),
       h_(c.hidden),
       heads_(c.heads),
@@ -59,48 +85,57 @@ FsdpLayers::FsdpLayers(const TransformerConfig& c, int dp, int dp_rank)
       T_(c.seq_len),
       Bl_(c.batch / dp),
       S_(T_ * Bl_),
+      hl_(heads_ / p_),
+      fl_(f_ / p_),
+      s_(S_ / p_),
       dp_rank_(dp_rank),
       grad_scale_(1.0f / static_cast<float>(static_cast<double>(c.batch) * c.seq_len)),
       rope_(T_, d_, c.rope_base) {
-  const size_t S = S_, h = h_;
-  inputs_.resize(S);
-  targets_.resize(S);
+  const size_t S = S_, s = s_, h = h_, hd = hl_ * d_, fl = fl_;
+  inputs_.resize(s);
+  targets_.resize(s);
   acts_.resize(c.layers);
   for (Acts& a : acts_) {
-    a.x.resize(S * h);
-    a.rstd1.resize(S);
+    a.x.resize(s * h);
+    a.rstd1.resize(s);
     a.xn1.resize(S * h);
-    a.qkv.resize(S * 3 * h);
-    a.probs.resize(Bl_ * heads_ * T_ * T_);
-    a.ctx.resize(S * h);
-    a.x1.resize(S * h);
-    a.rstd2.resize(S);
+    a.qkv.resize(S * 3 * hd);
+    a.probs.resize(Bl_ * hl_ * T_ * T_);
+    a.ctx.resize(S * hd);
+    a.x1.resize(s * h);
+    a.rstd2.resize(s);
     a.xn2.resize(S * h);
-    a.gu.resize(S * 2 * f_);
-    a.act.resize(S * f_);
+    a.gu.resize(S * 2 * fl);
+    a.act.resize(S * fl);
   }
-  xL_.resize(S * h);
-  rstdf_.resize(S);
-  xf_.resize(S * h);
-  logits_.resize(S * V_);
-  dx_.resize(S * h);
-  dx1_.resize(S * h);
+  xL_.resize(s * h);
+  rstdf_.resize(s);
+  xf_.resize(s * h);
+  logits_.resize(s * V_);
+  dx_.resize(s * h);
+  dx1_.resize(s * h);
   dtmp_.resize(S * h);
-  dS_.resize(S * std::max({f_, V_}));
-  gu_grad_.resize(S * 2 * f_);
-  dqkv_.resize(S * 3 * h);
+  dS_.resize(S * std::max({fl, V_}));
+  gu_grad_.resize(S * 2 * fl);
+  dqkv_.resize(S * 3 * hd);
   scratch_.resize(T_ * T_);
+  if (p_ > 1) {
+    wt_.resize(std::max(3 * hd, 2 * fl) * h);
+    xn_rows_.resize(s * h);
+    dyg_.resize(S * h);
+  }
 }
 
 void FsdpLayers::SetBatch(int step) {
   MakeBatch(cfg_, step, static_cast<int64_t>(dp_rank_) * static_cast<int64_t>(Bl_),
-            static_cast<int>(Bl_), 0, static_cast<int64_t>(S_), inputs_.data(), targets_.data());
+            static_cast<int>(Bl_), static_cast<int64_t>(tp_rank_ * s_),
+            static_cast<int64_t>((tp_rank_ + 1) * s_), inputs_.data(), targets_.data());
 }
 
 uint64_t FsdpLayers::BlockFlops() const {
-  const uint64_t S = S_, h = h_, f = f_;
-  return 2 * S * (h * 3 * h + h * h + h * 2 * f + f * h) +
-         4 * static_cast<uint64_t>(Bl_ * heads_) * T_ * T_ * d_;
+  const uint64_t S = S_, h = h_, hd = hl_ * d_, f = fl_;
+  return 2 * S * (h * 3 * hd + hd * h + h * 2 * f + f * h) +
+         4 * static_cast<uint64_t>(Bl_ * hl_) * T_ * T_ * d_;
 }
 
 // y [m x n] = a [m x k] w [k x n].
@@ -125,13 +160,17 @@ void FsdpLayers::LinearBackward(const float* a, const float* w, const float* dy,
 
 void FsdpLayers::EmbedForward(const float* w) {
   trace::Scope span("embedding", trace::Category::kCompute);
-  for (size_t row = 0; row < S_; ++row) {
+  for (size_t row = 0; row < s_; ++row) {
     std::memcpy(xL_.data() + row * h_, w + static_cast<size_t>(inputs_[row]) * h_,
                 h_ * sizeof(float));
   }
 }
 
 void FsdpLayers::BlockForward(size_t l, const float* w) {
+  if (p_ > 1) {
+    BlockForwardTp(l, w);
+    return;
+  }
   const size_t S = S_, h = h_, f = f_, T = T_, Bl = Bl_, d = d_, H = heads_;
   const float* norm1 = w;
   const float* wqkv = norm1 + h;
@@ -183,7 +222,7 @@ void FsdpLayers::BlockForward(size_t l, const float* w) {
 }
 
 double FsdpLayers::HeadForward(const float* w) {
-  const size_t S = S_, h = h_, V = V_;
+  const size_t S = s_, h = h_, V = V_;
   {
     trace::Scope span("rmsnorm", trace::Category::kCompute);
     RmsNormForward(xL_.data(), w, S, h, cfg_.norm_eps, xf_.data(), rstdf_.data());
@@ -195,7 +234,7 @@ double FsdpLayers::HeadForward(const float* w) {
 }
 
 void FsdpLayers::HeadBackward(const float* w, float* g) {
-  const size_t S = S_, h = h_, V = V_;
+  const size_t S = s_, h = h_, V = V_;
   LinearBackward(xf_.data(), w + h, dS_.data(), S, h, V, dtmp_.data(), g + h);
   trace::Scope span("rmsnorm", trace::Category::kCompute);
   std::fill(g, g + h, 0.0f);
@@ -203,6 +242,10 @@ void FsdpLayers::HeadBackward(const float* w, float* g) {
 }
 
 void FsdpLayers::BlockBackward(size_t l, const float* w, float* g) {
+  if (p_ > 1) {
+    BlockBackwardTp(l, w, g);
+    return;
+  }
   const size_t S = S_, h = h_, f = f_, T = T_, Bl = Bl_, d = d_, H = heads_;
   const size_t o_norm1 = 0, o_qkv = h, o_o = o_qkv + h * 3 * h, o_norm2 = o_o + h * h,
                o_gu = o_norm2 + h, o_down = o_gu + h * 2 * f;
@@ -264,7 +307,7 @@ void FsdpLayers::BlockBackward(size_t l, const float* w, float* g) {
 void FsdpLayers::EmbedBackward(float* g) {
   trace::Scope span("embedding", trace::Category::kCompute);
   std::fill(g, g + V_ * h_, 0.0f);
-  for (size_t row = 0; row < S_; ++row) {
+  for (size_t row = 0; row < s_; ++row) {
     float* gr = g + static_cast<size_t>(inputs_[row]) * h_;
     const float* dr = dx_.data() + row * h_;
     for (size_t c = 0; c < h_; ++c) gr[c] += dr[c];

@@ -26,14 +26,12 @@ ProcessGrid Build(const Group& world, int tp, int pp, int ep, int cp) {
                        std::to_string(tp) + " * " + std::to_string(pp) + ") must divide the " +
                        std::to_string(n) + ranks);
   if (cp < 1 || (n / tp / pp) % cp != 0)
-    Invalid(world, "cp = " + std::to_string(cp) + " must be >= 1 and tp * cp = " +
-                       std::to_string(tp * cp) + " must divide the " + std::to_string(n) + ranks);
+    Invalid(world, "cp = " + std::to_string(cp) + " must be >= 1 and tp * " +
+                       (pp > 1 ? "pp * " : "") + "cp = " + std::to_string(tp * pp * cp) +
+                       " must divide the " + std::to_string(n) + ranks);
   if (cp > 1 && ep != 1)
     Invalid(world, "ep = " + std::to_string(ep) + " with cp = " + std::to_string(cp) +
                        ": expert parallelism is not combined with context parallelism");
-  if (cp > 1 && pp > 1)
-    Invalid(world, "cp = " + std::to_string(cp) + " with pp = " + std::to_string(pp) +
-                       ": context parallelism is not combined with pipeline parallelism");
   const int dp = n / tp / pp / cp;
   if (ep < 1 || dp % ep != 0)
     Invalid(world, "ep = " + std::to_string(ep) + " must be >= 1 and divide dp = " +
@@ -82,8 +80,8 @@ ProcessGrid MakeGrid(const Group& world, int tp, int ep, int cp) {
   return Build(world, tp, 1, ep, cp);
 }
 
-ProcessGrid MakeGrid3D(const Group& world, int tp, int pp, int ep) {
-  return Build(world, tp, pp, ep, 1);
+ProcessGrid MakeGrid3D(const Group& world, int tp, int pp, int ep, int cp) {
+  return Build(world, tp, pp, ep, cp);
 }
 
 }  // namespace mc2::models

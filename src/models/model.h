@@ -53,6 +53,9 @@ struct Transformer::Impl {
   // Context parallelism (grid.cp_size > 1): each block's ring attention
   // over grid.cp (it keeps its forward's state for the backward).
   std::vector<std::unique_ptr<RingAttention>> ring;
+  // A ring per block of this rank's part (empty when cp == 1): the
+  // pipeline keeps a set per micro-batch in flight.
+  std::vector<std::unique_ptr<RingAttention>> MakeRings() const;
   // The global position of local position t (this CP rank's two chunks).
   size_t Position(size_t t) const {
     if (dims.cp == 1) return t;

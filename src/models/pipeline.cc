@@ -4,12 +4,13 @@
 // accumulation over the micro-batches, the DP exchange and AdamW.
 //
 // Each chunk is a Transformer::Impl running a range of blocks (StageSpec,
-// dims.h) on micro-batches, whose grid's world is this stage's dp x tp
+// dims.h) on micro-batches, whose grid's world is this stage's dp x cp x tp
 // ranks: its TP-replicated gradients are summed over the stage, its shards'
 // over the stage's DP group, as in the unpipelined model. The chunk keeps
 // one micro-batch's activations in its `acts`; those of the micro-batches
 // in flight (forward done, backward not yet) are swapped out into a pool
-// and back in for the backward.
+// and back in for the backward, with their ring attention state under
+// context parallelism.
 //
 // A message is the [s x h] rows of one micro-batch (this TP rank's
 // sequence-parallel rows) followed by the sender's clock when it finished
@@ -50,14 +51,22 @@ double Now() { return std::chrono::duration<double>(Clock::now().time_since_epoc
 
 std::string Str(long long v) { return std::to_string(v); }
 
+// What one micro-batch's backward needs from its forward: the chunk's
+// activations and, with context parallelism, its blocks' ring attention
+// state (each ring keeps its forward's Q, K, V, output and LSE).
+struct MicroState {
+  std::unique_ptr<Activations> acts;
+  std::vector<std::unique_ptr<RingAttention>> ring;
+};
+
 // One chunk of the model on this stage.
 struct Chunk {
   int index = 0;  // the model's chunk
   std::unique_ptr<ChunkAccess::Impl> m;
   std::vector<float> acc;                                  // accumulated gradients, by param
   std::vector<size_t> offset;                              // of each param in acc
-  std::map<int, std::unique_ptr<Activations>> in_flight;  // by micro-batch
-  std::vector<std::unique_ptr<Activations>> pool;          // free activation sets
+  std::map<int, MicroState> in_flight;  // by micro-batch
+  std::vector<MicroState> pool;         // free sets
 };
 
 constexpr size_t kStampFloats = 2;  // the sender's clock, a double
@@ -65,8 +74,8 @@ constexpr size_t kStampFloats = 2;  // the sender's clock, a double
 }  // namespace
 
 void ValidatePipeline(const TransformerConfig& c, const PipelineConfig& pipe, int tp, int dp,
-                      int pp, int ep) {
-  ValidateConfig(c, tp, dp, ep);
+                      int pp, int ep, int cp) {
+  ValidateConfig(c, tp, dp, ep, cp);
   if (pp < 1) Invalid("pp must be >= 1, not " + Str(pp));
   const int m = pipe.micro_batches;
   if (m < 1) Invalid("micro_batches must be >= 1, not " + Str(m));
@@ -121,7 +130,8 @@ struct PipelineTransformer::Impl {
 
   Impl(const ProcessGrid& g, const TransformerConfig& c, const PipelineConfig& pc)
       : grid(g), cfg(c), pipe(pc) {
-    ValidatePipeline(cfg, pipe, grid.tp_size, grid.dp_size, grid.pp_size, grid.ep_size);
+    ValidatePipeline(cfg, pipe, grid.tp_size, grid.dp_size, grid.pp_size, grid.ep_size,
+                     grid.cp_size);
     p = grid.pp_size;
     v = pipe.schedule == PipelineSchedule::kInterleaved ? pipe.virtual_stages : 1;
     m = pipe.micro_batches;
@@ -263,19 +273,22 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
     const double start = Now();
     if (o.forward) {
       trace::Scope span("pipeline.forward", trace::Category::kHost);
-      std::unique_ptr<Activations> a;
+      MicroState a;
       if (ch.pool.empty()) {
-        a = std::make_unique<Activations>(mm.dims);
+        a.acts = std::make_unique<Activations>(mm.dims);
+        a.ring = mm.MakeRings();
       } else {
         a = std::move(ch.pool.back());
         ch.pool.pop_back();
       }
-      std::swap(mm.acts, *a);
+      std::swap(mm.acts, *a.acts);
+      std::swap(mm.ring, a.ring);
       const bool last = ch.index == chunks - 1;
       std::vector<float> out;
       if (!last) out.assign(MessageFloats(), 0.0f);
       const double local_sum = mm.ChunkForward(step, o.micro, in, last ? nullptr : out.data());
-      std::swap(mm.acts, *a);
+      std::swap(mm.acts, *a.acts);
+      std::swap(mm.ring, a.ring);
       ch.in_flight[o.micro] = std::move(a);
       if (last) {
         loss_sum += local_sum;
@@ -284,14 +297,16 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
       }
     } else {
       trace::Scope span("pipeline.backward", trace::Category::kHost);
-      std::unique_ptr<Activations> a = std::move(ch.in_flight.at(o.micro));
+      MicroState a = std::move(ch.in_flight.at(o.micro));
       ch.in_flight.erase(o.micro);
-      std::swap(mm.acts, *a);
+      std::swap(mm.acts, *a.acts);
+      std::swap(mm.ring, a.ring);
       const bool first = ch.index == 0;
       std::vector<float> dx;
       if (!first) dx.assign(MessageFloats(), 0.0f);
       mm.ChunkBackward(in, first ? nullptr : dx.data());
-      std::swap(mm.acts, *a);
+      std::swap(mm.acts, *a.acts);
+      std::swap(mm.ring, a.ring);
       ch.pool.push_back(std::move(a));
       Accumulate(ch, o.micro);
       if (!first) Send(std::move(dx), /*forward=*/false, ch.index - 1, o.micro);
@@ -408,13 +423,19 @@ std::vector<ParamView> PipelineTransformer::Parameters() {
 std::vector<PipelineStepStats> TrainPipelineSteps(
     const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
     int pp, int steps, const std::function<void(const PipelineStepStats&)>& on_step) {
+  return TrainPipelineSteps(world, config, pipe, tp, pp, /*cp=*/1, steps, on_step);
+}
+
+std::vector<PipelineStepStats> TrainPipelineSteps(
+    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
+    int pp, int cp, int steps, const std::function<void(const PipelineStepStats&)>& on_step) {
   if (steps < 0) throw Error(ErrorCode::kInvalidArgument, "TrainPipelineSteps: steps must be >= 0");
   // The sizes first, naming the cause, before splitting anything.
-  if (!world.valid() || tp < 1 || pp < 1 || world.size() % (tp * pp) != 0) {
-    MakeGrid3D(world, tp, pp);
+  if (!world.valid() || tp < 1 || pp < 1 || cp < 1 || world.size() % (tp * pp * cp) != 0) {
+    MakeGrid3D(world, tp, pp, /*ep=*/1, cp);
   }
-  ValidatePipeline(config, pipe, tp, world.size() / (tp * pp), pp);
-  ProcessGrid grid = MakeGrid3D(world, tp, pp);
+  ValidatePipeline(config, pipe, tp, world.size() / (tp * pp * cp), pp, /*ep=*/1, cp);
+  ProcessGrid grid = MakeGrid3D(world, tp, pp, /*ep=*/1, cp);
   PipelineTransformer model(grid, config, pipe);
   std::vector<PipelineStepStats> out;
   for (int step = 0; step < steps; ++step) {

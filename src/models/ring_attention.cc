@@ -20,10 +20,13 @@
 //
 // Backward recomputes P = exp(S - LSE) block by block, with D = rowsum(dO *
 // O):  dV_c += P^T dO_a,  dS = P (dO_a V_c^T - D) / sqrt(d),  dQ_a += dS K_c,
-// dK_c += dS^T Q_a. dQ stays here; the block's dK, dV are summed along the
-// ring: rank r adds its part to what rank r-1 sent (the same block's sum
-// over the ranks before it) and sends it on to r+1; after the N-th send
-// each block's gradient is back on its owner.
+// dK_c += dS^T Q_a. dQ stays here. The blocks go round the other way (to
+// r-1, from r+1): at step j rank r holds rank r+1+j's block, the first the
+// one the forward ended with (kept), the last its own. The block's dK, dV
+// are summed along: rank r adds its part to what rank r+1 sent (the same
+// block's sum over the ranks after it) and sends it on to r-1, so the
+// owner adds the last part itself. That takes N-2 key/value transfers and
+// N-1 gradient transfers, and none is left after the last block's compute.
 //
 // Overlap: the next block's Recv (and this block's Send) is posted before
 // the current block's compute and waited for after it; the gradient sum's
@@ -101,6 +104,7 @@ struct RingAttention::Impl {
 
   std::vector<float> q, out, own_kv;     // tight; own_kv: K then V
   std::vector<float> ring[2];            // the blocks in flight
+  std::vector<float> last_kv;            // the forward's last block (rank r+1's)
   std::vector<float> m, l, lse, D;       // [B H x T_l], index (b H + h) T_l + t
   std::vector<float> s, ds;              // [C x C] scratch
   std::vector<float> dout, dq, dkv_loc;  // tight
@@ -316,6 +320,7 @@ RingAttention::RingAttention(const Group& cp, const RingAttentionConfig& c)
   m.ds.resize(m.C * m.C);
   if (N > 1) {
     for (auto& v : m.ring) v.resize(2 * m.blk);
+    m.last_kv.resize(2 * m.blk);
     for (auto& v : m.dkv_acc) v.resize(2 * m.blk);
     for (auto& v : m.dkv_rcv) v.resize(2 * m.blk);
   }
@@ -382,6 +387,8 @@ void RingAttention::Forward(const float* q, size_t ldq, const float* k, size_t l
     if (i + 1 < N) m.Wait(m.kv_recv, m.fwd_wait);
   }
   m.Wait(m.kv_send, m.fwd_wait);
+  // The last block (rank r+1's) is where the backward starts.
+  if (N > 1) std::swap(m.last_kv, m.ring[(N - 1) % 2]);
   // out = acc / l; LSE = m + log l (every row saw at least its own position).
   for (size_t t = 0; t < m.Tl; ++t) {
     for (size_t b = 0; b < m.B; ++b) {
@@ -433,50 +440,69 @@ void RingAttention::Backward(const float* dout, size_t lddo, float* dq, size_t l
       }
     }
   }
+  // The blocks go the other way round (Send to r-1, Recv from r+1): at
+  // step j rank r holds the block of rank r+1+j, starting with the one the
+  // forward ended with (last_kv) and ending with its own, so each block's
+  // dK, dV partial sum follows it to r-1 and its last addend is its owner's:
+  // no gradient transfer after the last block's compute, and one fewer
+  // key/value transfer than a ring that starts from the own block.
   const int N = m.N, next = (m.r + 1) % N, prev = (m.r + N - 1) % N;
   const size_t bytes = 2 * m.blk * sizeof(float);
-  const float* total = m.dkv_loc.data();  // N == 1: this rank's part is all
-  if (N > 1) m.ring[0] = m.own_kv;
-  for (int i = 0; i < N; ++i) {
-    const int cur = i % 2;
-    const float* kv = N > 1 ? m.ring[cur].data() : m.own_kv.data();
-    if (i + 1 < N) {
-      m.Wait(m.kv_send, m.bwd_wait);
-      m.kv_recv.Post(m.cp.Recv(m.ring[1 - cur].data(), bytes, prev, kTagKv),
+  const float* total = m.dkv_loc.data();  // the own block's dK, dV: complete at step N-1
+  const float* kv = N > 1 ? m.last_kv.data() : m.own_kv.data();
+  for (int j = 0; j < N; ++j) {
+    const int cur = j % 2;
+    // Step j + 1's block, unless it is this rank's own (step N-1).
+    const bool pass_kv = j + 2 < N;
+    if (pass_kv) {
+      m.Wait(m.kv_send, m.bwd_wait);  // it read ring[cur] (step j - 1's block)
+      m.kv_recv.Post(m.cp.Recv(m.ring[cur].data(), bytes, next, kTagKv),
                      "ring_attention.recv_kv", bytes);
-      m.kv_send.Post(m.cp.Send(kv, bytes, next, kTagKv), "ring_attention.send_kv", bytes);
+      m.kv_send.Post(m.cp.Send(kv, bytes, prev, kTagKv), "ring_attention.send_kv", bytes);
       if (!m.cfg.overlap) {
         m.Wait(m.kv_recv, m.bwd_wait);
         m.Wait(m.kv_send, m.bwd_wait);
       }
     }
-    m.BackwardBlock((m.r - i + N) % N, kv, m.dkv_loc.data());
+    // Step j's block is rank r+1+j's; its partial sum over ranks r+j ..
+    // r+1 comes from rank r+1 (sent at its step j-1).
+    m.BackwardBlock((m.r + 1 + j) % N, kv, m.dkv_loc.data());
     if (N > 1) {
-      // This block's gradient summed over ranks r-i..r, on to rank r+1.
-      m.Wait(m.d_send[cur], m.bwd_wait);  // it read dkv_acc[cur] two steps ago
-      float* acc = m.dkv_acc[cur].data();
-      if (i > 0) {
+      const float* rcv = nullptr;
+      if (j > 0) {
         m.Wait(m.d_recv, m.bwd_wait);
-        const float* rcv = m.dkv_rcv[1 - cur].data();
-        for (size_t e = 0; e < 2 * m.blk; ++e) acc[e] = m.dkv_loc[e] + rcv[e];
+        rcv = m.dkv_rcv[1 - cur].data();
+      }
+      if (j + 1 < N) {
+        m.Wait(m.d_send[cur], m.bwd_wait);  // it read dkv_acc[cur] two steps ago
+        float* acc = m.dkv_acc[cur].data();
+        if (rcv != nullptr) {
+          for (size_t e = 0; e < 2 * m.blk; ++e) acc[e] = m.dkv_loc[e] + rcv[e];
+        } else {
+          std::copy(m.dkv_loc.begin(), m.dkv_loc.end(), acc);
+        }
+        // On to rank r-1, which holds this block at step j + 1; the next
+        // block's partial sum from rank r+1.
+        m.d_send[cur].Post(m.cp.Send(acc, bytes, prev, kTagDkv), "ring_attention.send_dkv", bytes);
+        m.d_recv.Post(m.cp.Recv(m.dkv_rcv[cur].data(), bytes, next, kTagDkv),
+                      "ring_attention.recv_dkv", bytes);
+        if (!m.cfg.overlap) {
+          m.Wait(m.d_recv, m.bwd_wait);
+          m.Wait(m.d_send[cur], m.bwd_wait);
+        }
       } else {
-        std::copy(m.dkv_loc.begin(), m.dkv_loc.end(), acc);
+        // The own block (j = N-1): its total, on this rank.
+        for (size_t e = 0; e < 2 * m.blk; ++e) m.dkv_loc[e] += rcv[e];
       }
-      m.d_send[cur].Post(m.cp.Send(acc, bytes, next, kTagDkv), "ring_attention.send_dkv", bytes);
-      // The next block's partial sum (after the last step: this rank's own
-      // block's total).
-      m.d_recv.Post(m.cp.Recv(m.dkv_rcv[cur].data(), bytes, prev, kTagDkv),
-                    "ring_attention.recv_dkv", bytes);
-      if (!m.cfg.overlap) {
-        m.Wait(m.d_recv, m.bwd_wait);
-        m.Wait(m.d_send[cur], m.bwd_wait);
-      }
-      total = m.dkv_rcv[cur].data();
     }
-    if (i + 1 < N) m.Wait(m.kv_recv, m.bwd_wait);
+    if (pass_kv) {
+      m.Wait(m.kv_recv, m.bwd_wait);
+      kv = m.ring[cur].data();
+    } else if (j + 1 < N) {
+      kv = m.own_kv.data();  // step N-1: this rank's own block
+    }
   }
   if (N > 1) {
-    m.Wait(m.d_recv, m.bwd_wait);
     m.Wait(m.d_send[0], m.bwd_wait);
     m.Wait(m.d_send[1], m.bwd_wait);
     m.Wait(m.kv_send, m.bwd_wait);

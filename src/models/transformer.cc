@@ -81,16 +81,7 @@ Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c, const 
       linear(dims, grid.tp, params, cfg.fused),
       acts(dims),
       rope(static_cast<size_t>(cfg.seq_len), dims.d, cfg.rope_base) {
-  if (dims.cp > 1) {
-    RingAttentionConfig rc;
-    rc.batch = static_cast<int>(dims.Bl);
-    rc.seq_len = cfg.seq_len;
-    rc.heads = static_cast<int>(dims.hl);
-    rc.head_dim = static_cast<int>(dims.d);
-    rc.causal = true;
-    for (size_t l = 0; l < dims.L; ++l)
-      ring.push_back(std::make_unique<RingAttention>(grid.cp, rc));
-  }
+  ring = MakeRings();
   loss.local.assign(1 + 2 * dims.E * dims.n_moe, 0.0);
   loss.total = loss.local;
   block_fwd_s.assign(dims.L, 0.0);
@@ -99,6 +90,19 @@ Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c, const 
     block_span_fwd.push_back("block" + std::to_string(dims.L0 + l) + ".forward");
     block_span_bwd.push_back("block" + std::to_string(dims.L0 + l) + ".backward");
   }
+}
+
+std::vector<std::unique_ptr<RingAttention>> Transformer::Impl::MakeRings() const {
+  std::vector<std::unique_ptr<RingAttention>> out;
+  if (dims.cp == 1) return out;
+  RingAttentionConfig rc;
+  rc.batch = static_cast<int>(dims.Bl);
+  rc.seq_len = cfg.seq_len;
+  rc.heads = static_cast<int>(dims.hl);
+  rc.head_dim = static_cast<int>(dims.d);
+  rc.causal = true;
+  for (size_t l = 0; l < dims.L; ++l) out.push_back(std::make_unique<RingAttention>(grid.cp, rc));
+  return out;
 }
 
 double Transformer::Impl::ChunkForward(int step, int micro, const float* x_in, float* x_out) {

@@ -359,7 +359,7 @@ FusedReport AllGatherBatchMatmul(const Group& g, const AllGatherBatchMatmulArgs&
   mine.pipeline_splits = fused::PackPipelineSplits(options);
   mine.c_null = c == nullptr && n > 0;
   if (g.valid()) {
-    const ops::Environment env = fused::ModelEnvironment(g);
+    const ops::Environment env = fused::ModelEnvironment(g, options.timeout);
     mine.link_bw = static_cast<uint64_t>(env.link_bytes_per_second);
     mine.model_hash = fused::ModelHash(env);
   }

@@ -26,6 +26,7 @@
 #include "mc2/fused_ops.h"
 #include "ops/cost_model.h"
 #include "ops/gemm.h"
+#include "ops/host_link.h"
 #include "trace/recorder.h"
 
 namespace mc2::fused {
@@ -250,14 +251,17 @@ inline CollectiveOptions OperatorCollectiveOptions(const Group& g, const FusedOp
   return co;
 }
 
-// The cost model's view of this group: link settings and heap size. Its
-// hash goes into every agreement message, so that ranks with different
-// settings fail with kMismatch instead of choosing different pipelines.
-inline ops::Environment ModelEnvironment(const Group& g) {
+// The cost model's view of this group: its link (emulated on one host,
+// measured between hosts: ops/host_link.h) and heap size. Its hash goes
+// into every agreement message, so that ranks with different settings fail
+// with kMismatch instead of choosing different pipelines. Collective on a
+// group that spans hosts (its first call measures the link).
+inline ops::Environment ModelEnvironment(const Group& g, std::chrono::nanoseconds timeout) {
   const internal::Channel& ch = internal::Channel::Of(g);
+  const internal::LinkInfo link = ch.HostOf().empty() ? ch.link() : HostLink(g, timeout);
   ops::Environment env;
-  env.link_bytes_per_second = ch.link().bytes_per_second;
-  env.link_latency_s = ch.link().latency_seconds;
+  env.link_bytes_per_second = link.bytes_per_second;
+  env.link_latency_s = link.latency_seconds;
   env.heap_bytes = ch.heap_bytes();
   return env;
 }

@@ -181,7 +181,7 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, const std::st
   ShapeMsg mine = mine_in;
   ops::Environment env;
   if (g.valid()) {
-    env = fused::ModelEnvironment(g);
+    env = fused::ModelEnvironment(g, o.timeout);
     mine.model_hash = fused::ModelHash(env);
   }
   std::vector<ShapeMsg> all =

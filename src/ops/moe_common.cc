@@ -59,7 +59,7 @@ MoePlan MakeMoePlan(const Group& g, const char* op, const MoeRouting& r, DType d
       local_error.empty() ? RoutingFingerprint(r.ranks, r.num_experts, r.topk, r.counts) : 0;
   mine.pipeline_splits = fused::PackPipelineSplits(o);
   if (g.valid()) {
-    const ops::Environment env = fused::ModelEnvironment(g);
+    const ops::Environment env = fused::ModelEnvironment(g, o.timeout);
     mine.link_bw = static_cast<uint64_t>(env.link_bytes_per_second);
     mine.model_hash = fused::ModelHash(env);
   }

@@ -82,6 +82,35 @@ TEST_F(DemoFsdpTest, EveryConfigurationTrainsTheSameLossesAndReportsItsMemory) {
   EXPECT_EQ(j["runs"][1]["speedup_vs_prefetch0"].get<double>(), 1.0);
 }
 
+TEST_F(DemoFsdpTest, TensorParallelShards) {
+  // dp 2 x tp 2 on 4 ranks: every configuration trains bitwise the same
+  // losses, and a rank's state is its TP rank's model (the blocks' matrices
+  // split over tp) sharded over the 2 DP ranks.
+  const fs::path out = dir_ / "out", js = dir_ / "result.json";
+  const Result r = RunMc2({"demo", "fsdp", "-n", "2", "--tp", "2", "--link", "none", "-i", "1",
+                           "-w", "0", "--prefetch", "0,1", "--layers", "2", "--hidden", "32",
+                           "--heads", "4", "--ffn", "64", "--vocab", "16", "--batch", "4",
+                           "--seq-len", "8", "--out", out.string(), "--json", js.string()},
+                          {}, 120);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("over 4 ranks (dp 2 x tp 2)"));
+  EXPECT_THAT(r.out, HasSubstr("losses bitwise identical across the columns (every step, 1 of "
+                               "them): yes"));
+  std::ifstream f(js);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["tp"], 2);
+  EXPECT_EQ(j["ranks"], 4);
+  const double h = 32, ff = 64, V = 16;
+  const double P = V * h + 2 * (2 * h + (4 * h * h + 3 * h * ff) / 2) + h + h * V;
+  ASSERT_EQ(j["runs"].size(), 3u);
+  for (const auto& run : j["runs"]) EXPECT_EQ(run["unsharded_bytes"].get<double>(), 16 * P);
+  // --tp that does not divide the heads is refused before anything runs.
+  const Result bad = RunMc2({"demo", "fsdp", "--tp", "3", "--out", (dir_ / "bad").string()}, {},
+                            60);
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_THAT(bad.err, HasSubstr("tp (3)"));
+}
+
 TEST_F(DemoFsdpTest, BadOptionsAreNamedBeforeAnythingRuns) {
   const fs::path out = dir_ / "never";
   Result r = RunMc2({"demo", "fsdp", "--prefetch", "0,3", "--out", out.string()}, {}, 60);

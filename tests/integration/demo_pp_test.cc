@@ -1,8 +1,8 @@
 // `mc2 demo pp` as a user runs it (tools/demo_pp.cc): a tiny pipeline of
 // two stages with both schedules and --json, whose table reports the bubble
 // against its formula per schedule and stage, and whose schedules trained
-// bitwise the same losses; invalid settings refused before any file is
-// written.
+// bitwise the same losses, also with context-parallel stages; invalid
+// settings refused before any file is written.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -68,6 +68,31 @@ TEST_F(DemoPpTest, BothSchedulesTrainTheSameLossesAndReportTheirBubble) {
     EXPECT_TRUE(fs::exists(out / ("timeline-" + s + ".svg"))) << s;
     EXPECT_TRUE(fs::exists(out / s / "rank-1.trace.json")) << s;
   }
+}
+
+TEST_F(DemoPpTest, StagesWithContextParallelism) {
+  // pp 2 x cp 2 on 4 ranks: each stage's attention is ring attention over
+  // its CP pair; both schedules still train bitwise the same losses.
+  const fs::path out = dir_ / "out", js = dir_ / "result.json";
+  const Result r = RunMc2({"demo", "pp", "--pp", "2", "--cp", "2", "-m", "2", "--link", "none",
+                           "-i", "1", "-w", "0", "--layers", "4", "--hidden", "32", "--heads",
+                           "4", "--ffn", "64", "--vocab", "16", "--seq-len", "16", "--batch", "4",
+                           "--out", out.string(), "--json", js.string()},
+                          {}, 120);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("pp 2 x dp 1 x cp 2 x tp 1 (4 ranks)"));
+  EXPECT_THAT(r.out, HasSubstr("losses identical across schedules (bitwise): yes"));
+  std::ifstream f(js);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["cp"], 2);
+  EXPECT_EQ(j["ranks"], 4);
+  EXPECT_EQ(j["losses_identical"], true);
+  EXPECT_TRUE(fs::exists(out / "1f1b" / "rank-3.trace.json"));
+  // seq_len 10 cannot be cut into 2 * cp chunks: refused before the job.
+  const Result bad = RunMc2({"demo", "pp", "--pp", "2", "--cp", "2", "--seq-len", "10", "--out",
+                             (dir_ / "bad").string()});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_THAT(bad.err, HasSubstr("must be divisible by 2 * cp (4)"));
 }
 
 TEST_F(DemoPpTest, RefusesInvalidSettingsBeforeWritingAnything) {

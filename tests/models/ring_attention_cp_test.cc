@@ -154,6 +154,16 @@ RingResult RunRing(const Problem& p, int cp, bool causal, bool overlap) {
     gather(p.dout, dout);
     ring.Forward(q.data(), ld, k.data(), ld, v.data(), ld, out.data(), ld);
     ring.Backward(dout.data(), ld, dq.data(), ld, dk.data(), ld, dv.data(), ld);
+    // Backward starts from the block the forward ended with, which it
+    // keeps: a second Backward of the same Forward gives the same bits.
+    std::vector<float> dq2(rows * ld), dk2(rows * ld), dv2(rows * ld);
+    ring.Backward(dout.data(), ld, dq2.data(), ld, dk2.data(), ld, dv2.data(), ld);
+    for (size_t i = 0; i < rows; ++i) {
+      const size_t o = i * ld, nb = HD * sizeof(float);
+      EXPECT_EQ(0, std::memcmp(&dq[o], &dq2[o], nb)) << "row " << i;
+      EXPECT_EQ(0, std::memcmp(&dk[o], &dk2[o], nb)) << "row " << i;
+      EXPECT_EQ(0, std::memcmp(&dv[o], &dv2[o], nb)) << "row " << i;
+    }
     std::lock_guard<std::mutex> lock(mu);
     auto scatter = [&](const std::vector<float>& local, std::vector<float>& global) {
       for (int t = 0; t < Tl; ++t) {

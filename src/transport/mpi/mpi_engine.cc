@@ -54,8 +54,24 @@ const char* LevelName(int level) {
 }
 
 size_t PieceBytes() {
-  static const size_t bytes = std::max<size_t>(core::EnvBytes("MC2_MPI_PIECE_BYTES", 4u << 20), 1);
+  static const size_t bytes = std::max<size_t>(core::EnvBytes("MC2_MPI_PIECE_BYTES", 1u << 20), 1);
   return bytes;
+}
+
+// Open MPI's TCP transport sends a message above its eager limit (64 KiB by
+// default) by rendezvous: the receiver acknowledges before the data flows.
+// When both directions of a connection carry data at once, those
+// acknowledgements queue behind the other direction's data, and the pair
+// moves about one direction at a time. A piece sent eagerly needs no
+// acknowledgement, so where mc2 initialises MPI it raises the eager limit
+// to hold a piece, unless the user set it (the variable is read by
+// MPI_Init; this runs before, before the engine's thread exists).
+void RaiseTcpEagerLimit() {
+  constexpr const char* kVar = "OMPI_MCA_btl_tcp_eager_limit";
+  if (std::getenv(kVar) != nullptr) return;
+  // The limit counts Open MPI's match header too.
+  const std::string limit = std::to_string(PieceBytes() + 1024);
+  setenv(kVar, limit.c_str(), /*overwrite=*/0);
 }
 
 }  // namespace
@@ -112,6 +128,7 @@ std::shared_ptr<MpiEngine> MpiEngine::Start(int64_t comm_f) {
   Check(MPI_Initialized(&initialized), "MPI_Initialized");
   if (comm_f < 0 && !initialized) {
     int provided = MPI_THREAD_SINGLE;
+    RaiseTcpEagerLimit();
     Check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
     e->initialized_mpi_ = true;
     if (provided < MPI_THREAD_SERIALIZED) {

@@ -5,9 +5,13 @@
 // Irecv of (communicator, peer, tag, buffer, bytes), and Call, which runs a
 // function on the MPI thread (communicator creation, small all-gathers).
 // The thread posts MPI_Isend / MPI_Irecv and drives them with MPI_Testsome;
-// a message larger than one piece (MC2_MPI_PIECE_BYTES, default 4 MiB) is
+// a message larger than one piece (MC2_MPI_PIECE_BYTES, default 1 MiB) is
 // cut into pieces that are in flight together, so a large transfer keeps the
-// link busy while MPI completes earlier pieces. Pieces of one message, and
+// link busy while MPI completes earlier pieces. Where mc2 initialises MPI,
+// Open MPI's TCP eager limit is raised to hold a piece (unless the user
+// set it): eager pieces need no rendezvous acknowledgement, which would
+// otherwise queue behind the other direction's data and halve the rate of
+// an exchange in both directions. Pieces of one message, and
 // messages of one (communicator, peer, tag), match in posting order (MPI's
 // non-overtaking rule), so receivers cut the same way.
 //

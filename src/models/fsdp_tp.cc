@@ -1,0 +1,213 @@
+// FsdpLayers' blocks with tensor parallelism (fsdp_layers.h, tp > 1): the
+// reference transformer's tensor + sequence parallel block (transformer.cc),
+// on the weights FSDP gathered over the DP group (this TP rank's slices):
+//   xn1 = RMSNorm(x)                    x: this rank's s rows
+//   qkv = AllGatherMatmul(xn1, Wqkv_r)  all S rows, the local heads
+//   x1  = x + MatmulReduceScatter(attention(RoPE(qkv)), Wo_r)
+//   gu  = AllGatherMatmul(RMSNorm(x1), Wgu_r)
+//   x'  = x1 + MatmulReduceScatter(SwiGLU(gu), Wdown_r)
+// and backward the reverse (a column-parallel dgrad is a
+// MatmulReduceScatter with W^T, a row-parallel one an AllGatherMatmul
+// with W^T; the weight gradients local GEMMs on the gathered operands).
+// The operators take B row-major without a transpose flag, so W^T is
+// built from the gathered slice before each dgrad.
+#include <cstring>
+
+#include "mc2/gemm.h"
+#include "mc2/ops.h"
+#include "mc2/trace.h"
+#include "models/fsdp_layers.h"
+
+namespace mc2::models {
+
+void FsdpLayers::ColumnParallel(const float* x, const float* w, size_t n, float* y, float* xg) {
+  trace::Scope span("all_gather_matmul", trace::Category::kHost);
+  AllGatherMatmul(tp_,
+                  {.a = x,
+                   .b = w,
+                   .c = y,
+                   .m = s_,
+                   .k = h_,
+                   .n = n,
+                   .dtype = DType::kF32,
+                   .gathered_a = xg},
+                  cfg_.fused);
+}
+
+void FsdpLayers::RowParallel(const float* a, const float* w, size_t k, float* y) {
+  trace::Scope span("matmul_reduce_scatter", trace::Category::kHost);
+  MatmulReduceScatter(tp_,
+                      {.a = a,
+                       .b = w,
+                       .c = y,
+                       .m = S_,
+                       .k = k,
+                       .n = h_,
+                       .dtype = DType::kF32,
+                       .m_local = s_},
+                      cfg_.fused);
+}
+
+// dx [s x h] = this rank's rows of the sum over TP of dy [S x n] w^T (w [h x n]).
+void FsdpLayers::ColumnParallelDgrad(const float* dy, const float* w, size_t n, float* dx) {
+  {
+    trace::Scope span("transpose", trace::Category::kCompute);
+    Transpose(w, h_, n, wt_.data());
+  }
+  trace::Scope span("dgrad.matmul_reduce_scatter", trace::Category::kHost);
+  MatmulReduceScatter(tp_,
+                      {.a = dy,
+                       .b = wt_.data(),
+                       .c = dx,
+                       .m = S_,
+                       .k = n,
+                       .n = h_,
+                       .dtype = DType::kF32,
+                       .m_local = s_},
+                      cfg_.fused);
+}
+
+// da [S x k] = gather(dy [s x h]) w^T (w [k x h]), the gathered dy to dyg.
+void FsdpLayers::RowParallelDgrad(const float* dy, const float* w, size_t k, float* da,
+                                  float* dyg) {
+  {
+    trace::Scope span("transpose", trace::Category::kCompute);
+    Transpose(w, k, h_, wt_.data());
+  }
+  trace::Scope span("dgrad.all_gather_matmul", trace::Category::kHost);
+  AllGatherMatmul(tp_,
+                  {.a = dy,
+                   .b = wt_.data(),
+                   .c = da,
+                   .m = s_,
+                   .k = h_,
+                   .n = k,
+                   .dtype = DType::kF32,
+                   .gathered_a = dyg},
+                  cfg_.fused);
+}
+
+// dw [k x n] = a^T b, a [S x k], b [S x n] (overwritten).
+void FsdpLayers::Wgrad(const float* a, const float* b, size_t k, size_t n, float* dw) {
+  trace::Scope span("wgrad", trace::Category::kCompute, GemmFlops(k, n, S_));
+  GemmOptions o;
+  o.trans_a = true;
+  Gemm(k, n, S_, a, b, dw, o);
+}
+
+void FsdpLayers::BlockForwardTp(size_t l, const float* w) {
+  const size_t S = S_, s = s_, h = h_, fl = fl_, T = T_, Bl = Bl_, d = d_, H = hl_, hd = H * d;
+  const float* norm1 = w;
+  const float* wqkv = norm1 + h;
+  const float* wo = wqkv + h * 3 * hd;
+  const float* norm2 = wo + hd * h;
+  const float* wgu = norm2 + h;
+  const float* wdown = wgu + h * 2 * fl;
+  Acts& A = acts_[l];
+  float* tmp = dtmp_.data();
+  std::memcpy(A.x.data(), xL_.data(), s * h * sizeof(float));
+  {
+    trace::Scope span("rmsnorm", trace::Category::kCompute);
+    RmsNormForward(A.x.data(), norm1, s, h, cfg_.norm_eps, xn_rows_.data(), A.rstd1.data());
+  }
+  ColumnParallel(xn_rows_.data(), wqkv, 3 * hd, A.qkv.data(), A.xn1.data());
+  {
+    trace::Scope span("attention", trace::Category::kCompute,
+                      4 * static_cast<uint64_t>(Bl * H) * T * T * d);
+    for (size_t row = 0; row < S; ++row) {
+      float* q = A.qkv.data() + row * 3 * hd;
+      for (size_t j = 0; j < H; ++j) {
+        RopeApply(rope_, row / Bl, q + j * d, false);
+        RopeApply(rope_, row / Bl, q + hd + j * d, false);
+      }
+    }
+    const size_t ld = Bl * 3 * hd;
+    for (size_t b = 0; b < Bl; ++b) {
+      for (size_t j = 0; j < H; ++j) {
+        const float* q = A.qkv.data() + b * 3 * hd + j * d;
+        AttentionForward(q, q + hd, q + 2 * hd, T, d, ld, ld, ld,
+                         A.probs.data() + (b * H + j) * T * T, A.ctx.data() + b * hd + j * d,
+                         Bl * hd);
+      }
+    }
+  }
+  RowParallel(A.ctx.data(), wo, hd, tmp);
+  for (size_t i = 0; i < s * h; ++i) A.x1[i] = A.x[i] + tmp[i];
+  {
+    trace::Scope span("rmsnorm", trace::Category::kCompute);
+    RmsNormForward(A.x1.data(), norm2, s, h, cfg_.norm_eps, xn_rows_.data(), A.rstd2.data());
+  }
+  ColumnParallel(xn_rows_.data(), wgu, 2 * fl, A.gu.data(), A.xn2.data());
+  {
+    trace::Scope span("swiglu", trace::Category::kCompute);
+    SwiGluForward(A.gu.data(), S, fl, A.act.data());
+  }
+  RowParallel(A.act.data(), wdown, fl, tmp);
+  for (size_t i = 0; i < s * h; ++i) xL_[i] = A.x1[i] + tmp[i];
+}
+
+void FsdpLayers::BlockBackwardTp(size_t l, const float* w, float* g) {
+  const size_t S = S_, s = s_, h = h_, fl = fl_, T = T_, Bl = Bl_, d = d_, H = hl_, hd = H * d;
+  const size_t o_norm1 = 0, o_qkv = h, o_o = o_qkv + h * 3 * hd, o_norm2 = o_o + hd * h,
+               o_gu = o_norm2 + h, o_down = o_gu + h * 2 * fl;
+  const float* norm1 = w + o_norm1;
+  const float* wqkv = w + o_qkv;
+  const float* wo = w + o_o;
+  const float* norm2 = w + o_norm2;
+  const float* wgu = w + o_gu;
+  const float* wdown = w + o_down;
+  Acts& A = acts_[l];
+  float* dout = dx_.data();  // in: the block output's gradient (s rows); out: its input's
+  float* dact = dS_.data();
+  float* dtmp = dtmp_.data();
+  float* dx1 = dx1_.data();
+  // MLP.
+  RowParallelDgrad(dout, wdown, fl, dact, dyg_.data());
+  Wgrad(A.act.data(), dyg_.data(), fl, h, g + o_down);
+  {
+    trace::Scope span("swiglu", trace::Category::kCompute);
+    SwiGluBackward(A.gu.data(), dact, S, fl, gu_grad_.data());
+  }
+  ColumnParallelDgrad(gu_grad_.data(), wgu, 2 * fl, dtmp);
+  Wgrad(A.xn2.data(), gu_grad_.data(), h, 2 * fl, g + o_gu);
+  {
+    trace::Scope span("rmsnorm", trace::Category::kCompute);
+    std::fill(g + o_norm2, g + o_norm2 + h, 0.0f);
+    RmsNormBackward(A.x1.data(), norm2, A.rstd2.data(), dtmp, s, h, dx1, g + o_norm2);
+    for (size_t i = 0; i < s * h; ++i) dx1[i] += dout[i];
+  }
+  // Attention.
+  float* dctx = dtmp;  // [S x hd]
+  RowParallelDgrad(dx1, wo, hd, dctx, dyg_.data());
+  Wgrad(A.ctx.data(), dyg_.data(), hd, h, g + o_o);
+  {
+    trace::Scope span("attention", trace::Category::kCompute,
+                      8 * static_cast<uint64_t>(Bl * H) * T * T * d);
+    const size_t ld = Bl * 3 * hd;
+    for (size_t b = 0; b < Bl; ++b) {
+      for (size_t j = 0; j < H; ++j) {
+        const float* q = A.qkv.data() + b * 3 * hd + j * d;
+        float* dq = dqkv_.data() + b * 3 * hd + j * d;
+        AttentionBackward(q, q + hd, q + 2 * hd, A.probs.data() + (b * H + j) * T * T,
+                          dctx + b * hd + j * d, T, d, ld, ld, ld, Bl * hd, dq, dq + hd,
+                          dq + 2 * hd, scratch_.data());
+      }
+    }
+    for (size_t row = 0; row < S; ++row) {
+      float* dq = dqkv_.data() + row * 3 * hd;
+      for (size_t j = 0; j < H; ++j) {
+        RopeApply(rope_, row / Bl, dq + j * d, true);
+        RopeApply(rope_, row / Bl, dq + hd + j * d, true);
+      }
+    }
+  }
+  float* dxn1 = xn_rows_.data();  // [s x h]
+  ColumnParallelDgrad(dqkv_.data(), wqkv, 3 * hd, dxn1);
+  Wgrad(A.xn1.data(), dqkv_.data(), h, 3 * hd, g + o_qkv);
+  trace::Scope span("rmsnorm", trace::Category::kCompute);
+  std::fill(g + o_norm1, g + o_norm1 + h, 0.0f);
+  RmsNormBackward(A.x.data(), norm1, A.rstd1.data(), dxn1, s, h, dout, g + o_norm1);
+  for (size_t i = 0; i < s * h; ++i) dout[i] += dx1[i];
+}
+
+}  // namespace mc2::models
