@@ -135,6 +135,13 @@ void RunCallback(const BenchArgs& a) {
       if (status != 0) throw CLI::RuntimeError(status);
       return;
     }
+    if (Group::LaunchedByMpi()) {  // an mpirun job, across hosts: both levels
+      if (a.nranks) Usage("-n goes with --tune outside a job (inside one: the job's ranks)");
+      if (!a.output.empty()) CheckOutput(a.output, "--output");
+      const int status = bench::RunTuneSpan(a.output);
+      if (status != 0) throw CLI::RuntimeError(status);
+      return;
+    }
     if (a.nranks == 1) Usage("-n 1 is invalid for --tune: expected 2 to 256 ranks");
     if (!a.output.empty()) CheckOutput(a.output, "--output");
     std::vector<int> counts = a.nranks ? std::vector<int>{a.nranks} : std::vector<int>{2, 4};
@@ -200,7 +207,8 @@ void RegisterBench(CLI::App& app) {
   cmd->add_option("-o,--op", a->op, "sum, prod, min, max, avg, band, bor or bxor")
       ->capture_default_str();
   cmd->add_option("--algo", a->algo,
-                  "auto, ring, recursive_doubling, rabenseifner, tree or direct")
+                  "auto, ring, recursive_doubling, rabenseifner, tree or direct; across hosts "
+                  "hierarchical or direct (flat)")
       ->capture_default_str();
   cmd->add_option("-i,--iters", a->iters, "Timed iterations per size")
       ->capture_default_str()
@@ -221,7 +229,8 @@ void RegisterBench(CLI::App& app) {
   cmd->add_option("--json", a->json, "Also write every row to this JSON file (- for standard output)");
   cmd->add_flag("--tune", a->tune,
                 "Time every algorithm of all_reduce, all_gather, reduce_scatter, broadcast and "
-                "reduce from 8 B to 64 MiB and write the selector's tuning table");
+                "reduce from 8 B to 64 MiB and write the selector's tuning table (in an mpirun "
+                "job across hosts: also hierarchical vs flat across hosts, docs/multi-host.md)");
   cmd->add_option("--output", a->output,
                   "--tune: the table to write (default ~/.cache/mc2/tuning.json)");
   cmd->add_option("--tune-result", a->tune_result)->group("");  // internal

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "bench_tune.h"
 #include "collectives/selector.h"
 #include "launcher.h"
 #include "mc2/mc2.h"
@@ -37,14 +38,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-constexpr Coll kTuned[] = {Coll::kAllReduce, Coll::kAllGather, Coll::kReduceScatter,
-                           Coll::kBroadcast, Coll::kReduce};
-constexpr Algorithm kCandidates[] = {Algorithm::kRing, Algorithm::kRecursiveDoubling,
-                                     Algorithm::kRabenseifner, Algorithm::kBinomialTree,
-                                     Algorithm::kDirect};
 constexpr size_t kMinBytes = 8;
-constexpr size_t kMaxBytes = size_t{64} << 20;
-constexpr DType kDType = DType::kF32;
 // Time spent timing one (collective, algorithm, size), per trial.
 constexpr double kTargetUs = 20000;
 constexpr int kTrials = 3;
@@ -55,12 +49,16 @@ constexpr int kTrials = 3;
 constexpr double kHysteresis = 1.05;
 constexpr double kIsolated = 1.15;
 
-std::vector<size_t> TuneSizes() {
+}  // namespace
+
+std::vector<size_t> TuneSizes(size_t max_bytes) {
   std::vector<size_t> out;
-  for (size_t s = kMinBytes; s <= kMaxBytes; s *= 4) out.push_back(s);
-  if (out.back() != kMaxBytes) out.push_back(kMaxBytes);
+  for (size_t s = kMinBytes; s <= max_bytes; s *= 4) out.push_back(s);
+  if (out.back() != max_bytes) out.push_back(max_bytes);
   return out;
 }
+
+namespace {
 
 double Micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 
@@ -75,6 +73,7 @@ void Once(const Group& g, Coll c, const Shape& s, const char* send, char* recv,
     case Coll::kReduceScatter: w = ReduceScatter(g, send, recv, n, kDType, ReduceOp::kSum, o); break;
     case Coll::kBroadcast: w = Broadcast(g, send, recv, n, kDType, 0, o); break;
     case Coll::kReduce: w = Reduce(g, send, recv, n, kDType, ReduceOp::kSum, 0, o); break;
+    case Coll::kAllToAll: w = AllToAll(g, send, recv, n, kDType, o); break;
     default: break;
   }
   w.Wait();
@@ -116,10 +115,14 @@ double TimeAlgorithm(const Group& g, Coll c, Algorithm algo, const Shape& s, con
   return MaxOverRanks(g, Micros(Clock::now() - t0)) / iters;
 }
 
+}  // namespace
+
 std::string HomeCachePath() {
   const char* home = std::getenv("HOME");
   return std::string(home && *home ? home : ".") + "/.cache/mc2/tuning.json";
 }
+
+namespace {
 
 struct Point {
   size_t bytes;  // the selector's size measure
@@ -171,6 +174,148 @@ std::vector<collectives::TuningTable::Entry> MakeEntries(const std::vector<Point
 
 }  // namespace
 
+json MeasureGroup(const Group& g, std::span<const Coll> colls,
+                  std::span<const Algorithm> candidates, const std::vector<size_t>& sizes,
+                  char* send, char* recv, const std::string& label) {
+  const int n = g.size();
+  const bool show = g.rank() == 0 && (isatty(STDERR_FILENO) || std::getenv("MC2_BENCH_STDERR_TTY"));
+  json results = json::object();
+  const auto start = Clock::now();
+  size_t step = 0, steps = colls.size() * sizes.size();
+  for (Coll c : colls) {
+    std::vector<bool> skip(candidates.size(), false);
+    json points = json::array();
+    for (size_t bytes : sizes) {
+      const Shape s = ShapeFor(c, bytes, DTypeSize(kDType), n);
+      json times = json::object();
+      std::vector<int> iters(candidates.size(), 0);
+      std::vector<double> best(candidates.size(), 1e300);
+      for (size_t k = 0; k < candidates.size(); ++k) {
+        if (skip[k]) continue;
+        iters[k] = Calibrate(g, c, candidates[k], s, send, recv);
+        if (iters[k] == 0) skip[k] = true;  // not implemented: skip every size
+      }
+      // Trials interleave the algorithms, so that drift hits all alike;
+      // each keeps its best trial.
+      for (int t = 0; t < kTrials; ++t)
+        for (size_t k = 0; k < candidates.size(); ++k)
+          if (!skip[k])
+            best[k] = std::min(best[k], TimeAlgorithm(g, c, candidates[k], s, send, recv, iters[k]));
+      for (size_t k = 0; k < candidates.size(); ++k)
+        if (!skip[k]) times[AlgorithmName(candidates[k])] = best[k];
+      // The selector's size measure: per-rank bytes (all_gather: the
+      // block each rank contributes; reduce_scatter: the whole input).
+      points.push_back({{"bytes", s.send_bytes}, {"size", s.bytes}, {"times", times}});
+      ++step;
+      if (show) {
+        fmt::print(stderr, "\r[tune] {}: {}/{} ({:.0f} s)", label, step, steps,
+                   std::chrono::duration<double>(Clock::now() - start).count());
+        std::fflush(stderr);
+      }
+    }
+    results[CollName(c)] = std::move(points);
+  }
+  if (show) {
+    fmt::print(stderr, "\r{:50}\r", "");
+    std::fflush(stderr);
+  }
+  return results;
+}
+
+collectives::TuningTable LoadTable(const std::string& output) {
+  collectives::TuningTable table;
+  // Keep what an earlier run measured for other rank counts.
+  if (std::ifstream in(output); in) {
+    std::stringstream buf;
+    buf << in.rdbuf();
+    try {
+      table = collectives::TuningTable::Parse(buf.str(), output);
+    } catch (const Error& e) {
+      fmt::print(stderr, "mc2 bench --tune: replacing {}: {}\n", output, e.message());
+    }
+  }
+  return table;
+}
+
+void AddResults(collectives::TuningTable& table, const json& results, std::span<const Coll> colls,
+                const std::string& suffix, int n) {
+  // Winners by size: one column per collective.
+  std::map<std::string, std::vector<std::string>> winners;
+  std::vector<size_t> sizes;
+  for (Coll c : colls) {
+    const std::string kind = CollName(c);
+    std::vector<Point> pts;
+    for (auto& p : results[kind]) {
+      Point pt{p["bytes"].get<size_t>(), {}};
+      for (auto& [a, t] : p["times"].items()) pt.times[a] = t.get<double>();
+      pts.push_back(std::move(pt));
+      if (c == colls[0]) sizes.push_back(p["size"].get<size_t>());
+    }
+    auto entries = MakeEntries(pts, &winners[kind]);
+    if (!entries.empty()) table.rules[kind + suffix][n] = std::move(entries);
+  }
+  fmt::print("# {:>9}", "size");
+  for (Coll c : colls) fmt::print("  {:>18}", CollName(c));
+  fmt::print("\n");
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    fmt::print("  {:>9}", FormatSize(sizes[i]));
+    for (Coll c : colls) {
+      const auto& w = winners[CollName(c)];
+      fmt::print("  {:>18}", i < w.size() && !w[i].empty() ? w[i] : "-");
+    }
+    fmt::print("\n");
+  }
+  for (Coll c : colls) {
+    auto it = table.rules.find(CollName(c) + suffix);
+    if (it == table.rules.end() || !it->second.count(n)) continue;
+    std::string line;
+    for (auto& e : it->second.at(n))
+      line += e.max_bytes == ~size_t{0}
+                  ? fmt::format(" {} beyond", AlgorithmName(e.algorithm))
+                  : fmt::format(" {} up to {};", AlgorithmName(e.algorithm),
+                                FormatSize(e.max_bytes));
+    fmt::print("# {}{} ({} {}):{}\n", CollName(c), suffix, n, suffix.empty() ? "ranks" : "hosts",
+               line);
+  }
+}
+
+int WriteTable(const collectives::TuningTable& table, const json& meta,
+               const std::string& output) {
+  json out = json::parse(table.ToJson());
+  out["_meta"] = meta;
+  std::error_code ec;
+  const std::filesystem::path path(output);
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
+  // Written beside the table under a name no other file has (mkstemp), then
+  // renamed over it, so that a reader never sees half a table and no file of
+  // the user's is overwritten on the way.
+  std::string tmp = output + ".XXXXXX";
+  const int fd = mkstemp(tmp.data());
+  if (fd < 0) {
+    fmt::print(stderr, "mc2 bench --tune: cannot write {}: {}\n", output, std::strerror(errno));
+    return kExitWrong;
+  }
+  fchmod(fd, 0644);  // mkstemp's 0600 would make the table private
+  close(fd);
+  {
+    std::ofstream f(tmp);
+    f << out.dump(1) << "\n";
+    f.close();
+    if (!f) {
+      fmt::print(stderr, "mc2 bench --tune: cannot write {}: {}\n", tmp, std::strerror(errno));
+      std::remove(tmp.c_str());
+      return kExitWrong;
+    }
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    fmt::print(stderr, "mc2 bench --tune: cannot write {}: {}\n", output, ec.message());
+    std::remove(tmp.c_str());
+    return kExitWrong;
+  }
+  return 0;
+}
+
 size_t TuneHeapBytes() {
   // send and recv of at most kMaxBytes each, plus the group's areas.
   return 2 * kMaxBytes + (size_t{64} << 20);
@@ -191,48 +336,9 @@ int RunTuneRank(const std::string& result_path) {
     SymmetricBuffer recv = g.AllocSymmetric(kMaxBytes);
     std::memset(send.data(), 0, kMaxBytes);
     std::memset(recv.data(), 0, kMaxBytes);
-    const auto sizes = TuneSizes();
-    json results = json::object();
     const auto start = Clock::now();
-    size_t step = 0, steps = std::size(kTuned) * sizes.size();
-    for (Coll c : kTuned) {
-      std::vector<bool> skip(std::size(kCandidates), false);
-      json points = json::array();
-      for (size_t bytes : sizes) {
-        const Shape s = ShapeFor(c, bytes, DTypeSize(kDType), n);
-        json times = json::object();
-        std::vector<int> iters(std::size(kCandidates), 0);
-        std::vector<double> best(std::size(kCandidates), 1e300);
-        for (size_t k = 0; k < std::size(kCandidates); ++k) {
-          if (skip[k]) continue;
-          iters[k] = Calibrate(g, c, kCandidates[k], s, send.as<char>(), recv.as<char>());
-          if (iters[k] == 0) skip[k] = true;  // not implemented: skip every size
-        }
-        // Trials interleave the algorithms, so that drift hits all alike;
-        // each keeps its best trial.
-        for (int t = 0; t < kTrials; ++t)
-          for (size_t k = 0; k < std::size(kCandidates); ++k)
-            if (!skip[k])
-              best[k] = std::min(best[k], TimeAlgorithm(g, c, kCandidates[k], s, send.as<char>(),
-                                                        recv.as<char>(), iters[k]));
-        for (size_t k = 0; k < std::size(kCandidates); ++k)
-          if (!skip[k]) times[AlgorithmName(kCandidates[k])] = best[k];
-        // The selector's size measure: per-rank bytes (all_gather: the
-        // block each rank contributes; reduce_scatter: the whole input).
-        points.push_back({{"bytes", s.send_bytes}, {"size", s.bytes}, {"times", times}});
-        ++step;
-        if (lead && (isatty(STDERR_FILENO) || std::getenv("MC2_BENCH_STDERR_TTY"))) {
-          fmt::print(stderr, "\r[tune] {} ranks: {}/{} ({:.0f} s)", n, step, steps,
-                     std::chrono::duration<double>(Clock::now() - start).count());
-          std::fflush(stderr);
-        }
-      }
-      results[CollName(c)] = std::move(points);
-    }
-    if (lead && (isatty(STDERR_FILENO) || std::getenv("MC2_BENCH_STDERR_TTY"))) {
-      fmt::print(stderr, "\r{:50}\r", "");
-      std::fflush(stderr);
-    }
+    json results = MeasureGroup(g, kTuned, kCandidates, TuneSizes(kMaxBytes), send.as<char>(),
+                                recv.as<char>(), fmt::format("{} ranks", n));
     Barrier(g).Wait();
     if (lead) {
       json j = {{"ranks", n},
@@ -256,17 +362,7 @@ int RunTuneRank(const std::string& result_path) {
 int RunTune(const std::string& self_exe, const std::vector<int>& nranks,
             const std::string& output_arg) {
   const std::string output = output_arg.empty() ? HomeCachePath() : output_arg;
-  collectives::TuningTable table;
-  // Keep what an earlier run measured for other rank counts.
-  if (std::ifstream in(output); in) {
-    std::stringstream buf;
-    buf << in.rdbuf();
-    try {
-      table = collectives::TuningTable::Parse(buf.str(), output);
-    } catch (const Error& e) {
-      fmt::print(stderr, "mc2 bench --tune: replacing {}: {}\n", output, e.message());
-    }
-  }
+  collectives::TuningTable table = LoadTable(output);
   json meta = {{"generated_by", "mc2 bench --tune"},
                {"dtype", DTypeName(kDType)},
                {"measured_ranks", nranks}};
@@ -312,83 +408,16 @@ int RunTune(const std::string& self_exe, const std::vector<int>& nranks,
 
     fmt::print("# mc2 bench --tune: {} ranks, dtype {}, {:.1f} s\n", n, DTypeName(kDType),
                r.value("seconds", 0.0));
-    // Winners by size: one column per collective.
-    std::map<std::string, std::vector<std::string>> winners;
-    std::vector<size_t> sizes;
-    for (Coll c : kTuned) {
-      const std::string kind = CollName(c);
-      std::vector<Point> pts;
-      for (auto& p : r["results"][kind]) {
-        Point pt{p["bytes"].get<size_t>(), {}};
-        for (auto& [a, t] : p["times"].items()) pt.times[a] = t.get<double>();
-        pts.push_back(std::move(pt));
-        if (c == kTuned[0]) sizes.push_back(p["size"].get<size_t>());
-      }
-      auto entries = MakeEntries(pts, &winners[kind]);
-      if (!entries.empty()) table.rules[kind][n] = std::move(entries);
-    }
-    fmt::print("# {:>9}", "size");
-    for (Coll c : kTuned) fmt::print("  {:>18}", CollName(c));
-    fmt::print("\n");
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      fmt::print("  {:>9}", FormatSize(sizes[i]));
-      for (Coll c : kTuned) {
-        const auto& w = winners[CollName(c)];
-        fmt::print("  {:>18}", i < w.size() && !w[i].empty() ? w[i] : "-");
-      }
-      fmt::print("\n");
-    }
-    for (Coll c : kTuned) {
-      auto it = table.rules.find(CollName(c));
-      if (it == table.rules.end() || !it->second.count(n)) continue;
-      std::string line;
-      for (auto& e : it->second.at(n))
-        line += e.max_bytes == ~size_t{0}
-                    ? fmt::format(" {} beyond", AlgorithmName(e.algorithm))
-                    : fmt::format(" {} up to {};", AlgorithmName(e.algorithm),
-                                  FormatSize(e.max_bytes));
-      fmt::print("# {} ({} ranks):{}\n", CollName(c), n, line);
-    }
+    AddResults(table, r["results"], kTuned, "", n);
     meta["raw"][std::to_string(n)] = r["results"];
     std::fflush(stdout);
   }
 
-  json out = json::parse(table.ToJson());
   meta["seconds"] = std::chrono::duration<double>(Clock::now() - start).count();
-  out["_meta"] = meta;
-  std::error_code ec;
-  const std::filesystem::path path(output);
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
-  // Written beside the table under a name no other file has (mkstemp), then
-  // renamed over it, so that a reader never sees half a table and no file of
-  // the user's is overwritten on the way.
-  std::string tmp = output + ".XXXXXX";
-  const int fd = mkstemp(tmp.data());
-  if (fd < 0) {
-    fmt::print(stderr, "mc2 bench --tune: cannot write {}: {}\n", output, std::strerror(errno));
-    return kExitWrong;
-  }
-  fchmod(fd, 0644);  // mkstemp's 0600 would make the table private
-  close(fd);
-  {
-    std::ofstream f(tmp);
-    f << out.dump(1) << "\n";
-    f.close();
-    if (!f) {
-      fmt::print(stderr, "mc2 bench --tune: cannot write {}: {}\n", tmp, std::strerror(errno));
-      std::remove(tmp.c_str());
-      return kExitWrong;
-    }
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    fmt::print(stderr, "mc2 bench --tune: cannot write {}: {}\n", output, ec.message());
-    std::remove(tmp.c_str());
-    return kExitWrong;
-  }
+  if (const int status = WriteTable(table, meta, output); status != 0) return status;
   fmt::print("# wrote {}\n", output);
   const char* env = std::getenv("MC2_TUNING_FILE");
-  if (env && *env && std::filesystem::path(env) != path)
+  if (env && *env && std::filesystem::path(env) != std::filesystem::path(output))
     fmt::print("# note: MC2_TUNING_FILE={} is set, so the selector reads that file instead\n", env);
   return 0;
 }

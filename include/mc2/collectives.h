@@ -38,6 +38,15 @@ namespace mc2 {
 // built-in defaults; MC2_ALGO overrides kAuto for every call. Asking a
 // collective for an algorithm that does not implement it throws
 // kInvalidArgument naming the ones that do.
+//
+// On a group that spans hosts (docs/multi-host.md) the choice is between
+// kHierarchical (inside each host over shared memory, between hosts only
+// what must cross) and kDirect (flat: every rank with every other over
+// MPI; "flat" parses as kDirect); kAuto (and any other algorithm) picks by
+// MC2_ALGO, then the tuning table's entries measured across hosts, then
+// the hierarchical algorithm where it carries fewer bytes between hosts.
+// On one host kHierarchical implements nothing (MC2_ALGO's `hierarchical`
+// applies only across hosts).
 enum class Algorithm : uint8_t {
   kAuto = 0,
   kRing,               // bandwidth-optimal on rings; N-1 steps per phase
@@ -45,9 +54,11 @@ enum class Algorithm : uint8_t {
   kRabenseifner,       // reduce-scatter + all-gather (halving/doubling)
   kBinomialTree,       // log2(N) steps rooted; reduce/broadcast/gather/scatter
   kDirect,             // one shot over symmetric memory; smallest latency
+  kHierarchical,       // across hosts only: two levels (node, then hosts)
 };
-inline constexpr int kNumAlgorithms = 6;
-// "auto", "ring", "recursive_doubling", "rabenseifner", "tree", "direct".
+inline constexpr int kNumAlgorithms = 7;
+// "auto", "ring", "recursive_doubling", "rabenseifner", "tree", "direct",
+// "hierarchical".
 const char* AlgorithmName(Algorithm a);
 std::optional<Algorithm> ParseAlgorithm(std::string_view name);
 

@@ -88,7 +88,7 @@ def all_reduce(tensor, op="sum", async_op=False, algorithm="auto", group=None,
                compression="none", threshold=1e-6, topk_ratio=0.01, residual=None):
     """tensor = the reduction of every rank's tensor (op: sum, avg, prod, min,
     max, band, bor, bxor); algorithm: auto, ring, recursive_doubling,
-    rabenseifner, tree, direct.
+    rabenseifner, tree, direct; across hosts hierarchical or direct (flat).
 
     compression: none, f16, bf16, threshold (|x| >= threshold travels),
     topk (the topk_ratio largest |x| travel); float32 tensors, op sum or avg,

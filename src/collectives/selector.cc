@@ -22,6 +22,7 @@ const char* AlgorithmName(Algorithm a) {
     case Algorithm::kRabenseifner: return "rabenseifner";
     case Algorithm::kBinomialTree: return "tree";
     case Algorithm::kDirect: return "direct";
+    case Algorithm::kHierarchical: return "hierarchical";
   }
   return "?";
 }
@@ -31,7 +32,7 @@ std::optional<Algorithm> ParseAlgorithm(std::string_view name) {
     if (name == AlgorithmName(static_cast<Algorithm>(i))) return static_cast<Algorithm>(i);
   if (name == "rd") return Algorithm::kRecursiveDoubling;
   if (name == "binomial_tree" || name == "binomial") return Algorithm::kBinomialTree;
-  if (name == "one_shot") return Algorithm::kDirect;
+  if (name == "one_shot" || name == "flat") return Algorithm::kDirect;
   return std::nullopt;
 }
 
@@ -39,8 +40,8 @@ namespace collectives {
 namespace {
 
 constexpr const char* kAlgoForm =
-    "an algorithm name (auto, ring, recursive_doubling, rabenseifner, tree, direct) or a list "
-    "such as all_reduce=ring,all_gather=direct";
+    "an algorithm name (auto, ring, recursive_doubling, rabenseifner, tree, direct, "
+    "hierarchical, flat) or a list such as all_reduce=ring,all_gather=direct";
 
 }  // namespace
 
@@ -208,6 +209,8 @@ Algorithm SelectAlgorithm(OpKind kind, Algorithm requested, int ranks, size_t by
     if (auto it = env.find(name); it != env.end()) a = it->second, source = "MC2_ALGO";
     else if (auto all = env.find(""); all != env.end()) a = all->second, source = "MC2_ALGO";
   }
+  // MC2_ALGO's `hierarchical` names the level across hosts only.
+  if (a == Algorithm::kHierarchical && std::string(source) == "MC2_ALGO") a = Algorithm::kAuto;
   if (a != Algorithm::kAuto) {
     if (!Implements(a, kind)) {
       // A blanket MC2_ALGO=ring applies where ring exists; others fall back.
@@ -231,6 +234,52 @@ Algorithm SelectAlgorithm(OpKind kind, Algorithm requested, int ranks, size_t by
   }
   a = Default(kind, bytes);
   return Implements(a, kind) ? a : Algorithm::kDirect;
+}
+
+namespace {
+
+// A collective and its V form share MC2_ALGO's and the table's entries
+// across hosts (the table is measured on the plain forms).
+OpKind BaseKind(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAllGatherV: return OpKind::kAllGather;
+    case OpKind::kReduceScatterV: return OpKind::kReduceScatter;
+    case OpKind::kAllToAllV: return OpKind::kAllToAll;
+    default: return kind;
+  }
+}
+
+bool IsSpanChoice(Algorithm a) { return a == Algorithm::kDirect || a == Algorithm::kHierarchical; }
+
+}  // namespace
+
+std::string SpanTableKind(OpKind kind, int per_host) {
+  return fmt::format("{}@{}", internal::OpKindName(BaseKind(kind)), per_host);
+}
+
+Algorithm SelectSpanAlgorithm(OpKind kind, Algorithm requested, int hosts, int per_host,
+                              size_t bytes, bool use_table) {
+  if (IsSpanChoice(requested)) return requested;
+  if (auto& env = AlgoEnv(); !env.empty()) {
+    // MC2_ALGO keys: the collective's name or its V form's ("all_to_all"
+    // is stored as "all_to_allv"), else the blanket entry.
+    const OpKind base = BaseKind(kind);
+    const OpKind v = base == OpKind::kAllGather       ? OpKind::kAllGatherV
+                     : base == OpKind::kReduceScatter ? OpKind::kReduceScatterV
+                     : base == OpKind::kAllToAll      ? OpKind::kAllToAllV
+                                                      : base;
+    for (const char* key : {internal::OpKindName(kind), internal::OpKindName(base),
+                            internal::OpKindName(v), ""})
+      if (auto it = env.find(key); it != env.end()) {
+        if (IsSpanChoice(it->second)) return it->second;
+        break;
+      }
+  }
+  if (use_table && !Table().rules.empty()) {
+    Algorithm a = Table().Lookup(SpanTableKind(kind, per_host), hosts, bytes);
+    if (IsSpanChoice(a)) return a;
+  }
+  return Algorithm::kAuto;
 }
 
 }  // namespace collectives

@@ -7,8 +7,10 @@
 // hosts over the MPI engine (Isend / Irecv on the group's communicator,
 // cut into pieces there). Two kinds of algorithm exist:
 //
-// - hierarchical (span_all_reduce.cc, span_broadcast.cc): inside the node
-//   over shared memory, between hosts only what must cross;
+// - hierarchical (span_all_reduce.cc, span_broadcast.cc,
+//   span_hierarchical.cc for all_gather(v) and reduce_scatter(v),
+//   span_all_to_all.cc for the node-aggregated all_to_all(v)): inside the
+//   node over shared memory, between hosts only what must cross, once;
 // - flat (span_flat.cc): every rank exchanges with every other over MPI
 //   (Open MPI uses its own shared memory between ranks of one host), for
 //   every collective and every layout.
@@ -17,10 +19,15 @@
 // over the group's ranks, so a group across hosts gives the bits a group of
 // the same size on one host gives. The flat reductions send raw
 // contributions to the owner of each block, which reduces them with
-// ReduceTree. The hierarchical all-reduce pre-reduces inside each node,
-// which is a subtree of T only when every host holds a contiguous,
-// power-of-two block of ranks in order (SpanGroup::aligned); otherwise the
-// flat algorithm runs.
+// ReduceTree. The hierarchical all-reduce and reduce-scatter pre-reduce
+// inside each node, which is a subtree of T only when every host holds a
+// contiguous, power-of-two block of ranks in order (SpanGroup::aligned);
+// otherwise the flat algorithm runs.
+//
+// Selection (LaunchSpan, collectives/selector.h SelectSpanAlgorithm): the
+// call's algorithm (`hierarchical`, or `direct` = flat), MC2_ALGO, the
+// tuning table's entries for groups across hosts, then the default: the
+// hierarchical algorithm where it carries fewer bytes over the host links.
 #ifndef MC2_COLLECTIVES_SPAN_ALGORITHMS_H_
 #define MC2_COLLECTIVES_SPAN_ALGORITHMS_H_
 
@@ -93,7 +100,13 @@ void SpanReduceBlocks(const CollArgs& a, int group_size, void* dst,
 void HierarchicalAllReduce(SpanGroup& s, const CollArgs& a, Deadline deadline);
 // span_broadcast.cc
 void HierarchicalBroadcast(SpanGroup& s, const CollArgs& a, Deadline deadline);
+// span_hierarchical.cc
+void HierarchicalAllGatherV(SpanGroup& s, const CollArgs& a, Deadline deadline);
+void HierarchicalReduceScatterV(SpanGroup& s, const CollArgs& a, Deadline deadline);
+// span_all_to_all.cc
+void HierarchicalAllToAllV(SpanGroup& s, const CollArgs& a, Deadline deadline);
 // span_flat.cc
+void FlatBroadcast(SpanGroup& s, const CollArgs& a, Deadline deadline);
 void FlatAllReduce(SpanGroup& s, const CollArgs& a, Deadline deadline);
 void FlatReduce(SpanGroup& s, const CollArgs& a, Deadline deadline);
 void FlatReduceScatterV(SpanGroup& s, const CollArgs& a, Deadline deadline);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "collectives/selector.h"
 #include "collectives/span_algorithms.h"
 #include "core/reduce.h"
 #include "engine/access.h"
@@ -24,37 +25,75 @@ Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts) {
   a.esize = DTypeSize(a.dtype);
   a.deterministic = gi->world().deterministic;
   using Fn = void (*)(SpanGroup&, const CollArgs&, Deadline);
+  const int n = static_cast<int>(s.members.size());
+  const int hosts = static_cast<int>(s.hosts.size());
+  int per_host = 0;  // the largest host's ranks
+  for (auto& h : s.hosts) per_host = std::max(per_host, static_cast<int>(h.size()));
+  const bool several = per_host > 1;  // a host with more than one rank
+  auto sum = [](const std::vector<size_t>& v) {
+    size_t t = 0;
+    for (size_t c : v) t += c;
+    return t;
+  };
+  // The selector's size measure (as `mc2 bench --tune` records it), one
+  // every rank computes alike: all_gather the block per rank, reduce_scatter
+  // the whole input, all_to_all the per-rank input. An all_to_allv's counts
+  // are known only to their rank, so its choice ignores the table.
+  size_t bytes = a.count * a.esize;
+  bool use_table = true;
+  switch (a.kind) {
+    case OpKind::kAllGather:
+    case OpKind::kAllGatherV: bytes = sum(a.counts) * a.esize / n; break;
+    case OpKind::kReduceScatter:
+    case OpKind::kReduceScatterV: bytes = sum(a.counts) * a.esize; break;
+    case OpKind::kAllToAll: bytes = a.count * a.esize * n; break;
+    case OpKind::kAllToAllV: use_table = false; break;
+    default: break;
+  }
+  const Algorithm choice =
+      SelectSpanAlgorithm(a.kind, opts.algorithm, hosts, per_host, bytes, use_table);
+  // Hierarchical unless flat is asked for; `otherwise` when nothing is.
+  auto hier = [&](bool otherwise) {
+    return choice == Algorithm::kHierarchical || (choice == Algorithm::kAuto && otherwise);
+  };
   Fn fn = nullptr;
-  const char* algo = "flat";
+  bool hierarchical = false;
   switch (a.kind) {
     case OpKind::kAllReduce:
       // The node pre-reduction must be a subtree of the canonical order.
       // `direct` asks for the flat exchange (GradSync measures both).
-      if (s.aligned && opts.algorithm != Algorithm::kDirect) {
-        fn = HierarchicalAllReduce;
-        algo = "hierarchical";
-      } else {
-        fn = FlatAllReduce;
-      }
+      hierarchical = s.aligned && hier(true);
+      fn = hierarchical ? HierarchicalAllReduce : FlatAllReduce;
       break;
     case OpKind::kBroadcast:
-      fn = HierarchicalBroadcast;
-      algo = "hierarchical";
+      hierarchical = hier(true);
+      fn = hierarchical ? HierarchicalBroadcast : FlatBroadcast;
       break;
     case OpKind::kReduce: fn = FlatReduce; break;
     case OpKind::kReduceScatter:
-    case OpKind::kReduceScatterV: fn = FlatReduceScatterV; break;
+    case OpKind::kReduceScatterV:
+      hierarchical = s.aligned && hier(several);
+      fn = hierarchical ? HierarchicalReduceScatterV : FlatReduceScatterV;
+      break;
     case OpKind::kAllGather:
-    case OpKind::kAllGatherV: fn = FlatAllGatherV; break;
+    case OpKind::kAllGatherV:
+      hierarchical = hier(several);
+      fn = hierarchical ? HierarchicalAllGatherV : FlatAllGatherV;
+      break;
     case OpKind::kGather: fn = FlatGather; break;
     case OpKind::kScatter: fn = FlatScatter; break;
     case OpKind::kAllToAll:
-    case OpKind::kAllToAllV: fn = FlatAllToAllV; break;
+    case OpKind::kAllToAllV:
+      // Both carry the same bytes between hosts: flat unless asked or tuned.
+      hierarchical = hier(false);
+      fn = hierarchical ? HierarchicalAllToAllV : FlatAllToAllV;
+      break;
     case OpKind::kBarrier: fn = FlatBarrier; break;
     default:
       throw Error(ErrorCode::kInternal,
                   fmt::format("no span algorithm for {}", internal::OpKindName(a.kind)));
   }
+  const char* algo = hierarchical ? "hierarchical" : "flat";
   // In place, an all-to-all overwrites blocks of its input that peers have
   // yet to receive: the messages leave from a private copy.
   if (a.in_place && (a.kind == OpKind::kAllToAll || a.kind == OpKind::kAllToAllV)) {

@@ -5,6 +5,8 @@
 // - all_gather(v): each rank sends its block to every other rank and
 //   receives theirs in place in its output: N-1 messages each way, B each.
 // - gather / scatter: the root receives / sends one block per rank.
+// - broadcast: the root sends the buffer to every other rank ((N-1) B out
+//   of the root's host, less what stays on it: Open MPI's shared memory).
 // - all_to_all(v): rank r sends block p of its input to p.
 // - reduce_scatter(v): rank r receives block r of every rank's input (raw
 //   contributions) and reduces them in the canonical order (ReduceTree):
@@ -68,6 +70,20 @@ void FlatScatter(SpanGroup& s, const CollArgs& a, Deadline deadline) {
     for (int p = 0; p < n; ++p)
       if (p != me) x.Send(p, kTagScatter, a.send + p * b, b);
     if (!a.in_place && b) std::memcpy(a.recv, a.send + me * b, b);
+  }
+  x.WaitAll();
+}
+
+void FlatBroadcast(SpanGroup& s, const CollArgs& a, Deadline deadline) {
+  const int n = Size(s), me = s.rank;
+  const size_t bytes = a.count * a.esize;
+  SpanXfer x(s, deadline, "broadcast");
+  if (me != a.root) {
+    x.Recv(a.root, kTagBroadcast, a.recv, bytes);
+  } else {
+    for (int p = 0; p < n; ++p)
+      if (p != me) x.Send(p, kTagBroadcast, a.send, bytes);
+    if (!a.in_place && bytes) std::memcpy(a.recv, a.send, bytes);
   }
   x.WaitAll();
 }

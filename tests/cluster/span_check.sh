@@ -32,8 +32,9 @@ fail() { echo "FAILED: $*"; exit 1; }
 command -v mpirun >/dev/null || skip "mpirun is missing (Debian package openmpi-bin)"
 prog=$build/tests/test_prog_span_suite
 ops=$build/tests/test_prog_span_ops
+hier=$build/tests/test_prog_span_hier
 mc2=$build/tools/mc2
-[[ -x $prog && -x $ops && -x $mc2 ]] || fail "$prog, $ops or $mc2 was not built"
+[[ -x $prog && -x $ops && -x $hier && -x $mc2 ]] || fail "$prog, $ops, $hier or $mc2 was not built"
 
 name=mc2s
 cluster=(bash "$src/scripts/cluster.sh" --name $name --subnet 10.217.0)
@@ -80,6 +81,27 @@ timeout 120 mpirun "${margs[@]}" -np 4 -H "$("${cluster[@]}" hosts 1)" \
   { cat "$work/x41.log"; fail "the suite failed on 4 hosts x 1 rank"; }
 compare "$work/x41"
 echo "4x1: bitwise equal to one host"
+
+# The hierarchical and flat algorithms of all_gather(v), reduce_scatter(v),
+# all_to_all(v) and broadcast against each other and a reference
+# (tests/programs/span_hier.cc), on aligned layouts, on layouts that are
+# not (hosts of unequal sizes; ranks dealt round robin over the hosts),
+# and with a tuning table that the defaults must follow.
+hier_run() {  # LABEL MPIRUN-ARGS... -- PROGRAM-ARGS...
+  local label=$1; shift
+  local args=() ; while [[ $1 != -- ]]; do args+=("$1"); shift; done; shift
+  timeout 60 mpirun "${margs[@]}" "${args[@]}" "$hier" "$@" >"$work/hier.log" 2>&1 ||
+    { cat "$work/hier.log"; fail "span_hier $label failed"; }
+}
+hier_run 2x2 -np 4 -H ${name}h0:2,${name}h1:2 -- aligned
+hier_run 4x1 -np 4 -H "$("${cluster[@]}" hosts 1)" -- single
+hier_run "2+1" -np 3 -H ${name}h0:2,${name}h1:1 -- unaligned
+hier_run "2x2 round robin" -np 4 -H ${name}h0:2,${name}h1:2 --map-by node -- unaligned
+echo '{"all_gather@2": {"2": [[1.8e19, "direct"]]}, "all_to_all@2": {"2": [[1.8e19, "hierarchical"]]}}' \
+  >"$work/table.json"
+hier_run "2x2 with a table" -np 4 -H ${name}h0:2,${name}h1:2 -x MC2_TUNING_FILE="$work/table.json" \
+  -- aligned table
+echo "hierarchical and flat collectives: equal to the reference on 2x2, 4x1, 2+1, 2x2 round robin"
 
 # The fused operators: one host, then 2 hosts x 2 ranks and 4 hosts x 1
 # rank (the latter with 4 KiB MPI pieces, so chunks travel in many).
