@@ -189,22 +189,7 @@ void FsdpLayers::BlockForward(size_t l, const float* w) {
   {
     trace::Scope span("attention", trace::Category::kCompute,
                       4 * static_cast<uint64_t>(Bl * H) * T * T * d);
-    for (size_t row = 0; row < S; ++row) {
-      float* q = A.qkv.data() + row * 3 * h;
-      for (size_t j = 0; j < H; ++j) {
-        RopeApply(rope_, row / Bl, q + j * d, false);
-        RopeApply(rope_, row / Bl, q + h + j * d, false);
-      }
-    }
-    const size_t ld = Bl * 3 * h;
-    for (size_t b = 0; b < Bl; ++b) {
-      for (size_t j = 0; j < H; ++j) {
-        const float* q = A.qkv.data() + b * 3 * h + j * d;
-        AttentionForward(q, q + h, q + 2 * h, T, d, ld, ld, ld,
-                         A.probs.data() + (b * H + j) * T * T, A.ctx.data() + b * h + j * d,
-                         Bl * h);
-      }
-    }
+    HeadsAttentionForward(rope_, A.qkv.data(), Bl, T, H, d, A.probs.data(), A.ctx.data());
   }
   Linear(A.ctx.data(), wo, S, h, h, tmp);
   for (size_t i = 0; i < S * h; ++i) A.x1[i] = A.x[i] + tmp[i];
@@ -279,23 +264,8 @@ void FsdpLayers::BlockBackward(size_t l, const float* w, float* g) {
   {
     trace::Scope span("attention", trace::Category::kCompute,
                       8 * static_cast<uint64_t>(Bl * H) * T * T * d);
-    const size_t ld = Bl * 3 * h;
-    for (size_t b = 0; b < Bl; ++b) {
-      for (size_t j = 0; j < H; ++j) {
-        const float* q = A.qkv.data() + b * 3 * h + j * d;
-        float* dq = dqkv_.data() + b * 3 * h + j * d;
-        AttentionBackward(q, q + h, q + 2 * h, A.probs.data() + (b * H + j) * T * T,
-                          dctx + b * h + j * d, T, d, ld, ld, ld, Bl * h, dq, dq + h, dq + 2 * h,
-                          scratch_.data());
-      }
-    }
-    for (size_t row = 0; row < S; ++row) {
-      float* dq = dqkv_.data() + row * 3 * h;
-      for (size_t j = 0; j < H; ++j) {
-        RopeApply(rope_, row / Bl, dq + j * d, true);
-        RopeApply(rope_, row / Bl, dq + h + j * d, true);
-      }
-    }
+    HeadsAttentionBackward(rope_, A.qkv.data(), A.probs.data(), dctx, Bl, T, H, d, dqkv_.data(),
+                           scratch_.data());
   }
   LinearBackward(A.xn1.data(), wqkv, dqkv_.data(), S, h, 3 * h, dtmp, g + o_qkv);
   trace::Scope span("rmsnorm", trace::Category::kCompute);

@@ -114,22 +114,7 @@ void FsdpLayers::BlockForwardTp(size_t l, const float* w) {
   {
     trace::Scope span("attention", trace::Category::kCompute,
                       4 * static_cast<uint64_t>(Bl * H) * T * T * d);
-    for (size_t row = 0; row < S; ++row) {
-      float* q = A.qkv.data() + row * 3 * hd;
-      for (size_t j = 0; j < H; ++j) {
-        RopeApply(rope_, row / Bl, q + j * d, false);
-        RopeApply(rope_, row / Bl, q + hd + j * d, false);
-      }
-    }
-    const size_t ld = Bl * 3 * hd;
-    for (size_t b = 0; b < Bl; ++b) {
-      for (size_t j = 0; j < H; ++j) {
-        const float* q = A.qkv.data() + b * 3 * hd + j * d;
-        AttentionForward(q, q + hd, q + 2 * hd, T, d, ld, ld, ld,
-                         A.probs.data() + (b * H + j) * T * T, A.ctx.data() + b * hd + j * d,
-                         Bl * hd);
-      }
-    }
+    HeadsAttentionForward(rope_, A.qkv.data(), Bl, T, H, d, A.probs.data(), A.ctx.data());
   }
   RowParallel(A.ctx.data(), wo, hd, tmp);
   for (size_t i = 0; i < s * h; ++i) A.x1[i] = A.x[i] + tmp[i];
@@ -183,23 +168,8 @@ void FsdpLayers::BlockBackwardTp(size_t l, const float* w, float* g) {
   {
     trace::Scope span("attention", trace::Category::kCompute,
                       8 * static_cast<uint64_t>(Bl * H) * T * T * d);
-    const size_t ld = Bl * 3 * hd;
-    for (size_t b = 0; b < Bl; ++b) {
-      for (size_t j = 0; j < H; ++j) {
-        const float* q = A.qkv.data() + b * 3 * hd + j * d;
-        float* dq = dqkv_.data() + b * 3 * hd + j * d;
-        AttentionBackward(q, q + hd, q + 2 * hd, A.probs.data() + (b * H + j) * T * T,
-                          dctx + b * hd + j * d, T, d, ld, ld, ld, Bl * hd, dq, dq + hd,
-                          dq + 2 * hd, scratch_.data());
-      }
-    }
-    for (size_t row = 0; row < S; ++row) {
-      float* dq = dqkv_.data() + row * 3 * hd;
-      for (size_t j = 0; j < H; ++j) {
-        RopeApply(rope_, row / Bl, dq + j * d, true);
-        RopeApply(rope_, row / Bl, dq + hd + j * d, true);
-      }
-    }
+    HeadsAttentionBackward(rope_, A.qkv.data(), A.probs.data(), dctx, Bl, T, H, d, dqkv_.data(),
+                           scratch_.data());
   }
   float* dxn1 = xn_rows_.data();  // [s x h]
   ColumnParallelDgrad(dqkv_.data(), wqkv, 3 * hd, dxn1);

@@ -275,4 +275,44 @@ void Transpose(const float* in, size_t rows, size_t cols, float* out) {
   }
 }
 
+void HeadsAttentionForward(const Rope& rope, float* qkv, size_t Bl, size_t T, size_t H, size_t d,
+                           float* probs, float* ctx) {
+  const size_t hd = H * d, ld = Bl * 3 * hd;
+  for (size_t row = 0; row < Bl * T; ++row) {
+    float* q = qkv + row * 3 * hd;
+    for (size_t j = 0; j < H; ++j) {
+      RopeApply(rope, row / Bl, q + j * d, false);
+      RopeApply(rope, row / Bl, q + hd + j * d, false);
+    }
+  }
+  for (size_t b = 0; b < Bl; ++b) {
+    for (size_t j = 0; j < H; ++j) {
+      const float* q = qkv + b * 3 * hd + j * d;
+      AttentionForward(q, q + hd, q + 2 * hd, T, d, ld, ld, ld, probs + (b * H + j) * T * T,
+                       ctx + b * hd + j * d, Bl * hd);
+    }
+  }
+}
+
+void HeadsAttentionBackward(const Rope& rope, const float* qkv, const float* probs,
+                            const float* dctx, size_t Bl, size_t T, size_t H, size_t d,
+                            float* dqkv, float* scratch) {
+  const size_t hd = H * d, ld = Bl * 3 * hd;
+  for (size_t b = 0; b < Bl; ++b) {
+    for (size_t j = 0; j < H; ++j) {
+      const float* q = qkv + b * 3 * hd + j * d;
+      float* dq = dqkv + b * 3 * hd + j * d;
+      AttentionBackward(q, q + hd, q + 2 * hd, probs + (b * H + j) * T * T, dctx + b * hd + j * d,
+                        T, d, ld, ld, ld, Bl * hd, dq, dq + hd, dq + 2 * hd, scratch);
+    }
+  }
+  for (size_t row = 0; row < Bl * T; ++row) {
+    float* dq = dqkv + row * 3 * hd;
+    for (size_t j = 0; j < H; ++j) {
+      RopeApply(rope, row / Bl, dq + j * d, true);
+      RopeApply(rope, row / Bl, dq + hd + j * d, true);
+    }
+  }
+}
+
 }  // namespace mc2::models

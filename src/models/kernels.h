@@ -55,6 +55,19 @@ void AttentionBackward(const float* q, const float* k, const float* v, const flo
                        const float* dout, size_t T, size_t d, size_t ldq, size_t ldk,
                        size_t ldv, size_t ldo, float* dq, float* dk, float* dv, float* scratch);
 
+// The attention of H heads of d over a batch of Bl sequences of T
+// positions, rows ordered position-major (row = position * Bl + sequence):
+// qkv holds per row the heads' q, then k, then v (3 H d floats). Forward
+// applies the rotary embedding to q and k in place, then writes the
+// probabilities (Bl H x T x T) and the context (per row, H d floats).
+// Backward writes dqkv (the layout of qkv) from dctx, the rotary
+// embedding undone on dq and dk; `scratch` holds T x T floats.
+void HeadsAttentionForward(const Rope& rope, float* qkv, size_t Bl, size_t T, size_t H, size_t d,
+                           float* probs, float* ctx);
+void HeadsAttentionBackward(const Rope& rope, const float* qkv, const float* probs,
+                            const float* dctx, size_t Bl, size_t T, size_t H, size_t d,
+                            float* dqkv, float* scratch);
+
 // gu = [gate | up], rows x 2w: a = silu(gate) * up (rows x w).
 void SwiGluForward(const float* gu, size_t rows, size_t w, float* a);
 // dgu = [dgate | dup] given da.
