@@ -3,6 +3,9 @@
 #include "async_work.h"
 
 #include <fmt/format.h>
+#include <pybind11/pybind11.h>
+
+#include <set>
 
 namespace mc2py {
 
@@ -103,19 +106,64 @@ bool AsyncWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
+namespace {
+
+// Every live completer (StopAllAtExit).
+std::mutex g_completers_mu;
+std::set<Completer*>& Completers() {
+  static auto* all = new std::set<Completer*>;
+  return *all;
+}
+
+}  // namespace
+
+Completer::Completer() {
+  std::lock_guard<std::mutex> lock(g_completers_mu);
+  Completers().insert(this);
+}
+
 Completer::~Completer() {
+  {
+    std::lock_guard<std::mutex> lock(g_completers_mu);
+    Completers().erase(this);
+  }
+  Stop();
+}
+
+void Completer::Stop() {
+  std::thread t;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    t = std::move(thread_);
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (t.joinable()) t.join();
+}
+
+void Completer::StopAllAtExit() {
+  pybind11::gil_scoped_release no_gil;
+  std::lock_guard<std::mutex> lock(g_completers_mu);
+  for (Completer* c : Completers()) c->Stop();
 }
 
 void Completer::Push(c10::intrusive_ptr<AsyncWork> w) {
-  std::lock_guard<std::mutex> lock(mu_);
-  queue_.push_back(std::move(w));
-  if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(w));
+    if (!thread_.joinable()) {
+      thread_ = std::thread([this] { Loop(); });
+    } else if (stop_) {
+      // After Stop a thread ends once the queue is empty, and may have
+      // decided so before this work came: a new one takes over once it
+      // has ended.
+      std::thread old = std::move(thread_);
+      thread_ = std::thread([this, old = std::move(old)]() mutable {
+        old.join();
+        Loop();
+      });
+    }
+  }
   cv_.notify_one();
 }
 

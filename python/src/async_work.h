@@ -94,11 +94,25 @@ class AsyncWork : public c10d::Work {
 
 // One thread per group that waits for the group's pending works in issue
 // order (a group's operations complete in that order) and completes them.
+//
+// A work's last reference may be dropped on the completer's thread, which
+// then frees its tensors, and a tensor that owns a Python object takes the
+// GIL to free it. Once the interpreter finalizes, a thread that asks for
+// the GIL is ended on the spot (and a C++ thread so ended aborts the
+// process), so every completer is stopped (its pending works completed,
+// its thread joined) at interpreter exit, before finalization:
+// StopAllAtExit, from the module's atexit hook. A work pushed after that
+// starts a thread again, which ends once the queue is empty.
 class Completer {
  public:
-  Completer() = default;
-  ~Completer();  // waits for the pending works, then joins
+  Completer();
+  ~Completer();  // Stop()
   void Push(c10::intrusive_ptr<AsyncWork> w);
+  // Waits for the pending works, then joins the thread. Call without the
+  // GIL (the thread may need it).
+  void Stop();
+  // Stop() on every completer of the process (atexit; releases the GIL).
+  static void StopAllAtExit();
 
  private:
   void Loop();

@@ -3,6 +3,7 @@
 // re-exports what users call.
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "async_work.h"
 #include "common.h"
 #include "world.h"
 
@@ -46,4 +47,7 @@ PYBIND11_MODULE(_C, m) {
   mc2py::BindBackend(m);
   mc2py::BindCompression(m);
   mc2py::BindTrace(m);
+  // Before the interpreter finalizes (see Completer).
+  pybind11::module_::import("atexit").attr("register")(
+      pybind11::cpp_function([] { mc2py::Completer::StopAllAtExit(); }));
 }
