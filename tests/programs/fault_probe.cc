@@ -88,7 +88,12 @@ int main(int argc, char** argv) {
   }
   size_t count = bytes / 4;
   std::vector<float> in(count + 16, 1.0f), out(count + 16);
-  Barrier(g).Wait();
+  // The set-up is not under test: under a sanitizer on a busy machine the
+  // buffers above can take longer to fill than the short MC2_TIMEOUT the
+  // tests give the operation that fails.
+  CollectiveOptions setup;
+  setup.timeout = std::chrono::seconds(60);
+  Barrier(g, setup).Wait();
   bool bad = g.rank() == 1;
   if (bad && mode == "never") {
     std::this_thread::sleep_for(std::chrono::seconds(60));
