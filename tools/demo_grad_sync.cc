@@ -20,7 +20,10 @@ GradSyncOverlap AnalyzeGradSync(const trace::TraceData& t) {
   std::map<int, trace::Intervals> grads;
   GradSyncOverlap out;
   for (const trace::SpanRecord& s : t.spans) {
-    if (s.name != "all_reduce" || s.cat != trace::Category::kComm) continue;
+    // GradSync's exchanges: a bucket's all-reduce, or one Batch of several
+    // small buckets.
+    if ((s.name != "all_reduce" && s.name != "batch") || s.cat != trace::Category::kComm)
+      continue;
     const std::vector<int64_t>& b = backward[s.rank];
     auto it = std::upper_bound(b.begin(), b.end(), s.start_ns);
     if (it == b.begin()) continue;  // before any backward

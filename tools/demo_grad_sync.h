@@ -19,7 +19,7 @@
 namespace mc2::tools {
 
 struct GradSyncOverlap {
-  int64_t calls = 0;        // gradient all-reduces, all ranks
+  int64_t calls = 0;        // gradient all-reduces (and Batches of buckets), all ranks
   int64_t comm_ns = 0;      // their union's length, summed over ranks
   int64_t hidden_ns = 0;    // the part under compute, summed over ranks
   int ranks = 0;            // ranks with a gradient all-reduce
