@@ -195,10 +195,12 @@ cmd_mpirun_args() {
   # machine's cores, so Open MPI must yield while it waits
   # (mpi_yield_when_idle; it cannot tell that its "hosts" share cores).
   # btl_tcp_links 2: two TCP connections per pair of processes; with one,
-  # traffic in both directions at once between two hosts runs far below
-  # the links' full-duplex rate (docs/cluster.md).
+  # Open MPI's own traffic in both directions at once between two hosts
+  # runs far below the links' full-duplex rate (docs/cluster.md).
+  # MC2_BIND=none: for the same reason mc2 must not pin its ranks either;
+  # each rank would take its "host's" first core, the same on every host.
   echo "--allow-run-as-root --mca plm_rsh_agent $here/cluster_rsh.sh --mca plm_rsh_no_tree_spawn 1" \
-       "--mca routed direct --bind-to none --mca mpi_yield_when_idle 1" \
+       "--mca routed direct --bind-to none --mca mpi_yield_when_idle 1 -x MC2_BIND=none" \
        "--mca oob_tcp_if_include $subnet.0/24" \
        "--mca btl tcp,self,vader --mca btl_tcp_if_include $subnet.0/24 --mca btl_tcp_links 2"
 }
