@@ -166,18 +166,31 @@ void FsdpLayers::EmbedForward(const float* w) {
   }
 }
 
+FsdpLayers::BlockOffsets FsdpLayers::Offsets() const {
+  const size_t h = h_, hd = hl_ * d_, fl = fl_;
+  BlockOffsets o;
+  o.norm1 = 0;
+  o.qkv = o.norm1 + h;
+  o.o = o.qkv + h * 3 * hd;
+  o.norm2 = o.o + hd * h;
+  o.gu = o.norm2 + h;
+  o.down = o.gu + h * 2 * fl;
+  return o;
+}
+
 void FsdpLayers::BlockForward(size_t l, const float* w) {
   if (p_ > 1) {
     BlockForwardTp(l, w);
     return;
   }
   const size_t S = S_, h = h_, f = f_, T = T_, Bl = Bl_, d = d_, H = heads_;
-  const float* norm1 = w;
-  const float* wqkv = norm1 + h;
-  const float* wo = wqkv + h * 3 * h;
-  const float* norm2 = wo + h * h;
-  const float* wgu = norm2 + h;
-  const float* wdown = wgu + h * 2 * f;
+  const BlockOffsets o = Offsets();
+  const float* norm1 = w + o.norm1;
+  const float* wqkv = w + o.qkv;
+  const float* wo = w + o.o;
+  const float* norm2 = w + o.norm2;
+  const float* wgu = w + o.gu;
+  const float* wdown = w + o.down;
   Acts& A = acts_[l];
   float* tmp = dtmp_.data();
   std::memcpy(A.x.data(), xL_.data(), S * h * sizeof(float));
@@ -232,8 +245,7 @@ void FsdpLayers::BlockBackward(size_t l, const float* w, float* g) {
     return;
   }
   const size_t S = S_, h = h_, f = f_, T = T_, Bl = Bl_, d = d_, H = heads_;
-  const size_t o_norm1 = 0, o_qkv = h, o_o = o_qkv + h * 3 * h, o_norm2 = o_o + h * h,
-               o_gu = o_norm2 + h, o_down = o_gu + h * 2 * f;
+  const auto [o_norm1, o_qkv, o_o, o_norm2, o_gu, o_down] = Offsets();
   const float* norm1 = w + o_norm1;
   const float* wqkv = w + o_qkv;
   const float* wo = w + o_o;

@@ -97,12 +97,13 @@ void FsdpLayers::Wgrad(const float* a, const float* b, size_t k, size_t n, float
 
 void FsdpLayers::BlockForwardTp(size_t l, const float* w) {
   const size_t S = S_, s = s_, h = h_, fl = fl_, T = T_, Bl = Bl_, d = d_, H = hl_, hd = H * d;
-  const float* norm1 = w;
-  const float* wqkv = norm1 + h;
-  const float* wo = wqkv + h * 3 * hd;
-  const float* norm2 = wo + hd * h;
-  const float* wgu = norm2 + h;
-  const float* wdown = wgu + h * 2 * fl;
+  const BlockOffsets o = Offsets();
+  const float* norm1 = w + o.norm1;
+  const float* wqkv = w + o.qkv;
+  const float* wo = w + o.o;
+  const float* norm2 = w + o.norm2;
+  const float* wgu = w + o.gu;
+  const float* wdown = w + o.down;
   Acts& A = acts_[l];
   float* tmp = dtmp_.data();
   std::memcpy(A.x.data(), xL_.data(), s * h * sizeof(float));
@@ -133,8 +134,7 @@ void FsdpLayers::BlockForwardTp(size_t l, const float* w) {
 
 void FsdpLayers::BlockBackwardTp(size_t l, const float* w, float* g) {
   const size_t S = S_, s = s_, h = h_, fl = fl_, T = T_, Bl = Bl_, d = d_, H = hl_, hd = H * d;
-  const size_t o_norm1 = 0, o_qkv = h, o_o = o_qkv + h * 3 * hd, o_norm2 = o_o + hd * h,
-               o_gu = o_norm2 + h, o_down = o_gu + h * 2 * fl;
+  const auto [o_norm1, o_qkv, o_o, o_norm2, o_gu, o_down] = Offsets();
   const float* norm1 = w + o_norm1;
   const float* wqkv = w + o_qkv;
   const float* wo = w + o_o;
