@@ -232,9 +232,9 @@ LinkInfo Channel::link() const {
 
 size_t Channel::heap_bytes() const { return g_->tx().HeapBytes(); }
 
-std::vector<int> Channel::HostOf() const {
-  if (!g_->span) return {};
-  return g_->span->host_of;
+const std::vector<int>& Channel::HostOf() const {
+  static const std::vector<int> kOneHost;
+  return g_->span ? g_->span->host_of : kOneHost;
 }
 
 std::optional<LinkInfo> Channel::host_link() const {

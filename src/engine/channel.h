@@ -167,7 +167,7 @@ class Channel {
   size_t heap_bytes() const;
   // Each member's host (hosts numbered in order of their first member)
   // when the group spans hosts; empty for a group within one host.
-  std::vector<int> HostOf() const;
+  const std::vector<int>& HostOf() const;
   // The link between the group's hosts as the operators measured it
   // (ops/host_link.h), kept for the group's life: nullopt until set.
   std::optional<LinkInfo> host_link() const;
