@@ -8,6 +8,7 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 #include <sched.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -74,6 +75,49 @@ void RaiseTcpEagerLimit() {
   setenv(kVar, limit.c_str(), /*overwrite=*/0);
 }
 
+// Open MPI's TCP transport writes to its sockets without MSG_NOSIGNAL, so
+// a write to a peer that just died raises SIGPIPE, whose default action
+// ends the process before mc2 can report the death. While this is in scope
+// the calling thread blocks SIGPIPE (the write then fails with EPIPE, which
+// MPI reports as an error); a SIGPIPE left pending on the thread is
+// consumed before the caller's mask comes back. Threads started inside
+// (MPI_Init's own) inherit the blocked mask.
+class BlockSigpipe {
+ public:
+  BlockSigpipe() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    blocked_ = pthread_sigmask(SIG_BLOCK, &set, &old_) == 0 && !sigismember(&old_, SIGPIPE);
+  }
+  ~BlockSigpipe() {
+    if (!blocked_) return;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    const timespec zero{};
+    while (sigtimedwait(&set, nullptr, &zero) == SIGPIPE) {
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  BlockSigpipe(const BlockSigpipe&) = delete;
+  BlockSigpipe& operator=(const BlockSigpipe&) = delete;
+
+ private:
+  sigset_t old_;
+  bool blocked_ = false;
+};
+
+// Open MPI relays each of its help messages (a peer that hung up, a
+// connect that failed) from the rank to mpirun and sleeps until mpirun has
+// taken it. When a rank dies, that relay blocks the MPI thread for about a
+// second, just when the failure report must travel to the other hosts;
+// mc2 names the failure itself. So where mc2 initialises MPI, Open MPI's
+// help messages are off (orte_execute_quiet), unless the user set it.
+void QuietOpenMpiHelp() {
+  setenv("OMPI_MCA_orte_execute_quiet", "1", /*overwrite=*/0);
+}
+
 }  // namespace
 
 struct MpiEngine::Impl {
@@ -129,6 +173,8 @@ std::shared_ptr<MpiEngine> MpiEngine::Start(int64_t comm_f) {
   if (comm_f < 0 && !initialized) {
     int provided = MPI_THREAD_SINGLE;
     RaiseTcpEagerLimit();
+    QuietOpenMpiHelp();
+    BlockSigpipe no_sigpipe;
     Check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
     e->initialized_mpi_ = true;
     if (provided < MPI_THREAD_SERIALIZED) {
@@ -326,6 +372,7 @@ void MpiEngine::CheckHealth() const {
 }
 
 void MpiEngine::Loop() {
+  BlockSigpipe no_sigpipe;  // the whole thread: it makes every MPI call
   Impl& m = *impl_;
   auto post_ctl = [&] {
     MPI_Irecv(&m.ctl_in, sizeof(CtlMsg), MPI_BYTE, MPI_ANY_SOURCE, kCtlTag, m.ctl, &m.ctl_req);
@@ -506,12 +553,18 @@ void MpiEngine::Loop() {
         }
       }
       // Everything pending fails now; receives are cancelled so that MPI
-      // no longer writes into buffers their owners give up on.
+      // no longer writes into buffers their owners give up on. The
+      // requests are then dropped, never tested nor cancelled again: after
+      // a peer's death Open MPI's state for them is not to be trusted (a
+      // second MPI_Cancel of such a receive crashed inside ob1), and the
+      // process is going down.
       std::exception_ptr ep = std::make_exception_ptr(e);
       for (size_t i = 0; i < m.reqs.size(); ++i) {
         if (!m.slots[i].send) MPI_Cancel(&m.reqs[i]);
         finish(*m.slots[i].done, ep);
+        m.slots[i].done.reset();
       }
+      compact();
       std::function<void(const Error&)> cb;
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -643,6 +696,7 @@ void MpiEngine::FinalizeAtExit(std::shared_ptr<MpiEngine> engine) {
     }
     e->cv_.notify_all();
     if (e->thread_.joinable()) e->thread_.join();
+    BlockSigpipe no_sigpipe;
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
