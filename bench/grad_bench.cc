@@ -477,7 +477,7 @@ int OverlapModel(const Args& a) {
   std::vector<mc2::models::TransformerConfig> cfgs(3, base);
   cfgs[1].grad_overlap = false;
   cfgs[2].grad_bucket_cap_bytes = 1;
-  std::vector<std::vector<double>> times(3), bwd_sync(3);
+  std::vector<std::vector<double>> times(3), bwd_sync(3), fwd(3), bwd(3), wait(3);
   mc2::WorldOptions wo;
   wo.link = link;
   wo.heap_bytes = 3 * (size_t{1} << 30);  // three models
@@ -496,6 +496,9 @@ int OverlapModel(const Args& a) {
               std::lock_guard<std::mutex> lock(mu);
               times[w].push_back(st.seconds);
               bwd_sync[w].push_back(st.backward_seconds + st.sync_wait_seconds);
+              fwd[w].push_back(st.forward_seconds);
+              bwd[w].push_back(st.backward_seconds);
+              wait[w].push_back(st.sync_wait_seconds);
             }
           }
         }
@@ -508,8 +511,8 @@ int OverlapModel(const Args& a) {
       "%d timed steps per way\n",
       a.n, base.layers, base.hidden, base.ffn, base.batch, base.seq_len, grad_bytes / 1048576.0,
       backward * 1e3, link.c_str(), a.ratio, reps);
-  std::printf("%-18s %12s %12s %10s %16s %10s\n", "way", "median_ms", "min_ms", "speedup",
-              "bwd+sync_ms", "speedup");
+  std::printf("%-18s %12s %12s %10s %16s %10s %10s %10s %10s\n", "way", "median_ms", "min_ms",
+              "speedup", "bwd+sync_ms", "speedup", "fwd_ms", "bwd_ms", "wait_ms");
   json out = {{"model", "demo"},       {"ranks", a.n},          {"layers", base.layers},
               {"hidden", base.hidden}, {"ffn", base.ffn},       {"grad_bytes", grad_bytes},
               {"link", link},          {"compute_s", backward}, {"ratio", a.ratio},
@@ -518,10 +521,17 @@ int OverlapModel(const Args& a) {
   for (int w = 0; w < 3; ++w) {
     const double med = Median(times[w]), bs = Median(bwd_sync[w]);
     const double mn = *std::min_element(times[w].begin(), times[w].end());
-    std::printf("%-18s %12.3f %12.3f %9.2fx %16.3f %9.2fx\n", names[w], med * 1e3, mn * 1e3,
-                after / med, bs * 1e3, after_bs / bs);
+    std::printf("%-18s %12.3f %12.3f %9.2fx %16.3f %9.2fx %10.3f %10.3f %10.3f\n", names[w],
+                med * 1e3, mn * 1e3, after / med, bs * 1e3, after_bs / bs, Median(fwd[w]) * 1e3,
+                Median(bwd[w]) * 1e3, Median(wait[w]) * 1e3);
     out["ways"].push_back(
-        {{"name", names[w]}, {"median_s", med}, {"min_s", mn}, {"backward_sync_s", bs}});
+        {{"name", names[w]},
+         {"median_s", med},
+         {"min_s", mn},
+         {"backward_sync_s", bs},
+         {"forward_s", Median(fwd[w])},
+         {"backward_s", Median(bwd[w])},
+         {"sync_wait_s", Median(wait[w])}});
   }
   if (!a.json_path.empty()) std::ofstream(a.json_path) << out.dump(2) << "\n";
   return 0;
