@@ -36,10 +36,11 @@
 //     tensor after backward. Prints the medians and the speedup of the
 //     overlapped step over the step that syncs after backward.
 //
-//   build/bench/grad_bench overlap --model demo [-n 2] [--reps 4] [--ratio 0.5] [--json FILE]
+//   build/bench/grad_bench overlap --model demo [-n 2] [--reps 4] [--ratio 0.5]
+//                                  [--batch 4] [--json FILE]
 //     The same on the data-parallel training step of `mc2 demo`'s model
-//     (2 layers, hidden 1024, 16 heads, ffn 2048, 4 x 256 tokens per step,
-//     DP = n, TP = 1): its backward is timed without a link first, then the
+//     (2 layers, hidden 1024, 16 heads, ffn 2048, --batch x 256 tokens per
+//     step over all ranks, a multiple of n; DP = n, TP = 1): its backward is timed without a link first, then the
 //     link is calibrated so that the gradients' all-reduce takes --ratio x
 //     that backward, and three copies of the model train side by side, one
 //     step each in turn: GradSync buckets marked during backward
@@ -92,6 +93,7 @@ struct Args {
   std::string ways;  // exchange: a comma-separated subset (empty: all)
   std::string model = "synthetic";  // overlap: synthetic or demo
   bool reps_given = false;
+  int batch = 4;  // overlap --model demo: sequences per step, over all ranks
 };
 
 [[noreturn]] void Usage(const char* msg) {
@@ -135,6 +137,8 @@ Args Parse(int argc, char** argv) {
       a.hidden = std::stoi(val());
     else if (k == "--ratio")
       a.ratio = std::stod(val());
+    else if (k == "--batch")
+      a.batch = std::stoi(val());
     else if (k == "--link")
       a.link = val();
     else if (k == "--schemes")
@@ -147,7 +151,7 @@ Args Parse(int argc, char** argv) {
       Usage(("unknown option " + k).c_str());
   }
   if (a.n < 1 || a.tensors < 1 || a.reps < 1 || a.steps < 1 || !(a.mib > 0) || a.layers < 1 ||
-      a.hidden < 1 || !(a.ratio > 0)) {
+      a.hidden < 1 || !(a.ratio > 0) || a.batch < 1) {
     Usage("bad value");
   }
   if (a.model != "synthetic" && a.model != "demo") Usage("--model must be synthetic or demo");
@@ -447,8 +451,9 @@ mc2::models::TransformerConfig DemoModel() {
 }
 
 int OverlapModel(const Args& a) {
-  const mc2::models::TransformerConfig base = DemoModel();
-  if (base.batch % a.n != 0) Usage("--model demo: -n must divide the model's batch of 4");
+  mc2::models::TransformerConfig base = DemoModel();
+  base.batch = a.batch;
+  if (base.batch % a.n != 0) Usage("--model demo: -n must divide --batch");
   const int reps = a.reps_given ? a.reps : 4;
   // 1. The backward alone (rank 0's median, no link) and the gradients' size.
   double backward = 0;
@@ -516,7 +521,8 @@ int OverlapModel(const Args& a) {
   json out = {{"model", "demo"},       {"ranks", a.n},          {"layers", base.layers},
               {"hidden", base.hidden}, {"ffn", base.ffn},       {"grad_bytes", grad_bytes},
               {"link", link},          {"compute_s", backward}, {"ratio", a.ratio},
-              {"reps", reps},          {"ways", json::array()}};
+              {"reps", reps},          {"batch", base.batch},   {"seq_len", base.seq_len},
+              {"ways", json::array()}};
   const double after = Median(times[1]), after_bs = Median(bwd_sync[1]);
   for (int w = 0; w < 3; ++w) {
     const double med = Median(times[w]), bs = Median(bwd_sync[w]);
