@@ -8,7 +8,8 @@
 # shape on one rank must raise an mc2::Error on every rank of every host
 # (no hang), and a stalled producer must time out naming the missing
 # chunk; a few training steps of the reference transformer on 4 hosts x 1
-# rank must give the losses and weights of one host; the bytes must cross
+# rank and on 2 hosts x 2 ranks (pipeline stages on different hosts) must
+# give the losses and weights of one host; the bytes must cross
 # the hosts' links; a rank killed on one host (2 x 2 and 4 x 1, and inside
 # fused operator calls) must make mpirun exit non-zero within the timeout
 # + 2 s naming it, every other rank raising an mc2 error first (naming the
@@ -201,10 +202,18 @@ for hosts in ${name}h0:2,${name}h1:2 "$("${cluster[@]}" hosts 1)"; do
 done
 
 # Training steps of the reference transformer (TP over the 4 hosts; TP 2 x
-# DP 2 with MoE over EP 2), against one host.
-mkdir -p "$work/train1" "$work/train41"
+# DP 2 with MoE over EP 2; TP 2 x PP 2, whose stages on 2 hosts x 2 ranks
+# are one host each: TP inside a host, PP across), against one host.
+mkdir -p "$work/train1" "$work/train22" "$work/train41"
 "$mc2" run -n 4 "$ops" train "$work/train1" >"$work/train1.log" 2>&1 ||
   { cat "$work/train1.log"; fail "training failed on one host"; }
+grep -q "^train_pp_interleaved_params " "$work/train1/rank0.txt" ||
+  fail "the one-host training recorded no pipeline-parallel run"
+timeout 120 "$mc2" run --hosts ${name}h0:2,${name}h1:2 --mpirun-args "${margs[*]}" \
+    "$ops" train "$work/train22" >"$work/train22.log" 2>&1 ||
+  { cat "$work/train22.log"; fail "training failed on 2 hosts x 2 ranks"; }
+compare "$work/train22" "$work/train1"
+echo "training 2x2 (PP across the hosts): losses and weights bitwise equal to one host"
 timeout 120 mpirun "${margs[@]}" -np 4 -H "$("${cluster[@]}" hosts 1)" \
     "$ops" train "$work/train41" >"$work/train41.log" 2>&1 ||
   { cat "$work/train41.log"; fail "training failed on 4 hosts x 1 rank"; }
