@@ -519,6 +519,15 @@ int Suite(const char* dir) {
     if (mode == 0) BatchCases(sub, out, prefix);
     mc2::Barrier(sub).Wait();
   }
+  // A batch on the world's ranks dealt round robin over the hosts (0, 2,
+  // 1, 3 on 2 hosts x 2 ranks): a layout whose hosts hold no contiguous
+  // block of ranks, where the span reductions run flat.
+  {
+    const int n = world.size(), r = world.rank();
+    mc2::Group dealt = world.Split(0, (r % 2) * ((n + 1) / 2) + r / 2);
+    BatchCases(dealt, out, "dealt_");
+    mc2::Barrier(dealt).Wait();
+  }
   // Nobody leaves while a peer still runs (a rank that exits is a dead
   // peer to the others).
   mc2::Barrier(world).Wait();
