@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -103,8 +104,8 @@ std::vector<SpanStep> MakeSteps(const BatchPlan& p, int n) {
     } else {
       const StepKind k =
           it.kind == BatchKind::kAllReduce ? StepKind::kAllReduce : StepKind::kReduceScatter;
-      const auto key = std::make_pair(static_cast<int>(k), static_cast<int>(it.dtype) * 256 +
-                                                              static_cast<int>(it.op));
+      const auto key = std::make_pair(static_cast<int>(k),
+                                      static_cast<int>(it.dtype) * 256 + static_cast<int>(it.op));
       auto [pos, fresh] = reduce_step.try_emplace(key, steps.size());
       if (fresh) steps.emplace_back().kind = k;
       s = pos->second;
@@ -165,6 +166,12 @@ std::vector<SpanStep> MakeSteps(const BatchPlan& p, int n) {
   return steps;
 }
 
+// A packing buffer: every byte of it is written before it is read (the
+// packed inputs, or the collective's output), so it is not zeroed first.
+std::unique_ptr<char[]> Uninit(size_t bytes) {
+  return std::make_unique_for_overwrite<char[]>(bytes);
+}
+
 // Runs packed step `st` of `p` on this rank: packs, runs the collective,
 // unpacks.
 void RunPacked(SpanGroup& s, const BatchPlan& p, const SpanStep& st, Deadline deadline) {
@@ -173,57 +180,57 @@ void RunPacked(SpanGroup& s, const BatchPlan& p, const SpanStep& st, Deadline de
   const size_t e = a.esize;
   switch (st.kind) {
     case StepKind::kAllReduce: {
-      std::vector<char> buf(st.total * e);
+      const auto buf = Uninit(st.total * e);
       for (size_t k = 0; k < st.items.size(); ++k) {
         const BatchItem& it = p.items[st.items[k]];
-        std::memcpy(buf.data() + st.at[k] * e, it.send, it.count * e);
+        std::memcpy(buf.get() + st.at[k] * e, it.send, it.count * e);
       }
-      a.send = a.recv = buf.data();
+      a.send = a.recv = buf.get();
       st.fn(s, a, deadline);
       for (size_t k = 0; k < st.items.size(); ++k) {
         const BatchItem& it = p.items[st.items[k]];
-        std::memcpy(it.recv, buf.data() + st.at[k] * e, it.count * e);
+        std::memcpy(it.recv, buf.get() + st.at[k] * e, it.count * e);
       }
       break;
     }
     case StepKind::kReduceScatter: {
-      std::vector<char> in(static_cast<size_t>(n) * st.total * e), out(st.total * e);
+      const auto in = Uninit(static_cast<size_t>(n) * st.total * e), out = Uninit(st.total * e);
       for (size_t k = 0; k < st.items.size(); ++k) {
         const BatchItem& it = p.items[st.items[k]];
         const size_t b = it.count * e;
         for (int r = 0; r < n; ++r)
-          std::memcpy(in.data() + (r * st.total + st.at[k]) * e, it.send + r * b, b);
+          std::memcpy(in.get() + (r * st.total + st.at[k]) * e, it.send + r * b, b);
       }
-      a.send = in.data();
-      a.recv = out.data();
+      a.send = in.get();
+      a.recv = out.get();
       st.fn(s, a, deadline);
       for (size_t k = 0; k < st.items.size(); ++k) {
         const BatchItem& it = p.items[st.items[k]];
-        std::memcpy(it.recv, out.data() + st.at[k] * e, it.count * e);
+        std::memcpy(it.recv, out.get() + st.at[k] * e, it.count * e);
       }
       break;
     }
     case StepKind::kGather: {
-      std::vector<char> buf(a.displs[n - 1] + a.counts[n - 1]);
-      char* mine = buf.data() + a.displs[me];
+      const auto buf = Uninit(a.displs[n - 1] + a.counts[n - 1]);
+      char* mine = buf.get() + a.displs[me];
       for (size_t k = 0; k < st.items.size(); ++k) {
         const BatchItem& it = p.items[st.items[k]];
         if (it.kind == BatchKind::kAllGather || it.root == me)
           std::memcpy(mine + st.at[k], it.send, it.contrib);
       }
-      a.recv = buf.data();
+      a.recv = buf.get();
       a.send = mine;
       st.fn(s, a, deadline);
       for (size_t k = 0; k < st.items.size(); ++k) {
         const BatchItem& it = p.items[st.items[k]];
         const size_t b = it.contrib;
         if (it.kind == BatchKind::kBroadcast) {
-          if (!it.in_place) std::memcpy(it.recv, buf.data() + a.displs[it.root] + st.at[k], b);
+          if (!it.in_place) std::memcpy(it.recv, buf.get() + a.displs[it.root] + st.at[k], b);
           continue;
         }
         for (int r = 0; r < n; ++r)
           if (!(it.in_place && r == me))
-            std::memcpy(it.recv + r * b, buf.data() + a.displs[r] + st.at[k], b);
+            std::memcpy(it.recv + r * b, buf.get() + a.displs[r] + st.at[k], b);
       }
       break;
     }
