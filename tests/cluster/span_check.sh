@@ -3,9 +3,7 @@
 # collective suite (tests/programs/span_suite.cc) on 2 hosts x 2 ranks
 # (started by `mc2 run --hosts`) and on 4 hosts x 1 rank (by mpirun) must
 # write, rank by rank, the very bytes of the same suite run by
-# `mc2 run -n 4` on one host (a mixed mc2::Batch among them, fused across
-# hosts, and checked in the program against the separate collectives), and
-# a batch's errors must reach every rank; so must the fused-operator suite
+# `mc2 run -n 4` on one host; so must the fused-operator suite
 # (tests/programs/span_ops.cc: every operator, every pipeline), and a bad
 # shape on one rank must raise an mc2::Error on every rank of every host
 # (no hang), and a stalled producer must time out naming the missing
@@ -16,6 +14,9 @@
 # + 2 s naming it, every other rank raising an mc2 error first (naming the
 # dead rank's host where it has neighbours);
 # nothing may be left behind (processes, shared memory, namespaces).
+# The collective suite includes a mixed mc2::Batch (fused across hosts,
+# also checked in the program against the separate collectives), and a
+# batch's errors must reach every rank.
 # Needs root; without it the check is skipped (exit 77) with the reason.
 #
 # Usage: span_check.sh --build-dir DIR --source-dir DIR
