@@ -12,8 +12,11 @@
 // rank's mean per iteration, and the row shows the medians over the
 // repetitions. Before timing, every entry's batch output is compared with
 // the separate call's output bit for bit (#wrong). Private buffers, as a
-// framework's gradients usually are. Outside a job the command launches
-// itself on N local ranks (default 2); rank 0 prints and writes the JSON.
+// framework's gradients usually are. Inside a job (mc2 run, mpirun or
+// `mc2 run --hosts`: then across hosts, where the batch is fused into few
+// span collectives) it runs on the job's ranks; outside one the command
+// launches itself on N local ranks (default 2). Rank 0 prints and writes
+// the JSON.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>

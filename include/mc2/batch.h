@@ -34,9 +34,19 @@
 //   one the separate collective gives (the canonical reduction order).
 // - Any memory works: the batch always packs its inputs (one copy), so
 //   symmetric buffers bring nothing here.
-// - Groups that span hosts run the entries one after another as their
-//   collectives (correct; no fusion across hosts yet), after one check that
-//   every rank passed the same entries.
+// - Groups that span hosts: one small all-gather, waited for in the call,
+//   checks that every rank passed the same entries (kMismatch on every
+//   rank otherwise; the group stays usable). Then the entries run as ONE
+//   operation, fused into as few collectives across hosts as their kinds
+//   allow: one all_reduce per (dtype, op) of the all_reduce entries, one
+//   reduce_scatter per (dtype, op) of the reduce_scatter entries, and one
+//   all_gatherv of bytes for every all_gather and broadcast entry together;
+//   each with the algorithm (hierarchical or flat) that collective would
+//   run at the packed size. Results are bitwise the separate collectives'
+//   (deterministic mode). A fused step packs its inputs into a buffer of
+//   its own (one copy in, one out; a step of a single entry uses the
+//   entry's buffers); opts.timeout applies to each step;
+//   opts.may_run_inline has no effect there.
 // Thread safety: as the other collectives (one thread issues a group's
 // calls).
 #ifndef MC2_BATCH_H_

@@ -200,48 +200,6 @@ void RunBatchBody(OpContext& ctx, const BatchPlan& p, const internal::Fingerprin
   RunBatchExchange(ctx, p, fp);
 }
 
-// A group across hosts: the entries' own collectives, in order, after one
-// check that every rank passed the same entries. The span engine runs a
-// group's operations one at a time in order, and a failed one aborts the
-// world, so the last entry's Work completes after all of them.
-Work SpanBatch(const Group& g, std::span<const BatchEntry> entries, const BatchPlan& p,
-               const CollectiveOptions& opts) {
-  const int n = g.size();
-  uint64_t mine[2] = {p.items.size(), p.hash};
-  std::vector<uint64_t> all(2 * static_cast<size_t>(n));
-  CollectiveOptions check = opts;
-  check.algorithm = Algorithm::kAuto;
-  AllGather(g, mine, all.data(), 2, DType::kI64, check).Wait();
-  for (int r = 0; r < n; ++r)
-    if (all[2 * r] != mine[0] || all[2 * r + 1] != mine[1])
-      throw Error(ErrorCode::kMismatch,
-                  fmt::format("mismatched operations across ranks: rank {} called "
-                              "batch(entries={}, entries hash={:#x}) but rank {} called "
-                              "batch(entries={}, entries hash={:#x})",
-                              g.rank(), mine[0], mine[1], r, all[2 * r], all[2 * r + 1]),
-                  g.rank(), "batch");
-  Work last;
-  CollectiveOptions o = opts;
-  o.algorithm = Algorithm::kAuto;
-  for (const BatchEntry& e : entries) {
-    switch (e.kind) {
-      case BatchKind::kAllReduce:
-        last = AllReduce(g, e.send, e.recv, e.count, e.dtype, e.op, o);
-        break;
-      case BatchKind::kAllGather:
-        last = AllGather(g, e.send, e.recv, e.count, e.dtype, o);
-        break;
-      case BatchKind::kReduceScatter:
-        last = ReduceScatter(g, e.send, e.recv, e.count, e.dtype, e.op, o);
-        break;
-      case BatchKind::kBroadcast:
-        last = Broadcast(g, e.send, e.recv, e.count, e.dtype, e.root, o);
-        break;
-    }
-  }
-  return last;
-}
-
 }  // namespace
 }  // namespace collectives
 
@@ -254,7 +212,7 @@ Work Batch(const Group& g, std::span<const BatchEntry> entries, const Collective
                 AlgorithmName(opts.algorithm));
   BatchPlan plan = MakePlan(g, entries);
   GroupImpl* gi = internal::Access::Impl(g);
-  if (gi->span) return SpanBatch(g, entries, plan, opts);
+  if (gi->span) return SpanBatch(g, std::move(plan), opts);
   internal::Fingerprint fp;
   fp.kind = static_cast<uint16_t>(OpKind::kBatch);
   fp.count = plan.items.size();

@@ -46,6 +46,17 @@ using Deadline = std::chrono::steady_clock::time_point;
 // The one entry point from collectives.cc for a span group.
 Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts);
 
+// The algorithm a span collective runs, as LaunchSpan selects it (the
+// call's algorithm, MC2_ALGO, the tuning table, the default) for `a`'s
+// kind, layout and size; sets a.esize and a.deterministic. The fused batch
+// (span_batch.cc) runs several of them inside one operation.
+using SpanFn = void (*)(SpanGroup&, const CollArgs&, Deadline);
+struct SpanChoice {
+  SpanFn fn = nullptr;
+  bool hierarchical = false;
+};
+SpanChoice ChooseSpan(GroupImpl& gi, CollArgs& a, const CollectiveOptions& opts);
+
 // Point-to-point traffic of one span algorithm step: post, then wait for
 // all (a failure or timeout throws, naming the operation).
 class SpanXfer {

@@ -19,12 +19,10 @@ void SpanReduceBlocks(const CollArgs& a, int group_size, void* dst,
                    group_size);
 }
 
-Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts) {
-  GroupImpl* gi = internal::Access::Impl(g);
-  SpanGroup& s = *gi->span;
+SpanChoice ChooseSpan(GroupImpl& gi, CollArgs& a, const CollectiveOptions& opts) {
+  SpanGroup& s = *gi.span;
   a.esize = DTypeSize(a.dtype);
-  a.deterministic = gi->world().deterministic;
-  using Fn = void (*)(SpanGroup&, const CollArgs&, Deadline);
+  a.deterministic = gi.world().deterministic;
   const int n = static_cast<int>(s.members.size());
   const int hosts = static_cast<int>(s.hosts.size());
   int per_host = 0;  // the largest host's ranks
@@ -56,7 +54,7 @@ Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts) {
   auto hier = [&](bool otherwise) {
     return choice == Algorithm::kHierarchical || (choice == Algorithm::kAuto && otherwise);
   };
-  Fn fn = nullptr;
+  SpanFn fn = nullptr;
   bool hierarchical = false;
   switch (a.kind) {
     case OpKind::kAllReduce:
@@ -93,6 +91,12 @@ Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts) {
       throw Error(ErrorCode::kInternal,
                   fmt::format("no span algorithm for {}", internal::OpKindName(a.kind)));
   }
+  return {fn, hierarchical};
+}
+
+Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts) {
+  GroupImpl* gi = internal::Access::Impl(g);
+  const auto [fn, hierarchical] = ChooseSpan(*gi, a, opts);
   const char* algo = hierarchical ? "hierarchical" : "flat";
   // In place, an all-to-all overwrites blocks of its input that peers have
   // yet to receive: the messages leave from a private copy.

@@ -15,6 +15,9 @@
 # + 2 s naming it, every other rank raising an mc2 error first (naming the
 # dead rank's host where it has neighbours);
 # nothing may be left behind (processes, shared memory, namespaces).
+# The collective suite includes a mixed mc2::Batch (fused across hosts,
+# also checked in the program against the separate collectives), and a
+# batch's errors must reach every rank.
 # Needs root; without it the check is skipped (exit 77) with the reason.
 #
 # Usage: span_check.sh --build-dir DIR --source-dir DIR
@@ -82,6 +85,24 @@ timeout 120 mpirun "${margs[@]}" -np 4 -H "$("${cluster[@]}" hosts 1)" \
   { cat "$work/x41.log"; fail "the suite failed on 4 hosts x 1 rank"; }
 compare "$work/x41"
 echo "4x1: bitwise equal to one host"
+
+# A batch's errors across hosts: entries that differ on one rank raise
+# kMismatch on every rank before data moves, a bad root kInvalidArgument
+# naming the entry, and the group works after both. (The suite above ran
+# a mixed batch fused across hosts against the separate collectives and
+# against the same batch on one host.)
+timeout 60 mpirun "${margs[@]}" -x MC2_TIMEOUT=10s -np 4 -H ${name}h0:2,${name}h1:2 \
+    "$prog" batch_bad >"$work/batch_bad.log" 2>&1 ||
+  { cat "$work/batch_bad.log"; fail "the batch error run failed"; }
+for r in 0 1 2 3; do
+  grep -q "^rank $r error: .*\[mismatch\].*mismatched operations across ranks: rank $r called batch" \
+      "$work/batch_bad.log" &&
+    grep -q "^rank $r error: .*\[invalid_argument\]: batch entry 1 (broadcast): root 4 is out of range" \
+      "$work/batch_bad.log" &&
+    grep -q "^rank $r: batch_bad ok" "$work/batch_bad.log" ||
+    { cat "$work/batch_bad.log"; fail "rank $r did not raise both batch errors and recover"; }
+done
+echo "batch: mismatched entries and a bad root raised their errors on every rank across hosts"
 
 # The hierarchical and flat algorithms of all_gather(v), reduce_scatter(v),
 # all_to_all(v) and broadcast against each other and a reference

@@ -5,6 +5,7 @@
 //                                       each rank writes OUTDIR/rank<R>.txt
 //   test_prog_span_suite fault KILLRANK all_reduce in a loop; KILLRANK dies
 //                                       by SIGKILL after a few calls
+//   test_prog_span_suite batch_bad      a batch's errors on every rank
 //
 // suite: inputs are a pure function of (rank, case, index), so every rank
 // knows every rank's input. Integer cases are checked exactly here against
@@ -20,6 +21,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -48,7 +50,9 @@ uint64_t Hash(const void* p, size_t n) {
 // shows in its last bits.
 float FloatInput(int rank, int kase, size_t i) {
   double x = std::sin(0.37 * static_cast<double>(i) + 1.7 * rank + 0.11 * kase);
-  return static_cast<float>(x * std::pow(10.0, (rank * 3 + i) % 7 - 3));
+  // (The exponent in int: in size_t it wrapped, and half the inputs were
+  // infinite.)
+  return static_cast<float>(x * std::pow(10.0, static_cast<int>((rank * 3 + i) % 7) - 3));
 }
 int32_t IntInput(int rank, int kase, size_t i) {
   return static_cast<int32_t>((rank + 1) * 1000003 + kase * 7919 + static_cast<int64_t>(i) * 31);
@@ -194,6 +198,285 @@ void OtherCases(const mc2::Group& g, Out& out) {
   mc2::Barrier(g).Wait();
 }
 
+// A mixed batch (every kind; f32, f64, bf16, i32, u8; sum, avg, max, min,
+// bxor; 1 element to 4 MiB; in and out of place; several entries per
+// (dtype, op) so that they are packed together, and lone ones) run once as
+// mc2::Batch and once as the separate collectives: the outputs must be the
+// same bytes (in deterministic mode, also for floating point), integer
+// outputs must equal the reference, and every output is hashed into the
+// rank's file (so the batch across hosts is compared with the same batch
+// on one host).
+struct BatchSpec {
+  mc2::BatchKind kind;
+  mc2::DType dtype;
+  mc2::ReduceOp op;
+  size_t count;
+  bool in_place;
+  int root;  // broadcast
+};
+
+// Element i of rank `rank`'s input to entry `kase`, in `dtype`.
+void BatchInput(mc2::DType dtype, int rank, int kase, size_t count, char* dst) {
+  for (size_t i = 0; i < count; ++i) {
+    const float f = FloatInput(rank, 100 + kase, i);
+    const int32_t v = IntInput(rank, 100 + kase, i);
+    switch (dtype) {
+      case mc2::DType::kF32: std::memcpy(dst + 4 * i, &f, 4); break;
+      case mc2::DType::kF64: {
+        const double d = static_cast<double>(f) * (1.0 + 1e-9 * static_cast<double>(i));
+        std::memcpy(dst + 8 * i, &d, 8);
+        break;
+      }
+      case mc2::DType::kBF16: {
+        const uint16_t h = ToBf16({f})[0];
+        std::memcpy(dst + 2 * i, &h, 2);
+        break;
+      }
+      case mc2::DType::kI32: std::memcpy(dst + 4 * i, &v, 4); break;
+      default: dst[i] = static_cast<char>(v); break;  // u8 / i8
+    }
+  }
+}
+
+struct BatchBuffers {
+  std::vector<char> send, recv;
+  const void* in = nullptr;
+  void* out = nullptr;
+  const char* result = nullptr;  // where the entry's output is
+  size_t result_bytes = 0;
+};
+
+// The buffers of spec `k` on rank `me` of `n`, filled with its input.
+BatchBuffers MakeBatchBuffers(const BatchSpec& s, int k, int n, int me) {
+  const size_t e = mc2::DTypeSize(s.dtype), b = s.count * e;
+  BatchBuffers x;
+  switch (s.kind) {
+    case mc2::BatchKind::kAllReduce:
+      x.send.resize(b);
+      BatchInput(s.dtype, me, k, s.count, x.send.data());
+      x.recv.assign(b, 0x5A);
+      x.in = x.send.data();
+      x.out = s.in_place ? x.send.data() : x.recv.data();
+      x.result = static_cast<char*>(x.out);
+      x.result_bytes = b;
+      break;
+    case mc2::BatchKind::kAllGather:
+      x.send.resize(b);
+      BatchInput(s.dtype, me, k, s.count, x.send.data());
+      x.recv.assign(b * n, 0x5A);
+      if (s.in_place) std::memcpy(x.recv.data() + me * b, x.send.data(), b);
+      x.in = s.in_place ? x.recv.data() + me * b : x.send.data();
+      x.out = x.recv.data();
+      x.result = x.recv.data();
+      x.result_bytes = b * n;
+      break;
+    case mc2::BatchKind::kReduceScatter:
+      x.send.resize(b * n);
+      BatchInput(s.dtype, me, k, s.count * n, x.send.data());
+      x.recv.assign(b, 0x5A);
+      x.in = x.send.data();
+      x.out = s.in_place ? x.send.data() + me * b : x.recv.data();
+      x.result = static_cast<char*>(x.out);
+      x.result_bytes = b;
+      break;
+    case mc2::BatchKind::kBroadcast:
+      x.send.resize(b);
+      BatchInput(s.dtype, me, k, s.count, x.send.data());
+      x.recv.assign(b, 0x5A);
+      x.in = x.send.data();
+      x.out = s.in_place && me == s.root ? x.send.data() : x.recv.data();
+      x.result = static_cast<char*>(x.out);
+      x.result_bytes = b;
+      break;
+  }
+  return x;
+}
+
+// `big`: entries up to 4 MiB (the packed f32 sums then cross the span
+// all-reduce's 4 MiB chunk size, which the separate ones do not); else up
+// to 400 KB.
+std::vector<BatchSpec> MixedBatch(int n, bool big) {
+  const size_t large = big ? (size_t{1} << 20) + 3 : 4099;
+  using K = mc2::BatchKind;
+  using D = mc2::DType;
+  using O = mc2::ReduceOp;
+  return {
+      // f32 sums of 1 element to 4 MiB, packed into one all_reduce.
+      {K::kAllReduce, D::kF32, O::kSum, 1, false, 0},
+      {K::kAllGather, D::kI32, O::kSum, 3, false, 0},
+      {K::kAllReduce, D::kF32, O::kSum, 4096, true, 0},
+      {K::kReduceScatter, D::kF32, O::kSum, big ? 70001 : 7001, false, 0},
+      {K::kAllReduce, D::kF32, O::kSum, large, false, 0},
+      {K::kBroadcast, D::kI32, O::kSum, 7, true, n - 1},
+      {K::kAllReduce, D::kF32, O::kSum, 65537, true, 0},
+      {K::kAllReduce, D::kBF16, O::kSum, 1000, false, 0},
+      {K::kAllReduce, D::kF32, O::kAvg, 333, false, 0},
+      {K::kAllReduce, D::kBF16, O::kSum, 5, true, 0},
+      {K::kReduceScatter, D::kBF16, O::kSum, 100, true, 0},
+      {K::kAllGather, D::kF32, O::kSum, big ? 70001 : 7001, true, 0},
+      {K::kReduceScatter, D::kF32, O::kSum, 3, true, 0},
+      {K::kAllReduce, D::kI32, O::kSum, 12345, true, 0},
+      {K::kBroadcast, D::kF32, O::kSum, big ? 100000 : 10000, false, 0},
+      {K::kAllReduce, D::kF64, O::kMin, big ? (size_t{1} << 18) + 1 : 1001, false, 0},
+      {K::kReduceScatter, D::kI32, O::kMax, 9, false, 0},
+      {K::kAllGather, D::kBF16, O::kSum, 17, false, 0},
+      {K::kBroadcast, D::kBF16, O::kSum, 1, false, 1 % n},
+      {K::kAllReduce, D::kU8, O::kBxor, 13, false, 0},
+      {K::kAllReduce, D::kI32, O::kSum, 0, false, 0},
+      {K::kBroadcast, D::kI32, O::kSum, 64, false, 1 % n},
+  };
+}
+
+void BatchCases(const mc2::Group& g, Out& out, const std::string& prefix, bool big) {
+  const int n = g.size(), me = g.rank();
+  const std::vector<BatchSpec> specs = MixedBatch(n, big);
+  std::vector<BatchBuffers> fused, separate;
+  std::vector<mc2::BatchEntry> entries;
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const BatchSpec& s = specs[k];
+    fused.push_back(MakeBatchBuffers(s, static_cast<int>(k), n, me));
+    separate.push_back(MakeBatchBuffers(s, static_cast<int>(k), n, me));
+    const BatchBuffers& x = fused.back();
+    switch (s.kind) {
+      case mc2::BatchKind::kAllReduce:
+        entries.push_back(mc2::BatchEntry::AllReduce(x.in, x.out, s.count, s.dtype, s.op));
+        break;
+      case mc2::BatchKind::kAllGather:
+        entries.push_back(mc2::BatchEntry::AllGather(x.in, x.out, s.count, s.dtype));
+        break;
+      case mc2::BatchKind::kReduceScatter:
+        entries.push_back(mc2::BatchEntry::ReduceScatter(x.in, x.out, s.count, s.dtype, s.op));
+        break;
+      case mc2::BatchKind::kBroadcast:
+        entries.push_back(mc2::BatchEntry::Broadcast(x.in, x.out, s.count, s.dtype, s.root));
+        break;
+    }
+  }
+  mc2::Batch(g, entries).Wait();
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const BatchSpec& s = specs[k];
+    BatchBuffers& x = separate[k];
+    switch (s.kind) {
+      case mc2::BatchKind::kAllReduce:
+        mc2::AllReduce(g, x.in, x.out, s.count, s.dtype, s.op).Wait();
+        break;
+      case mc2::BatchKind::kAllGather:
+        mc2::AllGather(g, x.in, x.out, s.count, s.dtype).Wait();
+        break;
+      case mc2::BatchKind::kReduceScatter:
+        mc2::ReduceScatter(g, x.in, x.out, s.count, s.dtype, s.op).Wait();
+        break;
+      case mc2::BatchKind::kBroadcast:
+        mc2::Broadcast(g, x.in, x.out, s.count, s.dtype, s.root).Wait();
+        break;
+    }
+  }
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const BatchSpec& s = specs[k];
+    const BatchBuffers &f = fused[k], &x = separate[k];
+    const std::string name = prefix + "batch_" + std::to_string(k) + "_" +
+                             mc2::BatchKindName(s.kind) + "_" + std::to_string(s.count);
+    out.Record(name, f.result, f.result_bytes);
+    out.Check(name, std::memcmp(f.result, x.result, f.result_bytes) == 0,
+              "the batch's output differs from the separate collective's");
+    // Integer entries against the reference (wrapping sums, maxima, rank
+    // blocks, the root's input).
+    if (s.dtype != mc2::DType::kI32) continue;
+    const int kase = static_cast<int>(k);
+    std::vector<int32_t> want;
+    auto input = [&](int rank, size_t i) { return IntInput(rank, 100 + kase, i); };
+    switch (s.kind) {
+      case mc2::BatchKind::kAllReduce:
+      case mc2::BatchKind::kReduceScatter:
+        for (size_t i = 0; i < s.count; ++i) {
+          const size_t at = s.kind == mc2::BatchKind::kReduceScatter ? me * s.count + i : i;
+          uint32_t sum = 0;
+          int32_t max = input(0, at);
+          for (int p = 0; p < n; ++p) {
+            sum += static_cast<uint32_t>(input(p, at));
+            max = std::max(max, input(p, at));
+          }
+          want.push_back(s.op == mc2::ReduceOp::kMax ? max : static_cast<int32_t>(sum));
+        }
+        break;
+      case mc2::BatchKind::kAllGather:
+        for (int p = 0; p < n; ++p)
+          for (size_t i = 0; i < s.count; ++i) want.push_back(input(p, i));
+        break;
+      case mc2::BatchKind::kBroadcast:
+        for (size_t i = 0; i < s.count; ++i) want.push_back(input(s.root, i));
+        break;
+    }
+    out.Check(name + "_reference",
+              want.size() * 4 == f.result_bytes &&
+                  (want.empty() || std::memcmp(want.data(), f.result, f.result_bytes) == 0),
+              "wrong integer result");
+  }
+  if (!big) return;
+  // Many small all-reduces (the fused case the batch exists for).
+  std::vector<std::vector<float>> small(200, std::vector<float>(257)), alone = small;
+  entries.clear();
+  for (size_t t = 0; t < small.size(); ++t) {
+    for (size_t i = 0; i < small[t].size(); ++i) small[t][i] = FloatInput(me, 300 + static_cast<int>(t), i);
+    alone[t] = small[t];
+    entries.push_back(mc2::BatchEntry::AllReduce(small[t].data(), small[t].data(),
+                                                 small[t].size(), mc2::DType::kF32,
+                                                 mc2::ReduceOp::kSum));
+  }
+  mc2::Batch(g, entries).Wait();
+  bool same = true;
+  for (size_t t = 0; t < small.size(); ++t) {
+    mc2::AllReduce(g, alone[t].data(), alone[t].data(), alone[t].size(), mc2::DType::kF32,
+                   mc2::ReduceOp::kSum)
+        .Wait();
+    same = same && std::memcmp(alone[t].data(), small[t].data(), small[t].size() * 4) == 0;
+    out.Record(prefix + "batch_small_" + std::to_string(t), small[t].data(), small[t].size() * 4);
+  }
+  out.Check(prefix + "batch_small", same, "200 fused all-reduces differ from the separate ones");
+}
+
+// Errors of a batch on every rank: entries that differ on one rank raise
+// kMismatch on every rank, a bad root kInvalidArgument naming the entry;
+// the group works after both.
+int BatchBad() {
+  mc2::Group world = mc2::Group::FromEnv();
+  const int n = world.size(), me = world.rank();
+  std::vector<float> a(100, 1.f), b(10, 2.f);
+  auto report = [&](const mc2::Error& e) {
+    std::printf("rank %d error: %s\n", me, e.what());
+    std::fflush(stdout);
+  };
+  try {
+    const size_t count = me == 1 ? 99 : 100;
+    std::vector<mc2::BatchEntry> e = {
+        mc2::BatchEntry::AllReduce(a.data(), a.data(), count, mc2::DType::kF32,
+                                   mc2::ReduceOp::kSum),
+        mc2::BatchEntry::Broadcast(b.data(), b.data(), b.size(), mc2::DType::kF32, 0)};
+    mc2::Batch(world, e).Wait();
+  } catch (const mc2::Error& e) {
+    report(e);
+  }
+  try {
+    std::vector<mc2::BatchEntry> e = {
+        mc2::BatchEntry::AllReduce(a.data(), a.data(), a.size(), mc2::DType::kF32,
+                                   mc2::ReduceOp::kSum),
+        mc2::BatchEntry::Broadcast(b.data(), b.data(), b.size(), mc2::DType::kF32, n)};
+    mc2::Batch(world, e).Wait();
+  } catch (const mc2::Error& e) {
+    report(e);
+  }
+  std::fill(a.begin(), a.end(), 1.f);
+  std::vector<mc2::BatchEntry> e = {
+      mc2::BatchEntry::AllReduce(a.data(), a.data(), a.size(), mc2::DType::kF32,
+                                 mc2::ReduceOp::kSum),
+      mc2::BatchEntry::Broadcast(b.data(), b.data(), b.size(), mc2::DType::kF32, 0)};
+  mc2::Batch(world, e).Wait();
+  const bool ok = std::all_of(a.begin(), a.end(), [&](float v) { return v == n; });
+  std::printf("rank %d: batch_bad %s\n", me, ok ? "ok" : "wrong result");
+  mc2::Barrier(world).Wait();
+  return ok ? 0 : 1;
+}
+
 void PointToPoint(const mc2::Group& g, Out& out) {
   const int n = g.size(), r = g.rank();
   if (n < 2) return;
@@ -218,6 +501,7 @@ int Suite(const char* dir) {
   AllReduceCases(world, out, "world_");
   OtherCases(world, out);
   PointToPoint(world, out);
+  BatchCases(world, out, "world_", true);
   // Symmetric memory in a collective.
   {
     const size_t count = 4099;
@@ -237,7 +521,17 @@ int Suite(const char* dir) {
                          "_";
     AllReduceCases(sub, out, prefix);
     PointToPoint(sub, out);
+    if (mode == 0) BatchCases(sub, out, prefix, false);
     mc2::Barrier(sub).Wait();
+  }
+  // A batch on the world's ranks dealt round robin over the hosts (0, 2,
+  // 1, 3 on 2 hosts x 2 ranks): a layout whose hosts hold no contiguous
+  // block of ranks, where the span reductions run flat.
+  {
+    const int n = world.size(), r = world.rank();
+    mc2::Group dealt = world.Split(0, (r % 2) * ((n + 1) / 2) + r / 2);
+    BatchCases(dealt, out, "dealt_", false);
+    mc2::Barrier(dealt).Wait();
   }
   // Nobody leaves while a peer still runs (a rank that exits is a dead
   // peer to the others).
@@ -279,6 +573,7 @@ int main(int argc, char** argv) {
     }
   }
   if (argc == 3 && std::string(argv[1]) == "fault") return Fault(std::atoi(argv[2]));
-  std::fprintf(stderr, "usage: %s suite OUTDIR | fault KILLRANK\n", argv[0]);
+  if (argc == 2 && std::string(argv[1]) == "batch_bad") return BatchBad();
+  std::fprintf(stderr, "usage: %s suite OUTDIR | fault KILLRANK | batch_bad\n", argv[0]);
   return 2;
 }
