@@ -69,6 +69,12 @@ struct PpArgs {
 
 int Ranks(const PpArgs& a) { return a.pp * a.tp * a.dp * a.cp; }
 
+// ", 4 MoE experts top-2 over ep 2" (empty for a dense model).
+std::string MoeLabel(const PpArgs& a) {
+  if (a.moe_experts == 0) return "";
+  return fmt::format(", {} MoE experts top-{} over ep {}", a.moe_experts, a.moe_topk, a.ep);
+}
+
 models::TransformerConfig ModelConfig(const PpArgs& a) {
   models::TransformerConfig c;
   c.layers = a.layers;
@@ -311,11 +317,7 @@ void Conduct(const PpArgs& a) {
       a.link, [&] { return CalibrateLink(a, out); },
       "one micro-batch's activation transfer", a.comm_ratio);
   fmt::print(stderr, "pipeline training on {} ranks (pp {} x dp {} x cp {} x tp {}{}), {}\n", n,
-             a.pp, a.dp, a.cp, a.tp,
-             a.moe_experts > 0 ? fmt::format(", {} experts top-{} over ep {}", a.moe_experts,
-                                             a.moe_topk, a.ep)
-                               : std::string(),
-             dl.label);
+             a.pp, a.dp, a.cp, a.tp, MoeLabel(a), dl.label);
   const std::string results = (out / "results.json").string();
   json res = RunDemoJob(n, RankArgv(a, a.schedules, a.iters, a.warmup, out.string(), results),
                         dl.spec, results, "mc2 demo pp", "pipeline");
@@ -391,11 +393,11 @@ void Conduct(const PpArgs& a) {
   };
   fmt::print(
       "\nmc2 demo pp: {} layers, hidden {}, {} heads, ffn {}, vocab {}, {} GEMMs; batch {} x {} "
-      "tokens in {} micro-batches; pp {} x dp {} x cp {} x tp {} ({} ranks)\n{}; {} timed steps "
+      "tokens in {} micro-batches; pp {} x dp {} x cp {} x tp {} ({} ranks){}\n{}; {} timed steps "
       "after {} "
       "warm-up, medians\n\n",
       a.layers, a.hidden, a.heads, a.ffn, a.vocab, a.dtype, a.batch, a.seq_len, a.micro_batches,
-      a.pp, a.dp, a.cp, a.tp, n, dl.label, a.iters, a.warmup);
+      a.pp, a.dp, a.cp, a.tp, n, MoeLabel(a), dl.label, a.iters, a.warmup);
   row("", [](const RunSummary& r) {
     return r.v > 1 ? fmt::format("{} v={}", r.schedule, r.v) : r.schedule;
   });
@@ -443,6 +445,8 @@ void Conduct(const PpArgs& a) {
     json j = {{"mode", "pp"},          {"ranks", n},
               {"pp", a.pp},            {"tp", a.tp},
               {"dp", a.dp},            {"cp", a.cp},
+              {"ep", a.ep},            {"moe_experts", a.moe_experts},
+              {"moe_topk", a.moe_topk},
               {"micro_batches", a.micro_batches},
               {"link", dl.spec},       {"layers", a.layers},
               {"hidden", a.hidden},    {"batch", a.batch},

@@ -209,7 +209,9 @@ struct PipelineTransformer::Impl {
     return (recv_chunk * m + micro) * 2 + (gradient ? 1 : 0);
   }
   size_t MessageFloats() const { return rows * width + kStampFloats; }
-  double Tokens() const { return static_cast<double>(cfg.batch) * static_cast<double>(cfg.seq_len); }
+  double Tokens() const {
+    return static_cast<double>(cfg.batch) * static_cast<double>(cfg.seq_len);
+  }
 
   // After a forward with MoE blocks: the micro-batch's load statistics,
   // summed over the stage in the background (the backward waits for them).

@@ -86,7 +86,7 @@ void KeepLosses(Trained& run, std::vector<std::vector<double>>& seen, int rank,
 }
 
 Trained Pipelined(int ranks, int tp, int pp, int ep, const TransformerConfig& c,
-              const PipelineConfig& pipe, int steps) {
+                  const PipelineConfig& pipe, int steps) {
   Trained run;
   std::mutex mu;
   std::vector<std::vector<double>> seen(ranks);
