@@ -47,6 +47,7 @@ constexpr int kExitFailed = 1;
 
 struct PpArgs {
   int pp = 2, tp = 1, dp = 1, cp = 1;
+  int moe_experts = 0, moe_topk = 2, ep = 1;  // MoE MLPs (0: dense), EP groups inside each stage
   int micro_batches = 8;
   std::string schedules = "1f1b,interleaved";
   int virtual_stages = 2;
@@ -68,6 +69,12 @@ struct PpArgs {
 
 int Ranks(const PpArgs& a) { return a.pp * a.tp * a.dp * a.cp; }
 
+// ", 4 MoE experts top-2 over ep 2" (empty for a dense model).
+std::string MoeLabel(const PpArgs& a) {
+  if (a.moe_experts == 0) return "";
+  return fmt::format(", {} MoE experts top-{} over ep {}", a.moe_experts, a.moe_topk, a.ep);
+}
+
 models::TransformerConfig ModelConfig(const PpArgs& a) {
   models::TransformerConfig c;
   c.layers = a.layers;
@@ -81,6 +88,8 @@ models::TransformerConfig ModelConfig(const PpArgs& a) {
   c.gemm_dtype = a.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   c.fused.splits = a.splits;
   c.fused.pipeline = *ParsePipeline(a.pipeline);
+  c.moe_experts = a.moe_experts;
+  c.moe_topk = a.moe_topk;
   return c;
 }
 
@@ -120,7 +129,7 @@ enum Field {
 int RunRankJob(const PpArgs& a) {
   Group world = Group::FromEnv();
   const bool root = world.rank() == 0;
-  models::ProcessGrid grid = models::MakeGrid3D(world, a.tp, a.pp, /*ep=*/1, a.cp);
+  models::ProcessGrid grid = models::MakeGrid3D(world, a.tp, a.pp, a.ep, a.cp);
   const models::TransformerConfig c = ModelConfig(a);
   json runs = json::array();
   for (models::PipelineSchedule s : Schedules(a.schedules)) {
@@ -199,6 +208,11 @@ std::vector<std::string> RankArgv(const PpArgs& a, const std::string& schedules,
   v.Add("--tp", std::to_string(a.tp));
   v.Add("--dp", std::to_string(a.dp));
   v.Add("--cp", std::to_string(a.cp));
+  if (a.moe_experts > 0) {
+    v.Add("--moe-experts", std::to_string(a.moe_experts));
+    v.Add("--moe-topk", std::to_string(a.moe_topk));
+    v.Add("--ep", std::to_string(a.ep));
+  }
   v.Add("--micro-batches", std::to_string(a.micro_batches));
   v.Add("--virtual-stages", std::to_string(a.virtual_stages));
   v.Add("--layers", std::to_string(a.layers));
@@ -244,9 +258,26 @@ void CheckArgs(const PpArgs& a) {
   if (!ParsePipeline(a.pipeline)) Usage(fmt::format("--pipeline: unknown '{}'", a.pipeline));
   const auto schedules = Schedules(a.schedules);
   if (a.pp < 2) Usage(fmt::format("--pp {} must be >= 2 (a pipeline has stages)", a.pp));
+  // The EP grid inside each stage: named here, in the demo's own options.
+  if (a.dp % a.ep != 0)
+    Usage(fmt::format("--ep {} must divide --dp {} (the EP groups are made of each stage's DP "
+                      "ranks)", a.ep, a.dp));
+  if (a.ep > 1 && a.moe_experts == 0)
+    Usage(fmt::format("--ep {} needs --moe-experts > 0 (a dense model has nothing to spread)",
+                      a.ep));
+  if (a.ep > 1 && a.cp > 1)
+    Usage(fmt::format("--ep {} with --cp {}: expert parallelism is not combined with context "
+                      "parallelism", a.ep, a.cp));
+  if (a.moe_experts > 0) {
+    if (a.moe_experts % a.ep != 0)
+      Usage(fmt::format("--ep {} must divide --moe-experts {}", a.ep, a.moe_experts));
+    if (a.moe_topk < 1 || a.moe_topk > a.moe_experts)
+      Usage(fmt::format("--moe-topk {} must be in 1..--moe-experts {}", a.moe_topk,
+                        a.moe_experts));
+  }
   const models::TransformerConfig c = ModelConfig(a);
   for (auto s : schedules)
-    models::ValidatePipeline(c, PipeConfig(a, s), a.tp, a.dp, a.pp, /*ep=*/1, a.cp);
+    models::ValidatePipeline(c, PipeConfig(a, s), a.tp, a.dp, a.pp, a.ep, a.cp);
   if (a.link != "auto" && a.link != "none" && a.link != "off")
     core::ParseLinkConfig(a.link, "--link");
 }
@@ -285,8 +316,8 @@ void Conduct(const PpArgs& a) {
   const DemoLink dl = ResolveLink(
       a.link, [&] { return CalibrateLink(a, out); },
       "one micro-batch's activation transfer", a.comm_ratio);
-  fmt::print(stderr, "pipeline training on {} ranks (pp {} x dp {} x cp {} x tp {}), {}\n", n,
-             a.pp, a.dp, a.cp, a.tp, dl.label);
+  fmt::print(stderr, "pipeline training on {} ranks (pp {} x dp {} x cp {} x tp {}{}), {}\n", n,
+             a.pp, a.dp, a.cp, a.tp, MoeLabel(a), dl.label);
   const std::string results = (out / "results.json").string();
   json res = RunDemoJob(n, RankArgv(a, a.schedules, a.iters, a.warmup, out.string(), results),
                         dl.spec, results, "mc2 demo pp", "pipeline");
@@ -362,11 +393,11 @@ void Conduct(const PpArgs& a) {
   };
   fmt::print(
       "\nmc2 demo pp: {} layers, hidden {}, {} heads, ffn {}, vocab {}, {} GEMMs; batch {} x {} "
-      "tokens in {} micro-batches; pp {} x dp {} x cp {} x tp {} ({} ranks)\n{}; {} timed steps "
+      "tokens in {} micro-batches; pp {} x dp {} x cp {} x tp {} ({} ranks){}\n{}; {} timed steps "
       "after {} "
       "warm-up, medians\n\n",
       a.layers, a.hidden, a.heads, a.ffn, a.vocab, a.dtype, a.batch, a.seq_len, a.micro_batches,
-      a.pp, a.dp, a.cp, a.tp, n, dl.label, a.iters, a.warmup);
+      a.pp, a.dp, a.cp, a.tp, n, MoeLabel(a), dl.label, a.iters, a.warmup);
   row("", [](const RunSummary& r) {
     return r.v > 1 ? fmt::format("{} v={}", r.schedule, r.v) : r.schedule;
   });
@@ -414,6 +445,8 @@ void Conduct(const PpArgs& a) {
     json j = {{"mode", "pp"},          {"ranks", n},
               {"pp", a.pp},            {"tp", a.tp},
               {"dp", a.dp},            {"cp", a.cp},
+              {"ep", a.ep},            {"moe_experts", a.moe_experts},
+              {"moe_topk", a.moe_topk},
               {"micro_batches", a.micro_batches},
               {"link", dl.spec},       {"layers", a.layers},
               {"hidden", a.hidden},    {"batch", a.batch},
@@ -457,6 +490,17 @@ void RegisterDemoPp(CLI::App& demo) {
       ->check(range(1, 64));
   cmd->add_option("--cp", a->cp,
                   "Context-parallel group size of each stage (ring attention over the sequence)")
+      ->capture_default_str()
+      ->check(range(1, 64));
+  cmd->add_option("--moe-experts", a->moe_experts,
+                  "MoE: experts per MLP (0: dense MLPs; docs/models.md)")
+      ->capture_default_str()
+      ->check(range(0, 1024));
+  cmd->add_option("--moe-topk", a->moe_topk, "MoE: experts per token")
+      ->capture_default_str()
+      ->check(range(1, 1 << 16));
+  cmd->add_option("--ep", a->ep,
+                  "MoE: expert-parallel group size inside each stage (divides --dp)")
       ->capture_default_str()
       ->check(range(1, 64));
   cmd->add_option("-m,--micro-batches", a->micro_batches, "Micro-batches per step")

@@ -302,10 +302,22 @@ std::vector<StepStats> TrainSteps(const Group& world, const TransformerConfig& c
 // sequence-parallel rows of its CP positions), the gradients back. With
 // context parallelism (grid.cp_size > 1) every chunk's attention is ring
 // attention over the stage's CP group, each micro-batch in flight keeping
-// its own ring state for its backward. The receives are posted one
+// its own ring state for its backward. MoE blocks dispatch and combine over
+// the stage's EP group (grid.ep, inside the stage's DP ranks), their
+// experts sharded over it as in Transformer. The receives are posted one
 // operation ahead, so a transfer travels while the stage computes. The
 // gradients of the micro-batches are accumulated (in micro-batch order)
 // and summed over DP once the pipeline has drained, then AdamW.
+//
+// The load-balancing loss with micro-batches (Megatron-LM's definition):
+// each MoE layer's coef * E * sum_e f_e P_e is computed per micro-batch,
+// f_e and P_e over that micro-batch's N / m global tokens (its loads
+// all-reduced over the stage), and the step's aux loss is their mean over
+// the m micro-batches, summed over the layers; each micro-batch's backward
+// adds the gradient of its aux / m. With m = 1 this is Transformer's
+// whole-batch loss; the same model and micro-batches give the same value
+// at any pp (pp = 1 is the unpipelined reference with gradient
+// accumulation).
 enum class PipelineSchedule : uint8_t {
   // One forward, one backward: stage r runs pp - r - 1 warm-up forwards,
   // then alternates, then drains the backwards. Bubble (p - 1) / (m + p - 1).
@@ -329,11 +341,11 @@ struct PipelineConfig {
 // Throws kInvalidArgument naming the cause, without communicating:
 // ValidateConfig, then layers % (pp v) (each chunk the same number of
 // blocks), batch % (dp m) (whole micro-batches on every DP rank), m % pp
-// for kInterleaved, virtual_stages (1 for k1F1B, >= 2 for kInterleaved),
-// MoE layers (not supported with pp > 1: their load-balancing loss is a
-// function of the whole batch) and ep > 1 (likewise). With cp > 1 (each
-// stage's attention is ring attention over its CP group) ValidateConfig's
-// CP constraints apply too.
+// for kInterleaved, virtual_stages (1 for k1F1B, >= 2 for kInterleaved).
+// ValidateConfig's MoE / EP constraints (ep divides dp and moe_experts,
+// ep > 1 needs MoE layers) apply to each stage's dp, and with cp > 1 (each
+// stage's attention is ring attention over its CP group) its CP
+// constraints (ep == 1, no MoE layers).
 void ValidatePipeline(const TransformerConfig& config, const PipelineConfig& pipe, int tp, int dp,
                       int pp, int ep = 1, int cp = 1);
 
@@ -358,7 +370,9 @@ struct PipelineOp {
 
 // What one pipeline training step did, on this rank.
 struct PipelineStepStats {
-  StepStats step;            // loss (global mean, every rank), seconds, tokens
+  // loss (global mean, every rank; with MoE layers + aux_loss, the mean of
+  // the micro-batches' load-balancing losses), seconds, tokens
+  StepStats step;
   std::vector<PipelineOp> ops;  // in the order run
   // The pipeline phase: from the barrier to the end of the last operation
   // of any stage (the same on every rank).
@@ -410,6 +424,14 @@ std::vector<PipelineStepStats> TrainPipelineSteps(
 std::vector<PipelineStepStats> TrainPipelineSteps(
     const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
     int pp, int cp, int steps, const std::function<void(const PipelineStepStats&)>& on_step = {});
+// The same on the DP x TP x PP grid with EP groups in every stage's DP
+// ranks (MakeGrid3D with ep and cp; ep > 1 needs cp == 1 and MoE layers).
+// Throws kInvalidArgument naming the cause (MakeGrid3D, ValidatePipeline)
+// on every rank before building anything.
+std::vector<PipelineStepStats> TrainPipelineSteps(
+    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
+    int pp, int ep, int cp, int steps,
+    const std::function<void(const PipelineStepStats&)>& on_step = {});
 
 // ---------------------------------------------------------------------------
 // Inference: prefill a batch of prompts, then greedy decoding with a KV

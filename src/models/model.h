@@ -27,7 +27,8 @@ namespace mc2::models {
 // The loss all-reduce (f64): [0] the cross-entropy sum, then per MoE layer
 // its routed slots per expert (E) and probability sums (E), from which
 // every rank computes the same load-balancing loss (and backward its
-// gradient) for the global batch.
+// gradient) for the global batch -- or, in a pipeline chunk, for the global
+// micro-batch (pipeline.cc keeps one LossSync per micro-batch in flight).
 struct LossSync {
   std::vector<double> local, total;
   Work work;
@@ -94,6 +95,11 @@ struct Transformer::Impl {
   void Forward(int step);
   double WaitLoss();
   void Backward();
+  // The load-balancing loss of one MoE layer, coef * E * sum_e f_e P_e,
+  // from its all-reduced statistics `st` (slots per expert, then
+  // probability sums: 2E values) over `tokens` tokens (the global batch,
+  // or the global micro-batch).
+  double LayerAuxLoss(const double* st, double tokens) const;
 
   // The forward of this rank's part of the model (StageSpec) on micro-batch
   // `micro` of the batch of `step`: from x_in ([s x h], the previous

@@ -201,12 +201,17 @@ void Transformer::Impl::MoeBackward(size_t l, const float* dout) {
       // d aux / d p_te = coef E f_e / N, from the global loads: the
       // forward's loss all-reduce carries them (it is ahead of this layer's
       // operators on the progress thread, so this wait costs nothing more).
+      // With m micro-batches (a pipeline chunk) the loss is the mean of the
+      // micro-batches' aux losses, each over its Nm = N / m tokens: f_e is
+      // the micro-batch's, and d (aux_mb / m) / d p_te = coef E f_e / (m Nm)
+      // = coef E f_e / N again (exactly the whole-batch expression at m = 1).
       loss.work.Wait();
       const double N = static_cast<double>(cfg.batch) * static_cast<double>(cfg.seq_len);
+      const double Nm = N / dims.stage.micro_batches;
       const double* st = loss.total.data() + 1 + 2 * E * dims.moe_index[l];
       for (size_t e = 0; e < E; ++e) {
         W.m_dprob[e] = static_cast<float>(cfg.moe_aux_loss_coef * static_cast<double>(E) *
-                                          (st[e] / (N * K)) / N);
+                                          (st[e] / (Nm * K)) / N);
       }
       dprob_all = W.m_dprob.data();
     }

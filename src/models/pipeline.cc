@@ -18,6 +18,14 @@
 // tells the transfer it waited for from the schedule's own wait
 // (PipelineOp::uncovered). Tags: (receiving chunk, micro-batch,
 // direction), so no two messages in flight match the same receive.
+//
+// MoE blocks run over the stage's EP group as in the unpipelined model. Their
+// load-balancing loss is per micro-batch (Megatron-LM's definition): each
+// forward's expert loads and probability sums are all-reduced over the
+// stage (the micro-batch's global statistics, every rank of the stage
+// holding a part of its tokens), kept with the micro-batch's activations
+// for its backward, which adds the gradient of aux_mb / m; the step's aux
+// loss is the mean over the micro-batches, summed over the MoE layers.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -54,9 +62,12 @@ std::string Str(long long v) { return std::to_string(v); }
 // What one micro-batch's backward needs from its forward: the chunk's
 // activations and, with context parallelism, its blocks' ring attention
 // state (each ring keeps its forward's Q, K, V, output and LSE).
+// With MoE blocks, also its statistics all-reduce (LossSync: the routed
+// slots and probability sums of the micro-batch's tokens).
 struct MicroState {
   std::unique_ptr<Activations> acts;
   std::vector<std::unique_ptr<RingAttention>> ring;
+  LossSync loss;
 };
 
 // One chunk of the model on this stage.
@@ -67,6 +78,7 @@ struct Chunk {
   std::vector<size_t> offset;                              // of each param in acc
   std::map<int, MicroState> in_flight;  // by micro-batch
   std::vector<MicroState> pool;         // free sets
+  std::vector<double> aux;              // [MoE layer of the chunk][micro-batch]: its aux loss
 };
 
 constexpr size_t kStampFloats = 2;  // the sender's clock, a double
@@ -108,11 +120,6 @@ void ValidatePipeline(const TransformerConfig& c, const PipelineConfig& pipe, in
     Invalid("batch (" + Str(c.batch) + ") must be divisible by dp * micro_batches (" + Str(dp) +
             " * " + Str(m) + "): every DP rank takes whole sequences of every micro-batch");
   }
-  if (pp > 1 && c.moe_experts > 0) {
-    Invalid("MoE layers are not supported with pp > 1 (their load-balancing loss is a "
-            "function of the whole batch, not of a micro-batch)");
-  }
-  if (pp > 1 && ep > 1) Invalid("ep > 1 is not supported with pp > 1");
 }
 
 struct PipelineTransformer::Impl {
@@ -156,6 +163,7 @@ struct PipelineTransformer::Impl {
         total += prm.rows * prm.cols;
       }
       ch.acc.assign(total, 0.0f);
+      ch.aux.assign(static_cast<size_t>(ch.m->dims.n_moe) * m, 0.0);
       local.push_back(std::move(ch));
     }
     rows = local[0].m->dims.s;
@@ -167,6 +175,18 @@ struct PipelineTransformer::Impl {
 
   // Never leave a transfer running on buffers about to go.
   void Drain() noexcept {
+    auto wait = [](Work& w) {
+      try {
+        w.Wait();
+      } catch (...) {
+      }
+      w = Work();
+    };
+    for (Chunk& ch : local) {
+      wait(ch.m->loss.work);
+      for (auto& [micro, a] : ch.in_flight) wait(a.loss.work);
+      for (MicroState& a : ch.pool) wait(a.loss.work);
+    }
     for (auto& w : sends) {
       try {
         w.Wait();
@@ -189,6 +209,60 @@ struct PipelineTransformer::Impl {
     return (recv_chunk * m + micro) * 2 + (gradient ? 1 : 0);
   }
   size_t MessageFloats() const { return rows * width + kStampFloats; }
+  double Tokens() const {
+    return static_cast<double>(cfg.batch) * static_cast<double>(cfg.seq_len);
+  }
+
+  // After a forward with MoE blocks: the micro-batch's load statistics,
+  // summed over the stage in the background (the backward waits for them).
+  static void SumMoeStats(ChunkAccess::Impl& mm) {
+    LossSync& ls = mm.loss;
+    const size_t n = ls.local.size() - 1;  // [0], the cross-entropy, is not needed
+    if (mm.grid.world.size() == 1) {
+      ls.total = ls.local;
+      return;
+    }
+    CollectiveOptions o;
+    o.may_run_inline = false;
+    ls.work = AllReduce(mm.grid.world, ls.local.data() + 1, ls.total.data() + 1, n, DType::kF64,
+                        ReduceOp::kSum, o);
+  }
+  // After its backward: the micro-batch's aux loss of each MoE block.
+  void KeepAux(Chunk& ch, int micro) {
+    ChunkAccess::Impl& mm = *ch.m;
+    mm.loss.work.Wait();
+    mm.loss.work = Work();
+    const size_t E = mm.dims.E;
+    for (int mi = 0; mi < mm.dims.n_moe; ++mi) {
+      ch.aux[static_cast<size_t>(mi) * m + micro] =
+          mm.LayerAuxLoss(mm.loss.total.data() + 1 + 2 * E * mi, Tokens() / m);
+    }
+  }
+  // The step's aux loss: per MoE layer the mean over the micro-batches (in
+  // micro-batch order), summed over the layers in model order; each layer's
+  // value comes from its stage (one non-zero term per layer in the sum over
+  // the pipeline, so it is exact), the same on every rank.
+  double AuxLoss() {
+    if (cfg.moe_experts == 0) return 0.0;
+    std::vector<double> layer(cfg.layers, 0.0), sum(cfg.layers, 0.0);
+    for (const Chunk& ch : local) {
+      const Dims& d = ch.m->dims;
+      for (size_t l = 0; l < d.L; ++l) {
+        if (!d.is_moe[l]) continue;
+        const double* a = ch.aux.data() + static_cast<size_t>(d.moe_index[l]) * m;
+        double mean = 0;
+        for (int j = 0; j < m; ++j) mean += a[j];
+        layer[d.L0 + l] = mean / m;
+      }
+    }
+    sum = layer;
+    if (p > 1) {
+      AllReduce(grid.pp, layer.data(), sum.data(), sum.size(), DType::kF64, ReduceOp::kSum).Wait();
+    }
+    double aux = 0;
+    for (double a : sum) aux += a;
+    return aux;
+  }
 
   // The input of op k: posted once (the tag), or -1 if it has none.
   int InputTag(const ScheduleOp& o) const {
@@ -277,18 +351,23 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
       if (ch.pool.empty()) {
         a.acts = std::make_unique<Activations>(mm.dims);
         a.ring = mm.MakeRings();
+        a.loss.local.assign(mm.loss.local.size(), 0.0);
+        a.loss.total = a.loss.local;
       } else {
         a = std::move(ch.pool.back());
         ch.pool.pop_back();
       }
       std::swap(mm.acts, *a.acts);
       std::swap(mm.ring, a.ring);
+      std::swap(mm.loss, a.loss);
       const bool last = ch.index == chunks - 1;
       std::vector<float> out;
       if (!last) out.assign(MessageFloats(), 0.0f);
       const double local_sum = mm.ChunkForward(step, o.micro, in, last ? nullptr : out.data());
+      if (mm.dims.n_moe > 0) SumMoeStats(mm);
       std::swap(mm.acts, *a.acts);
       std::swap(mm.ring, a.ring);
+      std::swap(mm.loss, a.loss);
       ch.in_flight[o.micro] = std::move(a);
       if (last) {
         loss_sum += local_sum;
@@ -301,12 +380,15 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
       ch.in_flight.erase(o.micro);
       std::swap(mm.acts, *a.acts);
       std::swap(mm.ring, a.ring);
+      std::swap(mm.loss, a.loss);
       const bool first = ch.index == 0;
       std::vector<float> dx;
       if (!first) dx.assign(MessageFloats(), 0.0f);
       mm.ChunkBackward(in, first ? nullptr : dx.data());
+      if (mm.dims.n_moe > 0) KeepAux(ch, o.micro);
       std::swap(mm.acts, *a.acts);
       std::swap(mm.ring, a.ring);
+      std::swap(mm.loss, a.loss);
       ch.pool.push_back(std::move(a));
       Accumulate(ch, o.micro);
       if (!first) Send(std::move(dx), /*forward=*/false, ch.index - 1, o.micro);
@@ -344,8 +426,9 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
     double root_total = total;
     Broadcast(grid.pp, &root_total, &total, 1, DType::kF64, p - 1).Wait();
   }
-  const double N = static_cast<double>(cfg.batch) * static_cast<double>(cfg.seq_len);
-  st.step.loss = total / N + 0.0;  // as Transformer: + the (zero) load-balancing loss
+  const double aux = AuxLoss();
+  st.step.loss = total / Tokens() + aux;  // as Transformer
+  st.step.aux_loss = aux;
   // The accumulated gradients, summed over DP, then AdamW.
   {
     trace::Scope span("pipeline.dp_sync", trace::Category::kHost);
@@ -429,13 +512,22 @@ std::vector<PipelineStepStats> TrainPipelineSteps(
 std::vector<PipelineStepStats> TrainPipelineSteps(
     const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
     int pp, int cp, int steps, const std::function<void(const PipelineStepStats&)>& on_step) {
+  return TrainPipelineSteps(world, config, pipe, tp, pp, /*ep=*/1, cp, steps, on_step);
+}
+
+std::vector<PipelineStepStats> TrainPipelineSteps(
+    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
+    int pp, int ep, int cp, int steps,
+    const std::function<void(const PipelineStepStats&)>& on_step) {
   if (steps < 0) throw Error(ErrorCode::kInvalidArgument, "TrainPipelineSteps: steps must be >= 0");
   // The sizes first, naming the cause, before splitting anything.
-  if (!world.valid() || tp < 1 || pp < 1 || cp < 1 || world.size() % (tp * pp * cp) != 0) {
-    MakeGrid3D(world, tp, pp, /*ep=*/1, cp);
+  if (!world.valid() || tp < 1 || pp < 1 || cp < 1 || ep < 1 ||
+      world.size() % (tp * pp * cp) != 0 || (world.size() / (tp * pp * cp)) % ep != 0 ||
+      (cp > 1 && ep > 1)) {
+    MakeGrid3D(world, tp, pp, ep, cp);
   }
-  ValidatePipeline(config, pipe, tp, world.size() / (tp * pp * cp), pp, /*ep=*/1, cp);
-  ProcessGrid grid = MakeGrid3D(world, tp, pp, /*ep=*/1, cp);
+  ValidatePipeline(config, pipe, tp, world.size() / (tp * pp * cp), pp, ep, cp);
+  ProcessGrid grid = MakeGrid3D(world, tp, pp, ep, cp);
   PipelineTransformer model(grid, config, pipe);
   std::vector<PipelineStepStats> out;
   for (int step = 0; step < steps; ++step) {

@@ -191,19 +191,23 @@ void Transformer::Impl::Forward(int step) {
 double Transformer::Impl::WaitLoss() {
   loss.work.Wait();
   loss.work = Work();
-  const size_t E = dims.E, K = dims.K;
+  const size_t E = dims.E;
   const double N = static_cast<double>(cfg.batch) * static_cast<double>(cfg.seq_len);
   // Per MoE layer: coef * E * sum_e f_e P_e, f_e = slots_e / (N k),
   // P_e = (sum of p_e over the N tokens) / N; from the global sums, so the
   // same on every rank and every grid.
   loss.aux = 0;
   for (size_t m = 0; 1 + 2 * E * m < loss.total.size(); ++m) {
-    const double* st = loss.total.data() + 1 + 2 * E * m;
-    double sum = 0;
-    for (size_t e = 0; e < E; ++e) sum += st[e] / (N * K) * (st[E + e] / N);
-    loss.aux += cfg.moe_aux_loss_coef * static_cast<double>(E) * sum;
+    loss.aux += LayerAuxLoss(loss.total.data() + 1 + 2 * E * m, N);
   }
   return loss.total[0] / N + loss.aux;
+}
+
+double Transformer::Impl::LayerAuxLoss(const double* st, double tokens) const {
+  const size_t E = dims.E, K = dims.K;
+  double sum = 0;
+  for (size_t e = 0; e < E; ++e) sum += st[e] / (tokens * K) * (st[E + e] / tokens);
+  return cfg.moe_aux_loss_coef * static_cast<double>(E) * sum;
 }
 
 void Transformer::Impl::ChunkBackward(const float* dy, float* dx_in) {

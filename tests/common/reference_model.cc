@@ -30,9 +30,14 @@ TransformerConfig TinyConfig() {
 // (tp = ep = 1), written independently of src/models: per sequence, per
 // position, textbook formulas; MoE: softmax router, top-k by probability
 // (ties to the lower index), gates = the chosen probabilities, SwiGLU
-// experts, and the loss coef * E * sum_e f_e P_e over the whole batch.
-// `aux_out` receives the load-balancing part.
+// experts, and the loss coef * E * sum_e f_e P_e over the sequences the
+// loss is of. `aux_out` receives the load-balancing part.
 double ReferenceLoss(Transformer& model, int step, double* aux_out) {
+  return ReferenceLoss(model, step, 0, model.config().batch, aux_out);
+}
+
+double ReferenceLoss(Transformer& model, int step, int first_sequence, int sequences,
+                     double* aux_out) {
   const TransformerConfig& c = model.config();
   std::vector<ParamView> ps = model.Parameters();
   auto P = [&](const std::string& name) -> const ParamView& {
@@ -72,7 +77,7 @@ double ReferenceLoss(Transformer& model, int step, double* aux_out) {
   std::vector<std::vector<double>> count(c.layers, std::vector<double>(E, 0.0));
   std::vector<std::vector<double>> psum(c.layers, std::vector<double>(E, 0.0));
   double total = 0;
-  for (int seq = 0; seq < c.batch; ++seq) {
+  for (int seq = first_sequence; seq < first_sequence + sequences; ++seq) {
     std::vector<std::vector<double>> x(T, std::vector<double>(h));
     for (int t = 0; t < T; ++t) {
       int tok = SequenceToken(c, step, seq, t);
@@ -143,7 +148,7 @@ double ReferenceLoss(Transformer& model, int step, double* aux_out) {
       total += mx + std::log(z) - logits[SequenceToken(c, step, seq, t + 1)];
     }
   }
-  const double N = static_cast<double>(c.batch) * T;
+  const double N = static_cast<double>(sequences) * T;
   double aux = 0;
   for (int l = 0; l < c.layers; ++l) {
     if (!IsMoeLayer(c, l)) continue;

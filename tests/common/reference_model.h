@@ -15,6 +15,11 @@ namespace mc2::models {
 // `aux_out` (optional) receives alone. Throws std::runtime_error if the
 // model lacks a parameter it needs.
 double ReferenceLoss(Transformer& model, int step, double* aux_out = nullptr);
+// The same over sequences [first_sequence, first_sequence + sequences) of
+// the batch of `step` alone (a micro-batch): the mean cross-entropy over
+// their tokens, and the load-balancing loss with f_e and P_e over them.
+double ReferenceLoss(Transformer& model, int step, int first_sequence, int sequences,
+                     double* aux_out = nullptr);
 
 // The tests' tiny dense model: 2 layers, hidden 16, 4 heads of width 4
 // (every TP size 1, 2, 4 valid), ffn 32, 4 sequences of 8 tokens of

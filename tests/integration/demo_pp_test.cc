@@ -1,8 +1,9 @@
 // `mc2 demo pp` as a user runs it (tools/demo_pp.cc): a tiny pipeline of
 // two stages with both schedules and --json, whose table reports the bubble
 // against its formula per schedule and stage, and whose schedules trained
-// bitwise the same losses, also with context-parallel stages; invalid
-// settings refused before any file is written.
+// bitwise the same losses, also with context-parallel stages and with MoE
+// stages over EP groups; invalid settings refused before any file is
+// written.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/process_util.h"
@@ -93,6 +95,42 @@ TEST_F(DemoPpTest, StagesWithContextParallelism) {
                              (dir_ / "bad").string()});
   EXPECT_EQ(bad.status, 2);
   EXPECT_THAT(bad.err, HasSubstr("must be divisible by 2 * cp (4)"));
+}
+
+TEST_F(DemoPpTest, StagesWithMoeAndExpertParallelism) {
+  // pp 2 x dp 2 on 4 ranks, every block MoE with its experts over each
+  // stage's EP pair; both schedules still train bitwise the same losses.
+  const fs::path out = dir_ / "out", js = dir_ / "result.json";
+  const Result r = RunMc2({"demo", "pp", "--pp", "2", "--dp", "2", "--ep", "2", "--moe-experts",
+                           "4", "-m", "2", "--link", "none", "-i", "1", "-w", "0", "--layers",
+                           "4", "--hidden", "32", "--heads", "4", "--ffn", "64", "--vocab", "16",
+                           "--seq-len", "8", "--batch", "8", "--out", out.string(), "--json",
+                           js.string()},
+                          {}, 120);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("(4 ranks), 4 MoE experts top-2 over ep 2"));
+  EXPECT_THAT(r.out, HasSubstr("losses identical across schedules (bitwise): yes"));
+  std::ifstream f(js);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["ep"], 2);
+  EXPECT_EQ(j["moe_experts"], 4);
+  EXPECT_EQ(j["losses_identical"], true);
+  // Invalid EP grids, refused before the job, naming the cause.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"--dp", "2", "--ep", "3", "--moe-experts", "6"}, "--ep 3 must divide --dp 2"},
+      {{"--dp", "2", "--ep", "2"}, "--ep 2 needs --moe-experts > 0"},
+      {{"--dp", "2", "--ep", "2", "--moe-experts", "3"}, "--ep 2 must divide --moe-experts 3"},
+      {{"--dp", "2", "--cp", "2", "--ep", "2", "--moe-experts", "4"},
+       "not combined with context parallelism"},
+  };
+  for (const auto& [args, message] : bad) {
+    std::vector<std::string> argv = {"demo", "pp", "--pp", "2", "--out", (dir_ / "bad").string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const Result b = RunMc2(argv);
+    EXPECT_EQ(b.status, 2) << message;
+    EXPECT_THAT(b.err, HasSubstr(message));
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "bad"));
 }
 
 TEST_F(DemoPpTest, RefusesInvalidSettingsBeforeWritingAnything) {

@@ -257,8 +257,6 @@ TEST(Pipeline, InvalidConfigsThrowOnEveryRank) {
   three.layers = 3;
   TransformerConfig odd_batch = Model();
   odd_batch.batch = 6;
-  TransformerConfig moe = Model();
-  moe.moe_experts = 4;
   const std::vector<Bad> bad = {
       {"layers not divisible by pp", 2, 1, 2, three, Pipe(2)},
       {"layers not divisible by pp * v", 2, 1, 2, Model(),
@@ -272,7 +270,6 @@ TEST(Pipeline, InvalidConfigsThrowOnEveryRank) {
       {"1f1b with virtual stages", 2, 1, 2, Model(), Pipe(2, PipelineSchedule::k1F1B, 2)},
       {"micro-batches not dividing the batch", 2, 1, 2, odd_batch, Pipe(4)},
       {"zero micro-batches", 2, 1, 2, Model(), Pipe(0)},
-      {"moe with pp", 2, 1, 2, moe, Pipe(2)},
       {"pp not dividing the world", 3, 1, 2, Model(), Pipe(2)},
   };
   for (const Bad& b : bad) {
