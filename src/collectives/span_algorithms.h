@@ -43,20 +43,31 @@ namespace mc2::collectives {
 using internal::SpanGroup;
 using Deadline = std::chrono::steady_clock::time_point;
 
-// The one entry point from collectives.cc for a span group.
-Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts);
+// The one entry point from collectives.cc for a span group. `may_run_inline`:
+// the call may run on the calling thread (collectives.cc's rule for one host).
+Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts, bool may_run_inline);
 
 // Point-to-point traffic of one span algorithm step: post, then wait for
-// all (a failure or timeout throws, naming the operation).
+// all (a failure or timeout throws, naming the operation). By default the
+// messages are posted by the wait, on the calling thread (MpiEngine's
+// kCallerWaits), so WaitAll must follow the posts without other waits in
+// between; `background` posts them at once, on the MPI thread, for steps
+// that wait for something else (a node step) while their messages fly.
 class SpanXfer {
  public:
-  SpanXfer(SpanGroup& s, Deadline deadline, const char* op)
-      : s_(s), deadline_(deadline), op_(op) {}
+  SpanXfer(SpanGroup& s, Deadline deadline, const char* op, bool background = false)
+      : s_(s),
+        deadline_(deadline),
+        op_(op),
+        progress_(background ? transport::mpi::MpiEngine::Progress::kBackground
+                             : transport::mpi::MpiEngine::Progress::kCallerWaits) {}
   void Send(int peer, int tag, const void* data, size_t bytes) {
-    pending_.push_back(s_.net->mpi->Isend(s_.comm, peer, tag, data, bytes));
+    pending_.push_back(s_.net->mpi->Isend(s_.comm, peer, tag, data, bytes, {},
+                                          transport::mpi::MpiEngine::TimePoint::max(), progress_));
   }
   void Recv(int peer, int tag, void* data, size_t bytes) {
-    pending_.push_back(s_.net->mpi->Irecv(s_.comm, peer, tag, data, bytes));
+    pending_.push_back(s_.net->mpi->Irecv(s_.comm, peer, tag, data, bytes, {},
+                                          transport::mpi::MpiEngine::TimePoint::max(), progress_));
   }
   void WaitAll() {
     for (auto& c : pending_) internal::SpanWait(s_, *c, deadline_, op_);
@@ -67,6 +78,7 @@ class SpanXfer {
   SpanGroup& s_;
   Deadline deadline_;
   const char* op_;
+  transport::mpi::MpiEngine::Progress progress_;
   std::vector<std::shared_ptr<transport::mpi::Completion>> pending_;
 };
 

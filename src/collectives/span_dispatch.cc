@@ -19,7 +19,7 @@ void SpanReduceBlocks(const CollArgs& a, int group_size, void* dst,
                    group_size);
 }
 
-Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts) {
+Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts, bool may_run_inline) {
   GroupImpl* gi = internal::Access::Impl(g);
   SpanGroup& s = *gi->span;
   a.esize = DTypeSize(a.dtype);
@@ -105,7 +105,8 @@ Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts) {
   }
   return internal::SpanSubmit(
       *gi, internal::OpKindName(a.kind), opts.timeout,
-      [a = std::move(a), fn](SpanGroup& sg, Deadline deadline) { fn(sg, a, deadline); }, algo);
+      [a = std::move(a), fn](SpanGroup& sg, Deadline deadline) { fn(sg, a, deadline); }, algo,
+      may_run_inline);
 }
 
 }  // namespace mc2::collectives
