@@ -48,26 +48,16 @@ using Deadline = std::chrono::steady_clock::time_point;
 Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts, bool may_run_inline);
 
 // Point-to-point traffic of one span algorithm step: post, then wait for
-// all (a failure or timeout throws, naming the operation). By default the
-// messages are posted by the wait, on the calling thread (MpiEngine's
-// kCallerWaits), so WaitAll must follow the posts without other waits in
-// between; `background` posts them at once, on the MPI thread, for steps
-// that wait for something else (a node step) while their messages fly.
+// all (a failure or timeout throws, naming the operation).
 class SpanXfer {
  public:
-  SpanXfer(SpanGroup& s, Deadline deadline, const char* op, bool background = false)
-      : s_(s),
-        deadline_(deadline),
-        op_(op),
-        progress_(background ? transport::mpi::MpiEngine::Progress::kBackground
-                             : transport::mpi::MpiEngine::Progress::kCallerWaits) {}
+  SpanXfer(SpanGroup& s, Deadline deadline, const char* op)
+      : s_(s), deadline_(deadline), op_(op) {}
   void Send(int peer, int tag, const void* data, size_t bytes) {
-    pending_.push_back(s_.net->mpi->Isend(s_.comm, peer, tag, data, bytes, {},
-                                          transport::mpi::MpiEngine::TimePoint::max(), progress_));
+    pending_.push_back(s_.net->mpi->Isend(s_.comm, peer, tag, data, bytes));
   }
   void Recv(int peer, int tag, void* data, size_t bytes) {
-    pending_.push_back(s_.net->mpi->Irecv(s_.comm, peer, tag, data, bytes, {},
-                                          transport::mpi::MpiEngine::TimePoint::max(), progress_));
+    pending_.push_back(s_.net->mpi->Irecv(s_.comm, peer, tag, data, bytes));
   }
   void WaitAll() {
     for (auto& c : pending_) internal::SpanWait(s_, *c, deadline_, op_);
@@ -78,7 +68,6 @@ class SpanXfer {
   SpanGroup& s_;
   Deadline deadline_;
   const char* op_;
-  transport::mpi::MpiEngine::Progress progress_;
   std::vector<std::shared_ptr<transport::mpi::Completion>> pending_;
 };
 

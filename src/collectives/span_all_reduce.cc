@@ -140,12 +140,9 @@ void HierarchicalAllReduce(SpanGroup& s, const CollArgs& a, Deadline deadline) {
       k.ag->Send(s.hosts[h][j], kTagAllGather, mine, slen * e);
     }
   };
-  // With several chunks, messages fly while the caller waits for node
-  // steps: they are posted at once (SpanXfer's background).
-  const bool pipelined = chunks.size() > 1;
   for (Chunk& k : chunks) {
-    k.rs.emplace(s, deadline, "all_reduce", pipelined);
-    k.ag.emplace(s, deadline, "all_reduce", pipelined);
+    k.rs.emplace(s, deadline, "all_reduce");
+    k.ag.emplace(s, deadline, "all_reduce");
   }
   reduce_in_node(chunks[0]);
   chunks[0].node.Wait();

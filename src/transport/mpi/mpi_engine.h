@@ -1,38 +1,14 @@
 // The MPI engine: mc2's only user of MPI, for the traffic between hosts.
 //
-// Threads hand requests to the engine through a lock-protected queue:
-// Isend and Irecv of (communicator, peer, tag, buffer, bytes), and Call,
-// which runs a function that calls MPI (communicator creation, small
-// all-gathers). A progress pass takes the queued requests, posts
-// MPI_Isend / MPI_Irecv and drives them with MPI_Testsome. Passes run one
-// at a time, under the engine's MPI lock, on one of two kinds of thread:
-//
-// - a thread that waits for a request (Completion::Wait) drives progress
-//   itself while it waits: its own requests are posted, tested and
-//   completed on its thread, with no hand-off to another thread and back
-//   (each a wake-up, tens of microseconds on a loaded machine, up to a
-//   scheduler time slice when the cores are busy);
-// - the engine's MPI thread drives progress when no thread waits: requests
-//   of calls that run in the background, standing receives, the control
-//   channel, failures and the periodic health probe.
-//
-// A request posted by a thread that is about to wait for it (kCallerWaits)
-// does not wake the MPI thread: the waiter's first pass posts it. Any other
-// request wakes the MPI thread at once.
-//
-// Polling. A waiter polls (a pass, then sched_yield when nothing moved)
-// for up to 200 us after the last progress, then passes every 100 us,
-// sleeping in between, until its request completes. The MPI thread sleeps
-// while a waiter drives; otherwise, with requests in flight, it polls the
-// same way; with only standing receives, the same for 10 ms after the last
-// progress (a channel's next chunk), then every millisecond; idle, it
-// sleeps until a request arrives, at most until the next probe. So an idle
-// job costs no CPU to speak of.
-//
-// A message larger than one piece (MC2_MPI_PIECE_BYTES, default 1 MiB) is
-// cut into pieces that are in flight together, so a large transfer keeps
-// the link busy while MPI completes earlier pieces. Where mc2 initialises
-// MPI, Open MPI's TCP eager limit is raised to hold a piece (unless the user
+// One thread (the engine's MPI thread) makes every MPI call after start-up.
+// Other threads hand it requests through a lock-protected queue: Isend and
+// Irecv of (communicator, peer, tag, buffer, bytes), and Call, which runs a
+// function on the MPI thread (communicator creation, small all-gathers).
+// The thread posts MPI_Isend / MPI_Irecv and drives them with MPI_Testsome;
+// a message larger than one piece (MC2_MPI_PIECE_BYTES, default 1 MiB) is
+// cut into pieces that are in flight together, so a large transfer keeps the
+// link busy while MPI completes earlier pieces. Where mc2 initialises MPI,
+// Open MPI's TCP eager limit is raised to hold a piece (unless the user
 // set it): eager pieces need no rendezvous acknowledgement, which would
 // otherwise queue behind the other direction's data and halve the rate of
 // an exchange in both directions. Pieces of one message, and
@@ -40,33 +16,28 @@
 // non-overtaking rule), so receivers cut the same way.
 //
 // Threading levels. When mc2 initialises MPI (a program launched by mpirun
-// that never called MPI_Init), it asks for MPI_THREAD_SERIALIZED: several
-// threads call MPI (the MPI thread and waiters), never two at a time (the
-// MPI lock). mc2 then calls MPI_Finalize at exit (FinalizeAtExit). When
-// the program initialised MPI itself (mc2::FromMPI), its threads may call
-// MPI while the engine's do, which needs MPI_THREAD_MULTIPLE; anything less
-// is refused with kInvalidArgument naming the level granted. Every thread
-// blocks SIGPIPE while it calls MPI (Open MPI writes to sockets without
-// MSG_NOSIGNAL).
+// that never called MPI_Init), it asks for MPI_THREAD_SERIALIZED: the MPI
+// thread is not the thread that initialised MPI, so FUNNELED would not do,
+// and only one thread ever calls MPI at a time. mc2 then calls MPI_Finalize
+// at exit (FinalizeAtExit). When the program initialised MPI itself
+// (mc2::FromMPI), its threads may call MPI while the engine's does, which
+// needs MPI_THREAD_MULTIPLE; anything less is refused with kInvalidArgument
+// naming the level granted.
 //
 // Communicators. mc2's traffic goes on duplicates of the world
 // communicator (MPI_Comm_dup), never on the user's: one for data and one
 // for control. Every duplicate has MPI_ERRORS_RETURN, and an MPI error on
 // a request becomes kPeerDied naming the peer.
 //
-// Failures. The engine always has a receive posted on the control
+// Failures. The MPI thread always has a receive posted on the control
 // communicator. Abort() sends the failure to every other rank (and records
 // it here); a control message from a peer records the peer's failure. A
 // recorded failure fails every pending request and every later one, and is
 // reported to the owner through the `on_failure` callback (which aborts the
-// node's shared-memory world so that its waits fail too). The MPI thread
-// calls `probe` every 50 ms (the owner checks the node's health there and
-// calls Abort on a local death), so a death on one host reaches every host
-// without any operation in flight.
-//
-// Callbacks (a request's on_done) run inside a pass, on whichever thread
-// drives it, one at a time; they must not block and must not wait for a
-// request.
+// node's shared-memory world so that its waits fail too). While idle the
+// thread calls `probe` every 50 ms (the owner checks the node's health
+// there and calls Abort on a local death), so a death on one host reaches
+// every host without any operation in flight.
 //
 // Thread safety: every public method may be called from any thread.
 #ifndef MC2_TRANSPORT_MPI_MPI_ENGINE_H_
@@ -95,12 +66,9 @@ namespace mc2::transport::mpi {
 using CommId = int;
 inline constexpr CommId kWorldComm = 0;
 
-// The completion of one Isend or Irecv. Wait drives the engine's progress
-// (see above) until all its pieces completed, the engine recorded a
-// failure, `health` throws, or the deadline passed (kTimeout naming
-// `what`). A completion is waited for only while its engine exists.
-class MpiEngine;
-
+// The completion of one Isend or Irecv. Wait blocks until all its pieces
+// completed, the engine recorded a failure, `health` throws, or the
+// deadline passed (kTimeout naming `what`).
 class Completion {
  public:
   bool done() const { return remaining_.load(std::memory_order_acquire) == 0; }
@@ -119,7 +87,6 @@ class Completion {
   // Peer and direction, for errors.
   int peer_ = -1;
   bool send_ = false;
-  MpiEngine* engine_ = nullptr;  // whose progress Wait drives
 };
 
 class MpiEngine {
@@ -137,28 +104,21 @@ class MpiEngine {
   // Whether this engine initialised MPI (then MPI_Finalize runs at exit).
   bool initialized_mpi() const { return initialized_mpi_; }
 
-  // `on_done`, if given, is called once, inside a progress pass, when the
-  // request completes (null) or fails (the error); it must not block.
+  // `on_done`, if given, is called once on the MPI thread when the request
+  // completes (null) or fails (the error); it must not block.
   //
   // `deadline`: a request still pending then records kTimeout (naming the
   // direction, peer, tag and size) as the failure of every rank, as a
   // point-to-point operation that times out on one host aborts its world
   // (checked every 50 ms). Requests whose owner waits with a deadline of
   // its own (Completion::Wait) leave it at max().
-  //
-  // `progress`: kCallerWaits when the calling thread waits for the request
-  // right after posting it (and its others): its wait then posts it, and
-  // the MPI thread is not woken. kBackground wakes the MPI thread.
   using OnDone = std::function<void(std::exception_ptr)>;
   using TimePoint = std::chrono::steady_clock::time_point;
-  enum class Progress { kBackground, kCallerWaits };
   std::shared_ptr<Completion> Isend(CommId comm, int peer, int tag, const void* data,
                                     size_t bytes, OnDone on_done = {},
-                                    TimePoint deadline = TimePoint::max(),
-                                    Progress progress = Progress::kBackground);
+                                    TimePoint deadline = TimePoint::max());
   std::shared_ptr<Completion> Irecv(CommId comm, int peer, int tag, void* data, size_t bytes,
-                                    OnDone on_done = {}, TimePoint deadline = TimePoint::max(),
-                                    Progress progress = Progress::kBackground);
+                                    OnDone on_done = {}, TimePoint deadline = TimePoint::max());
   // A standing receive: one that may never match (a channel keeps one
   // posted per peer for the next notification). It does not keep the
   // engine from stopping: at stop, and on Cancel, it is cancelled and
@@ -193,7 +153,7 @@ class MpiEngine {
 
   // Owner's callbacks (set once, before traffic): on_failure is called
   // once, on the MPI thread, when a failure is recorded; probe is called
-  // on the MPI thread every 50 ms.
+  // on the MPI thread while idle, every 50 ms.
   void SetCallbacks(std::function<void(const Error&)> on_failure, std::function<void()> probe);
 
   // Where a process that initialised MPI itself stops the engine and
@@ -217,41 +177,19 @@ class MpiEngine {
     std::shared_ptr<Completion> done;
     std::function<void()> call;
   };
-  friend class Completion;
   // A send or receive request (the fields every message has).
   static Request Message(Request::Kind kind, CommId comm, int peer, int tag, const void* data,
                          size_t bytes, TimePoint deadline);
-  std::shared_ptr<Completion> Post(Request r, OnDone on_done = {},
-                                   Progress progress = Progress::kBackground);
+  std::shared_ptr<Completion> Post(Request r, OnDone on_done = {});
   void RunCall(std::function<void()> fn);
+  void Loop();
   void Record(const Error& error, bool send_to_peers);
-  std::exception_ptr FailError() const;
-
-  // Progress (mpi_progress.cc). Pass: one progress pass (mpi_mu_ held);
-  // whether anything moved.
-  bool Pass();
-  // A waiter's pass, if no other thread is in one and MPI is still open.
-  bool TryPass();
-  // Drives progress on the calling thread until `c` is done or `until`.
-  void Drive(const Completion& c, TimePoint until);
-  void Loop();  // the MPI thread
-  void Announce();  // MPI thread, mpi_mu_ held: the recorded failure's messages
-  void CancelSlot(size_t i);
-  void Compact();
-  void Finish(Completion& c, std::exception_ptr err);
 
   int rank_ = 0, size_ = 1;
   bool initialized_mpi_ = false;
-  std::unique_ptr<Impl> impl_;  // guarded by mpi_mu_
-  // Held by the thread that calls MPI (a pass, a Call, the start and the
-  // end of the MPI thread): MPI_THREAD_SERIALIZED.
-  std::mutex mpi_mu_;
-  bool closed_ = false;  // guarded by mpi_mu_: the MPI thread ended, no more MPI calls
-  std::atomic<int> drivers_{0};  // threads driving progress in Completion::Wait
-  // When a pass last moved anything (steady clock, ns): the pollers' budget.
-  std::atomic<int64_t> last_progress_ns_{0};
+  std::unique_ptr<Impl> impl_;
   std::mutex mu_;
-  std::condition_variable cv_;  // the MPI thread sleeps on it
+  std::condition_variable cv_;
   std::deque<Request> queue_;  // guarded by mu_
   bool stop_ = false;          // guarded by mu_
   std::atomic<bool> failed_{false};
