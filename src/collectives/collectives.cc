@@ -192,7 +192,9 @@ void RunBody(OpContext& ctx, const CollArgs& a, const Plan& p) {
 Work Launch(const Group& g, CollArgs&& a, const CollectiveOptions& opts, size_t select_bytes) {
   GroupImpl* gi = internal::Access::Impl(g);
   // A group that spans hosts has algorithms of its own (span_algorithms.h).
-  if (gi->span) return LaunchSpan(g, std::move(a), opts);
+  if (gi->span)
+    return LaunchSpan(g, std::move(a), opts,
+                      opts.may_run_inline && select_bytes <= kInlineMaxBytes);
   const int n = gi->size();
   a.esize = DTypeSize(a.dtype);
   a.deterministic = gi->world().deterministic;

@@ -43,8 +43,9 @@ namespace mc2::collectives {
 using internal::SpanGroup;
 using Deadline = std::chrono::steady_clock::time_point;
 
-// The one entry point from collectives.cc for a span group.
-Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts);
+// The one entry point from collectives.cc for a span group. `may_run_inline`:
+// the call may run on the calling thread (collectives.cc's rule for one host).
+Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts, bool may_run_inline);
 
 // The algorithm a span collective runs, as LaunchSpan selects it (the
 // call's algorithm, MC2_ALGO, the tuning table, the default) for `a`'s

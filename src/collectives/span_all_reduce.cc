@@ -78,7 +78,10 @@ void HierarchicalAllReduce(SpanGroup& s, const CollArgs& a, Deadline deadline) {
   const size_t e = a.esize;
   Group node = internal::Access::MakeGroup(s.node);
   const ReduceOp node_op = a.op == ReduceOp::kAvg ? ReduceOp::kSum : a.op;
-  CollectiveOptions background;
+  // A node step overlapped with transfers runs on the node's progress
+  // thread; one the caller waits for at once (the first chunk's
+  // reduce-scatter, the last chunk's all-gather) may run on the caller.
+  CollectiveOptions background, at_once;
   background.may_run_inline = false;
 
   const size_t nchunks =
@@ -97,7 +100,8 @@ void HierarchicalAllReduce(SpanGroup& s, const CollArgs& a, Deadline deadline) {
   auto reduce_in_node = [&](Chunk& k) {
     const char* send = static_cast<const char*>(a.send) + k.off * e;
     if (local > 1) {
-      k.node = ReduceScatterV(node, send, k.part.data(), k.counts, a.dtype, node_op, background);
+      k.node = ReduceScatterV(node, send, k.part.data(), k.counts, a.dtype, node_op,
+                              &k == &chunks[0] ? at_once : background);
     } else if (!k.part.empty()) {
       std::memcpy(k.part.data(), send, k.part.size());
     }
@@ -157,7 +161,8 @@ void HierarchicalAllReduce(SpanGroup& s, const CollArgs& a, Deadline deadline) {
     // 3. Every shard of the chunk to every rank of the host.
     char* recv = static_cast<char*>(a.recv) + k.off * e;
     if (local > 1) {
-      k.node = AllGatherV(node, k.part.data(), recv, k.counts, k.displs, a.dtype, background);
+      k.node = AllGatherV(node, k.part.data(), recv, k.counts, k.displs, a.dtype,
+                          c + 1 == chunks.size() ? at_once : background);
     } else if (!k.part.empty()) {
       std::memcpy(recv, k.part.data(), k.part.size());
     }

@@ -94,7 +94,7 @@ SpanChoice ChooseSpan(GroupImpl& gi, CollArgs& a, const CollectiveOptions& opts)
   return {fn, hierarchical};
 }
 
-Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts) {
+Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts, bool may_run_inline) {
   GroupImpl* gi = internal::Access::Impl(g);
   const auto [fn, hierarchical] = ChooseSpan(*gi, a, opts);
   const char* algo = hierarchical ? "hierarchical" : "flat";
@@ -109,7 +109,8 @@ Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts) {
   }
   return internal::SpanSubmit(
       *gi, internal::OpKindName(a.kind), opts.timeout,
-      [a = std::move(a), fn](SpanGroup& sg, Deadline deadline) { fn(sg, a, deadline); }, algo);
+      [a = std::move(a), fn](SpanGroup& sg, Deadline deadline) { fn(sg, a, deadline); }, algo,
+      may_run_inline);
 }
 
 }  // namespace mc2::collectives

@@ -97,8 +97,11 @@ Work SpanSendRecv(GroupImpl& g, bool send, char* data, size_t bytes, int peer, i
 // `deadline` is now + the call's timeout when the body starts.
 using SpanBody = std::function<void(SpanGroup& s, std::chrono::steady_clock::time_point deadline)>;
 // `algorithm` (a static name, or null) is what the Work reports.
+// `may_run_inline`: run `body` on the calling thread, before returning,
+// when the engine has nothing queued or running (as CollectiveOptions'
+// may_run_inline does on one host).
 Work SpanSubmit(GroupImpl& g, const char* name, std::chrono::nanoseconds timeout, SpanBody body,
-                const char* algorithm = nullptr);
+                const char* algorithm = nullptr, bool may_run_inline = false);
 
 // Waits for an MPI request of span group `s`, checking the node's and the
 // job's health, until `deadline`; `what` names the transfer in a timeout.

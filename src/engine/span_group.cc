@@ -196,36 +196,39 @@ Group MakeNetWorldGroup(int64_t comm_f, const WorldOptions& options) {
 }
 
 Work SpanSubmit(GroupImpl& g, const char* name, std::chrono::nanoseconds timeout, SpanBody body,
-                const char* algorithm) {
+                const char* algorithm, bool may_run_inline) {
   auto work = std::make_shared<WorkState>(0, name);
   if (algorithm) work->SetAlgorithm(algorithm);
   std::chrono::nanoseconds to = timeout.count() > 0 ? timeout : g.world().timeout;
-  g.span->net->engine->Submit(
-      work, [self = g.shared_from_this(), body = std::move(body), to, name, algorithm]() mutable {
-        std::shared_ptr<GroupImpl> keep = std::move(self);
-        SpanGroup& s = *keep->span;
-        // The operation in the trace, with the algorithm it ran (its node
-        // phases record spans of their own).
-        trace::ScopedSpan span(trace::Category::kComm);
-        if (span.on()) {
-          span.span().name = name;
-          span.span().algorithm = algorithm;
-          span.span().rank = s.net->rank;
-        }
-        try {
-          s.net->mpi->CheckHealth();
-          keep->tx().CheckHealth(/*thorough=*/false);
-          body(s, SteadyClock::now() + to);
-        } catch (const Error& e) {
-          // Node-level failures name node ranks: say which host's. A
-          // failure from another host says so already.
-          if (e.code() == ErrorCode::kInvalidArgument || e.message().find("on host ") !=
-                                                             std::string::npos)
-            throw;
-          throw Error(e.code(), fmt::format("{} (on {})", e.message(), s.net->where),
-                      s.net->rank, e.op(), e.seq());
-        }
-      });
+  auto task = [self = g.shared_from_this(), body = std::move(body), to, name,
+               algorithm]() mutable {
+    std::shared_ptr<GroupImpl> keep = std::move(self);
+    SpanGroup& s = *keep->span;
+    // The operation in the trace, with the algorithm it ran (its node
+    // phases record spans of their own).
+    trace::ScopedSpan span(trace::Category::kComm);
+    if (span.on()) {
+      span.span().name = name;
+      span.span().algorithm = algorithm;
+      span.span().rank = s.net->rank;
+    }
+    try {
+      s.net->mpi->CheckHealth();
+      keep->tx().CheckHealth(/*thorough=*/false);
+      body(s, SteadyClock::now() + to);
+    } catch (const Error& e) {
+      // Node-level failures name node ranks: say which host's. A
+      // failure from another host says so already.
+      if (e.code() == ErrorCode::kInvalidArgument || e.message().find("on host ") !=
+                                                         std::string::npos)
+        throw;
+      throw Error(e.code(), fmt::format("{} (on {})", e.message(), s.net->where),
+                  s.net->rank, e.op(), e.seq());
+    }
+  };
+  // Run here when nothing is queued: no hand-off to the engine's thread.
+  engine::ProgressEngine& engine = *g.span->net->engine;
+  if (!may_run_inline || !engine.TryRunInline(work, task)) engine.Submit(work, std::move(task));
   return Access::MakeWork(work);
 }
 
