@@ -10,6 +10,14 @@
 
 namespace mc2::models {
 
+PipelineConfig Pipe(int m, PipelineSchedule s, int v) {
+  PipelineConfig p;
+  p.micro_batches = m;
+  p.schedule = s;
+  p.virtual_stages = v;
+  return p;
+}
+
 TransformerConfig TinyConfig() {
   TransformerConfig c;
   c.vocab = 16;

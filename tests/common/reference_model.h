@@ -26,6 +26,9 @@ double ReferenceLoss(Transformer& model, int step, int first_sequence, int seque
 // modular addition, seed 7, serial pipeline.
 TransformerConfig TinyConfig();
 
+// A pipeline of `m` micro-batches under schedule `s` (v virtual stages).
+PipelineConfig Pipe(int m, PipelineSchedule s = PipelineSchedule::k1F1B, int v = 1);
+
 }  // namespace mc2::models
 
 #endif  // MC2_TESTS_COMMON_REFERENCE_MODEL_H_

@@ -36,14 +36,6 @@ TransformerConfig Model() {
   return c;
 }
 
-PipelineConfig Pipe(int m, PipelineSchedule s = PipelineSchedule::k1F1B, int v = 1) {
-  PipelineConfig p;
-  p.micro_batches = m;
-  p.schedule = s;
-  p.virtual_stages = v;
-  return p;
-}
-
 // Rank 0's pipelined losses on tp x cp x pp (x dp) ranks; every rank must
 // report the same bits.
 std::vector<double> PipeLosses(int ranks, int tp, int pp, int cp, const TransformerConfig& c,

@@ -46,14 +46,6 @@ TransformerConfig MoeModel(int every = 1) {
   return c;
 }
 
-PipelineConfig Pipe(int m, PipelineSchedule s = PipelineSchedule::k1F1B, int v = 1) {
-  PipelineConfig p;
-  p.micro_batches = m;
-  p.schedule = s;
-  p.virtual_stages = v;
-  return p;
-}
-
 // What a run leaves: rank 0's losses and aux losses per step, and every
 // parameter tensor by (name, tp_rank, dp_rank) -- whichever stage holds it.
 struct Trained {

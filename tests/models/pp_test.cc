@@ -38,14 +38,6 @@ TransformerConfig Model() {
   return c;
 }
 
-PipelineConfig Pipe(int m, PipelineSchedule s = PipelineSchedule::k1F1B, int v = 1) {
-  PipelineConfig p;
-  p.micro_batches = m;
-  p.schedule = s;
-  p.virtual_stages = v;
-  return p;
-}
-
 // Rank 0's losses of `steps` pipelined steps; every rank must report the same.
 std::vector<double> PipeLosses(int ranks, int tp, int pp, const TransformerConfig& c,
                                const PipelineConfig& pipe, int steps) {
