@@ -96,8 +96,9 @@ SpanChoice ChooseSpan(GroupImpl& gi, CollArgs& a, const CollectiveOptions& opts)
 
 Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts, bool may_run_inline) {
   GroupImpl* gi = internal::Access::Impl(g);
-  const auto [fn, hierarchical] = ChooseSpan(*gi, a, opts);
-  const char* algo = hierarchical ? "hierarchical" : "flat";
+  const SpanChoice choice = ChooseSpan(*gi, a, opts);
+  const SpanFn fn = choice.fn;
+  const char* algo = choice.hierarchical ? "hierarchical" : "flat";
   // In place, an all-to-all overwrites blocks of its input that peers have
   // yet to receive: the messages leave from a private copy.
   if (a.in_place && (a.kind == OpKind::kAllToAll || a.kind == OpKind::kAllToAllV)) {
