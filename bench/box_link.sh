@@ -109,7 +109,7 @@ bytes_per_s = float(m.group(1)) * scale / (8 if (m.group(3) or "bit") == "bit" e
 print(f"bw={bytes_per_s / 1e6:.4f}MB/s,lat={sys.argv[2]}us")
 PY
 )
-echo "# box_link: $hosts hosts x 1 rank, real TCP over veth links shaped by tc tbf to $rate${delay:+," \
+echo "# box_link: $hosts hosts x 1 rank, real TCP over veth links (MTU $box_mtu) shaped by tc tbf to $rate${delay:+," \
      "netem delay $delay}; measured latency $lat us (8 B send_recv, median of $reps); emulated" \
      "on one host as --link $spec; $reps alternated repetitions; $(nproc) cores"
 
@@ -130,7 +130,7 @@ for ((r = 1; r <= reps; r++)); do
 done
 
 python3 - "$out" "$reps" "$hosts" "$rate" "$delay" "$lat" "$spec" "$ar" "${json:-}" <<'PY'
-import json, statistics, sys
+import json, os, statistics, sys
 out, reps, hosts, rate, delay, lat, spec, ar, dest = sys.argv[1:10]
 reps = int(reps)
 load = lambda kind: [json.load(open(f"{out}/{kind}{r}.json")) for r in range(1, reps + 1)]
@@ -176,7 +176,7 @@ if dest:
         json.dump({"op": op, "M": j0.get("M"), "K": j0.get("K"), "N": j0.get("N"),
                    "dtype": j0.get("dtype"), "ranks": int(hosts), "reps": reps,
                    "box": {"hosts": int(hosts), "ranks_per_host": 1, "rate": rate,
-                           "delay": delay or None,
+                           "delay": delay or None, "mtu": int(os.environ["BOX_MTU"]),
                            "links": "real TCP over veth pairs shaped by tc tbf (scripts/cluster.sh)"},
                    "latency_us": float(lat), "emulated_link": spec, "all_reduce_bytes": int(ar),
                    "best_box": best(box_ops), "best_emulated": best(emu_ops),

@@ -150,16 +150,16 @@ else
 fi
 
 echo "# box: $box_hosts hosts x $box_ranks ranks (scripts/cluster.sh --name $box_name), real TCP over" \
-     "veth links shaped by tc tbf to $rate${delay:+, netem delay $delay}; mpirun ${box_margs[*]}"
+     "veth links (MTU $box_mtu) shaped by tc tbf to $rate${delay:+, netem delay $delay}; mpirun ${box_margs[*]}"
 run_ops "$out/result.json" "${ops[@]}"
 cat "$out/result.json.txt"
 python3 - "$out/result.json" "$box_hosts" "$box_ranks" "$rate" "$delay" "${json:-}" \
     "${calibration[@]+"${calibration[@]}"}" <<'PY'
-import json, sys
+import json, os, sys
 path, hosts, ranks, rate, delay, dest = sys.argv[1:7]
 j = json.load(open(path))
 j["box"] = {"hosts": int(hosts), "ranks_per_host": int(ranks), "rate": rate,
-            "delay": delay or None,
+            "delay": delay or None, "mtu": int(os.environ["BOX_MTU"]),
             "calibration": [dict(zip(("rate", "compute_ms", "comm_ms"),
                                      (c.split()[0], float(c.split()[1]), float(c.split()[2]))))
                             for c in sys.argv[7:]],

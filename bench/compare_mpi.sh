@@ -201,7 +201,7 @@ echo "# compare_mpi: $nranks ranks, sizes $minb..$maxb x$factor, dtype $dtype, m
 echo "# MPI: $(mpirun --version 2>/dev/null | head -1), mpirun ${mpirun_args[*]}"
 (( mpich )) && echo "# MPICH: $(mpichversion 2>/dev/null | head -1 | tr -s ' \t' ' '), mpiexec.mpich -n $nranks"
 [[ -z $box ]] || echo "# box: $box_hosts hosts x $box_ranks ranks (scripts/cluster.sh --name $box_name), real TCP" \
-  "over veth links shaped by tc tbf to $rate${delay:+, netem delay $delay}; Open MPI han: ${han_args[*]}"
+  "over veth links (MTU $box_mtu) shaped by tc tbf to $rate${delay:+, netem delay $delay}; Open MPI han: ${han_args[*]}"
 for c in "${colls[@]}"; do
   for ((r = 1; r <= reps; r++)); do
     progress '\r[compare] %s: repetition %d/%d ' "$c" "$r" "$reps"
@@ -216,7 +216,7 @@ for c in "${colls[@]}"; do
   done
   progress '\r%40s\r' ''
   python3 - "$out" "$c" "$reps" "$stat" "$mpich" "$floor" "$box" "$rate" "$delay" "$box_name" <<'EOF'
-import json, statistics, sys
+import json, os, statistics, sys
 
 out, coll, reps, stat = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 with_mpich = sys.argv[5] == "1"
@@ -402,6 +402,7 @@ if box_spec:
     H, L = (int(x) for x in box_spec.split("x"))
     summary["box"] = {"hosts": H, "ranks_per_host": L, "rate": rate_spec,
                       "rate_bytes_per_s": rate_bytes_per_s(rate_spec), "delay": delay_spec or None,
+                      "mtu": int(os.environ["BOX_MTU"]),
                       "links": "real TCP over veth pairs shaped by tc tbf (scripts/cluster.sh), "
                                "not emulated",
                       "han": "--mca coll_han_priority 100",

@@ -66,7 +66,8 @@ parse_box() {
 # links shaped to RATE, DELAY of latency if not empty) and takes it down when
 # the script exits, whatever the way. Refuses a box of that name that is up
 # already (it is not this script's to reuse or remove). Sets box_cluster
-# (the cluster.sh command line for it) and box_margs (its mpirun options).
+# (the cluster.sh command line for it), box_margs (its mpirun options) and
+# box_mtu (its links' MTU, exported as BOX_MTU for the scripts' reports).
 box_up() {
   local name=$1 subnet=$2 hosts=$3 rate=$4 delay=$5
   [[ $(id -u) -eq 0 ]] || die "--box needs root (network namespaces and tc; see docs/cluster.md)"
@@ -82,6 +83,8 @@ box_up() {
   _box_exit_index=$((${#_lib_exit_cmds[@]} - 1))
   "${box_cluster[@]}" "${up[@]}" >&2 || die "cannot bring up the box $name"
   read -r -a box_margs <<<"$("${box_cluster[@]}" mpirun-args)"
+  box_mtu=$("${box_cluster[@]}" status | sed -n 's/.*, mtu \([0-9]*\)$/\1/p')
+  export BOX_MTU=$box_mtu
 }
 
 # box_down: takes down the box box_up brought up (before the script's exit).

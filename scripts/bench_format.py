@@ -27,9 +27,11 @@ def box_of(r):
 
 def box_text(box):
     delay = f", delay {box['delay']}" if box.get("delay") else ""
+    # Boxes recorded before the MTU was an option ran at 1500 bytes.
+    mtu = f", MTU {box.get('mtu', 1500)}"
     ranks = box.get("ranks_per_host")
     return (f"box {box.get('hosts')} hosts x {ranks} rank{'' if ranks == 1 else 's'}, real TCP at "
-            f"{box.get('rate')}{delay}")
+            f"{box.get('rate')}{delay}{mtu}")
 
 
 def link_text(r):

@@ -5,7 +5,7 @@
 # TCP and mc2's multi-host code can be tested and measured on one machine.
 #
 # Usage (as root):
-#   scripts/cluster.sh up N [--rate RATE] [--burst BYTES] [--delay TIME]
+#   scripts/cluster.sh up N [--rate RATE] [--burst BYTES] [--delay TIME] [--mtu BYTES]
 #   scripts/cluster.sh down
 #   scripts/cluster.sh status              hosts, addresses, shaping
 #   scripts/cluster.sh hosts SLOTS         the mpirun -H list: h0:SLOTS,h1:SLOTS,...
@@ -26,7 +26,11 @@
 # it receives). Segmentation offloads are turned off where ethtool exists,
 # and the tbf burst is at least 64 KiB, because a burst smaller than one
 # offloaded segment makes tbf drop everything larger than it. --delay adds
-# netem latency, when the kernel has sch_netem (else it is refused).
+# netem latency, when the kernel has sch_netem (else it is refused). --mtu
+# sets the links' MTU (default 9000, the jumbo frames of cluster networks):
+# with the offloads off every packet costs the shared cores a softirq on
+# both hosts, and at 1500 bytes that cost takes a visible share of the
+# cores the ranks compute on, which a real host's NIC would carry.
 # Everything `up` makes is recorded in /run/mc2-cluster/NAME; `down` removes
 # only what is recorded there, and both commands can be repeated.
 #
@@ -37,10 +41,10 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-name=mc2 subnet=10.213.0 rate="" burst="" delay=""
+name=mc2 subnet=10.213.0 rate="" burst="" delay="" mtu=9000
 args=()
 die() { echo "cluster.sh: $*" >&2; exit 2; }
-usage() { sed -n '2,35p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,40p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -49,6 +53,7 @@ while [[ $# -gt 0 ]]; do
     --rate) rate=${2:?--rate needs a value}; shift 2 ;;
     --burst) burst=${2:?--burst needs a value}; shift 2 ;;
     --delay) delay=${2:?--delay needs a value}; shift 2 ;;
+    --mtu) mtu=${2:?--mtu needs a value}; shift 2 ;;
     -h|--help) usage ;;
     *) args+=("$1"); shift ;;
   esac
@@ -57,6 +62,8 @@ done
 cmd=${args[0]}
 [[ $name =~ ^[a-z][a-z0-9]{0,5}$ ]] || die "--name $name: expected 1-6 lowercase letters or digits, starting with a letter"
 [[ $subnet =~ ^([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})$ ]] || die "--subnet $subnet: expected A.B.C"
+[[ $mtu =~ ^[0-9]{1,5}$ ]] && ((mtu >= 1280 && mtu <= 65535)) ||
+  die "--mtu $mtu: expected a byte count from 1280 to 65535"
 state_dir=/run/mc2-cluster
 state=$state_dir/$name
 bridge=${name}br
@@ -80,13 +87,15 @@ cmd_up() {
   local n=${args[1]:-}
   [[ $n =~ ^[1-9][0-9]?$ ]] || die "up N: expected a host count 1-99, not '${n}'"
   if [[ -f $state ]]; then
-    local want_rate=$rate want_delay=$delay want_subnet=$subnet
+    local want_rate=$rate want_delay=$delay want_subnet=$subnet want_mtu=$mtu
+    mtu=1500  # a state recorded without an MTU
     load_state
-    if [[ $hosts == "$n" && $rate == "$want_rate" && $delay == "$want_delay" && $subnet == "$want_subnet" ]]; then
+    if [[ $hosts == "$n" && $rate == "$want_rate" && $delay == "$want_delay" && $subnet == "$want_subnet" &&
+          $mtu == "$want_mtu" ]]; then
       echo "cluster.sh: $name is already up with $n hosts"
       return 0
     fi
-    die "$name is up with $hosts hosts (rate '${rate:-none}', delay '${delay:-none}'): run cluster.sh --name $name down first"
+    die "$name is up with $hosts hosts (rate '${rate:-none}', delay '${delay:-none}', mtu $mtu): run cluster.sh --name $name down first"
   fi
   if [[ -n $delay ]] && ! netem_available; then
     die "--delay needs the kernel's netem qdisc (sch_netem), which this kernel lacks"
@@ -95,9 +104,10 @@ cmd_up() {
   if [[ -n $rate && -z $b ]]; then b=64kb; fi
   mkdir -p "$state_dir"
   # Record first, so that a failure half-way can still be undone by down.
-  printf 'hosts=%s\nsubnet=%s\nrate=%s\ndelay=%s\nburst=%s\n' "$n" "$subnet" "$rate" "$delay" "$b" >"$state"
+  printf 'hosts=%s\nsubnet=%s\nrate=%s\ndelay=%s\nburst=%s\nmtu=%s\n' "$n" "$subnet" "$rate" "$delay" "$b" "$mtu" >"$state"
   trap 'echo "cluster.sh: up failed; undoing" >&2; cmd_down >/dev/null 2>&1 || true' ERR
   ip link add "$bridge" type bridge
+  ip link set "$bridge" mtu "$mtu"
   ip addr add "$subnet.254/24" dev "$bridge"
   ip link set "$bridge" up
   for ((i = 0; i < n; i++)); do
@@ -107,6 +117,8 @@ cmd_up() {
     ip netns add "$ns"
     ip link add "$veth" type veth peer name "${ns}i"
     ip link set "${ns}i" netns "$ns"
+    ip link set "$veth" mtu "$mtu"
+    ip netns exec "$ns" ip link set "${ns}i" mtu "$mtu"
     ip link set "$veth" master "$bridge"
     ip link set "$veth" up
     ip netns exec "$ns" ip link set "${ns}i" name eth0
@@ -173,7 +185,7 @@ cmd_down() {
 
 cmd_status() {
   load_state
-  echo "cluster $name: $hosts hosts, subnet $subnet.0/24, rate ${rate:-unshaped}, delay ${delay:-none}"
+  echo "cluster $name: $hosts hosts, subnet $subnet.0/24, rate ${rate:-unshaped}, delay ${delay:-none}, mtu $mtu"
   for ((i = 0; i < hosts; i++)); do
     echo "  $(host_ns "$i")  $subnet.$((i + 1))"
   done

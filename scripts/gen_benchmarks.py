@@ -332,6 +332,7 @@ def box_ops_section(results, refs):
         wrong = sum(row.get("wrong", 0) or 0 for row in j.get("rows", []))
         rows.append([j.get("op"), f"{j['box'].get('hosts')} x {j['box'].get('ranks_per_host')}",
                      j["box"].get("rate") + (" (calibrated)" if j["box"].get("calibration") else ""),
+                     j["box"].get("mtu", 1500),
                      f"{j.get('M')}x{j.get('K')}x{j.get('N')}", j.get("dtype"),
                      num(s["compute"], ".1f"), num(s["comm"], ".1f"), num(s["floor"], ".1f"),
                      num(s["serial"], ".1f"), s["best"], num(s["best_ms"], ".1f"),
@@ -339,7 +340,7 @@ def box_ops_section(results, refs):
                      num(ratio(s["best_ms"], s["floor"])), wrong, f"[{refs[r['_file']]}]"])
     if not rows:
         return []
-    header = [("operator", False), ("hosts x ranks", False), ("link rate", False),
+    header = [("operator", False), ("hosts x ranks", False), ("link rate", False), ("MTU", True),
               ("M x K x N", False), ("dtype", False), ("compute ms", True), ("comm ms", True),
               ("floor ms", True), ("serial ms", True), ("best", False), ("best ms", True),
               ("serial / best", True), ("best / floor", True), ("#wrong", True),

@@ -36,7 +36,15 @@ if "${cluster[@]}" up 3 2>/dev/null; then fail "up with another host count must 
 for i in 0 1; do
   h=$("${cluster[@]}" exec $i hostname)
   [[ $h == "mc2th$i" ]] || fail "host $i has hostname '$h', expected mc2th$i"
+  # Both ends of each link carry the default MTU (jumbo frames).
+  m=$("${cluster[@]}" exec $i cat /sys/class/net/eth0/mtu)
+  [[ $m == 9000 ]] || fail "host $i's eth0 has MTU $m, expected 9000"
+  m=$(cat "/sys/class/net/mc2th${i}v/mtu")
+  [[ $m == 9000 ]] || fail "the bridge side of host $i's link has MTU $m, expected 9000"
 done
+if "${cluster[@]}" up 2 --rate 400mbit --mtu 1500 2>/dev/null; then
+  fail "up with another MTU must be refused while up"
+fi
 
 read -r _ sent0 _ recv0 < <("${cluster[@]}" counters | head -1 | awk '{print $1, $3, $4, $5}')
 # 2 hosts x 2 ranks, a checked 4 MiB all_reduce (-c 1: every result verified).
