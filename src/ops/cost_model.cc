@@ -91,14 +91,17 @@ CostParams CostParams::Defaults() {
   // private buffers, raw shm): bench/gemm_bench and `mc2 bench ops --tune`.
   p.f32 = {100e9, 8};
   p.bf16 = {200e9, 8};
+  // The latencies are those of an operator's collective, which runs on the
+  // progress thread (never inline): a few microseconds with 2 ranks, more
+  // with 4 ranks sharing 2 cores.
   PerRanks two;
-  two.all_gather = {40e-6, 8e9};
-  two.reduce_scatter = {40e-6, 6e9};
-  two.all_reduce = {50e-6, 4e9};
+  two.all_gather = {3e-6, 8e9};
+  two.reduce_scatter = {3e-6, 6e9};
+  two.all_reduce = {4e-6, 4e9};
   PerRanks four;
-  four.all_gather = {80e-6, 5e9};
-  four.reduce_scatter = {80e-6, 3e9};
-  four.all_reduce = {100e-6, 2e9};
+  four.all_gather = {10e-6, 5e9};
+  four.reduce_scatter = {10e-6, 3e9};
+  four.all_reduce = {12e-6, 2e9};
   p.comm = {{2, two}, {4, four}};
   return p;
 }

@@ -255,6 +255,34 @@ TEST(CostModel, AutoChoosesByRegime) {
   EXPECT_EQ(ChoosePipeline(params, env, one).pipeline, Pipeline::kSerial);
 }
 
+// Decode-sized calls (a few rows, a small or moderate hidden size) are
+// latency-bound: with the built-in parameters, on raw shared memory, every
+// operator stays serial on 2 and 4 ranks, since a pipeline only adds steps
+// to a collective that costs a few microseconds.
+TEST(CostModel, DecodeSizedCallsStaySerialWithTheBuiltInParameters) {
+  const CostParams params = CostParams::Defaults();
+  Environment env;
+  env.cores = 2;
+  for (int ranks : {2, 4})
+    for (size_t rows : {1, 4, 8})
+      for (size_t hidden : {16, 64, 256, 1024})
+        for (FusedOpKind op : {FusedOpKind::kMatmulAllReduce, FusedOpKind::kAllGatherMatmul,
+                               FusedOpKind::kMatmulReduceScatter}) {
+          Problem p;
+          p.op = op;
+          p.ranks = ranks;
+          p.dtype = DType::kF32;
+          p.M = rows * ranks;
+          p.k = hidden;
+          p.n = 4 * hidden;
+          p.rows.assign(ranks, rows);
+          const Choice c = ChoosePipeline(params, env, p);
+          EXPECT_EQ(c.pipeline, Pipeline::kSerial)
+              << FusedOpKindName(op) << " ranks " << ranks << " rows " << rows << " hidden "
+              << hidden << ": chose s=" << c.splits;
+        }
+}
+
 // Under emulation a step may cost more than the model says (wake-ups on a
 // busy host): with a flat optimum, the per-step risk scenario makes auto
 // take fewer steps, still pipelined, and never changes what Predict says.
