@@ -166,17 +166,20 @@ void FsdpLayers::EmbedForward(const float* w) {
   }
 }
 
-FsdpLayers::BlockOffsets FsdpLayers::Offsets() const {
-  const size_t h = h_, hd = hl_ * d_, fl = fl_;
-  BlockOffsets o;
-  o.norm1 = 0;
-  o.qkv = o.norm1 + h;
-  o.o = o.qkv + h * 3 * hd;
-  o.norm2 = o.o + hd * h;
-  o.gu = o.norm2 + h;
-  o.down = o.gu + h * 2 * fl;
-  return o;
+template <typename T>
+FsdpLayers::BlockTensors<T> FsdpLayers::Block(T* base) const {
+  const size_t h = h_, hd = hl_ * d_;
+  BlockTensors<T> b;
+  b.norm1 = base;
+  b.qkv = b.norm1 + h;
+  b.o = b.qkv + h * 3 * hd;
+  b.norm2 = b.o + hd * h;
+  b.gu = b.norm2 + h;
+  b.down = b.gu + h * 2 * fl_;
+  return b;
 }
+template FsdpLayers::BlockTensors<float> FsdpLayers::Block(float*) const;
+template FsdpLayers::BlockTensors<const float> FsdpLayers::Block(const float*) const;
 
 void FsdpLayers::BlockForward(size_t l, const float* w) {
   if (p_ > 1) {
@@ -184,38 +187,32 @@ void FsdpLayers::BlockForward(size_t l, const float* w) {
     return;
   }
   const size_t S = S_, h = h_, f = f_, T = T_, Bl = Bl_, d = d_, H = heads_;
-  const BlockOffsets o = Offsets();
-  const float* norm1 = w + o.norm1;
-  const float* wqkv = w + o.qkv;
-  const float* wo = w + o.o;
-  const float* norm2 = w + o.norm2;
-  const float* wgu = w + o.gu;
-  const float* wdown = w + o.down;
+  const BlockTensors<const float> W = Block(w);
   Acts& A = acts_[l];
   float* tmp = dtmp_.data();
   std::memcpy(A.x.data(), xL_.data(), S * h * sizeof(float));
   {
     trace::Scope span("rmsnorm", trace::Category::kCompute);
-    RmsNormForward(A.x.data(), norm1, S, h, cfg_.norm_eps, A.xn1.data(), A.rstd1.data());
+    RmsNormForward(A.x.data(), W.norm1, S, h, cfg_.norm_eps, A.xn1.data(), A.rstd1.data());
   }
-  Linear(A.xn1.data(), wqkv, S, h, 3 * h, A.qkv.data());
+  Linear(A.xn1.data(), W.qkv, S, h, 3 * h, A.qkv.data());
   {
     trace::Scope span("attention", trace::Category::kCompute,
                       4 * static_cast<uint64_t>(Bl * H) * T * T * d);
     HeadsAttentionForward(rope_, A.qkv.data(), Bl, T, H, d, A.probs.data(), A.ctx.data());
   }
-  Linear(A.ctx.data(), wo, S, h, h, tmp);
+  Linear(A.ctx.data(), W.o, S, h, h, tmp);
   for (size_t i = 0; i < S * h; ++i) A.x1[i] = A.x[i] + tmp[i];
   {
     trace::Scope span("rmsnorm", trace::Category::kCompute);
-    RmsNormForward(A.x1.data(), norm2, S, h, cfg_.norm_eps, A.xn2.data(), A.rstd2.data());
+    RmsNormForward(A.x1.data(), W.norm2, S, h, cfg_.norm_eps, A.xn2.data(), A.rstd2.data());
   }
-  Linear(A.xn2.data(), wgu, S, h, 2 * f, A.gu.data());
+  Linear(A.xn2.data(), W.gu, S, h, 2 * f, A.gu.data());
   {
     trace::Scope span("swiglu", trace::Category::kCompute);
     SwiGluForward(A.gu.data(), S, f, A.act.data());
   }
-  Linear(A.act.data(), wdown, S, f, h, tmp);
+  Linear(A.act.data(), W.down, S, f, h, tmp);
   for (size_t i = 0; i < S * h; ++i) xL_[i] = A.x1[i] + tmp[i];
 }
 
@@ -245,44 +242,39 @@ void FsdpLayers::BlockBackward(size_t l, const float* w, float* g) {
     return;
   }
   const size_t S = S_, h = h_, f = f_, T = T_, Bl = Bl_, d = d_, H = heads_;
-  const auto [o_norm1, o_qkv, o_o, o_norm2, o_gu, o_down] = Offsets();
-  const float* norm1 = w + o_norm1;
-  const float* wqkv = w + o_qkv;
-  const float* wo = w + o_o;
-  const float* norm2 = w + o_norm2;
-  const float* wgu = w + o_gu;
-  const float* wdown = w + o_down;
+  const BlockTensors<const float> W = Block(w);
+  const BlockTensors<float> G = Block(g);
   Acts& A = acts_[l];
   float* dout = dx_.data();  // in: the block output's gradient; out: its input's
   float* dact = dS_.data();
   float* dtmp = dtmp_.data();
   float* dx1 = dx1_.data();
   // MLP.
-  LinearBackward(A.act.data(), wdown, dout, S, f, h, dact, g + o_down);
+  LinearBackward(A.act.data(), W.down, dout, S, f, h, dact, G.down);
   {
     trace::Scope span("swiglu", trace::Category::kCompute);
     SwiGluBackward(A.gu.data(), dact, S, f, gu_grad_.data());
   }
-  LinearBackward(A.xn2.data(), wgu, gu_grad_.data(), S, h, 2 * f, dtmp, g + o_gu);
+  LinearBackward(A.xn2.data(), W.gu, gu_grad_.data(), S, h, 2 * f, dtmp, G.gu);
   {
     trace::Scope span("rmsnorm", trace::Category::kCompute);
-    std::fill(g + o_norm2, g + o_norm2 + h, 0.0f);
-    RmsNormBackward(A.x1.data(), norm2, A.rstd2.data(), dtmp, S, h, dx1, g + o_norm2);
+    std::fill(G.norm2, G.norm2 + h, 0.0f);
+    RmsNormBackward(A.x1.data(), W.norm2, A.rstd2.data(), dtmp, S, h, dx1, G.norm2);
     for (size_t i = 0; i < S * h; ++i) dx1[i] += dout[i];
   }
   // Attention.
   float* dctx = dtmp;
-  LinearBackward(A.ctx.data(), wo, dx1, S, h, h, dctx, g + o_o);
+  LinearBackward(A.ctx.data(), W.o, dx1, S, h, h, dctx, G.o);
   {
     trace::Scope span("attention", trace::Category::kCompute,
                       8 * static_cast<uint64_t>(Bl * H) * T * T * d);
     HeadsAttentionBackward(rope_, A.qkv.data(), A.probs.data(), dctx, Bl, T, H, d, dqkv_.data(),
                            scratch_.data());
   }
-  LinearBackward(A.xn1.data(), wqkv, dqkv_.data(), S, h, 3 * h, dtmp, g + o_qkv);
+  LinearBackward(A.xn1.data(), W.qkv, dqkv_.data(), S, h, 3 * h, dtmp, G.qkv);
   trace::Scope span("rmsnorm", trace::Category::kCompute);
-  std::fill(g + o_norm1, g + o_norm1 + h, 0.0f);
-  RmsNormBackward(A.x.data(), norm1, A.rstd1.data(), dtmp, S, h, dout, g + o_norm1);
+  std::fill(G.norm1, G.norm1 + h, 0.0f);
+  RmsNormBackward(A.x.data(), W.norm1, A.rstd1.data(), dtmp, S, h, dout, G.norm1);
   for (size_t i = 0; i < S * h; ++i) dout[i] += dx1[i];
 }
 

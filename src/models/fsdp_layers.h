@@ -106,13 +106,15 @@ class FsdpLayers {
   void Wgrad(const float* a, const float* b, size_t k, size_t n, float* dw);
   void BlockForwardTp(size_t l, const float* w);
   void BlockBackwardTp(size_t l, const float* w, float* g);
-  // Where a block's tensors start in its unit's flat parameters (and
-  // gradient), in the order the constructor adds them: norm1 [h], qkv
+  // A block's tensors in its unit's flat parameters (or gradient) at
+  // `base`, in the order the constructor adds them: norm1 [h], qkv
   // [h x 3 hd], o [hd x h], norm2 [h], gate_up [h x 2 fl], down [fl x h].
-  struct BlockOffsets {
-    size_t norm1, qkv, o, norm2, gu, down;
+  template <typename T>
+  struct BlockTensors {
+    T *norm1, *qkv, *o, *norm2, *gu, *down;
   };
-  BlockOffsets Offsets() const;
+  template <typename T>
+  BlockTensors<T> Block(T* base) const;
 
   const TransformerConfig& cfg_;
   Group tp_;

@@ -97,74 +97,63 @@ void FsdpLayers::Wgrad(const float* a, const float* b, size_t k, size_t n, float
 
 void FsdpLayers::BlockForwardTp(size_t l, const float* w) {
   const size_t S = S_, s = s_, h = h_, fl = fl_, T = T_, Bl = Bl_, d = d_, H = hl_, hd = H * d;
-  const BlockOffsets o = Offsets();
-  const float* norm1 = w + o.norm1;
-  const float* wqkv = w + o.qkv;
-  const float* wo = w + o.o;
-  const float* norm2 = w + o.norm2;
-  const float* wgu = w + o.gu;
-  const float* wdown = w + o.down;
+  const BlockTensors<const float> W = Block(w);
   Acts& A = acts_[l];
   float* tmp = dtmp_.data();
   std::memcpy(A.x.data(), xL_.data(), s * h * sizeof(float));
   {
     trace::Scope span("rmsnorm", trace::Category::kCompute);
-    RmsNormForward(A.x.data(), norm1, s, h, cfg_.norm_eps, xn_rows_.data(), A.rstd1.data());
+    RmsNormForward(A.x.data(), W.norm1, s, h, cfg_.norm_eps, xn_rows_.data(), A.rstd1.data());
   }
-  ColumnParallel(xn_rows_.data(), wqkv, 3 * hd, A.qkv.data(), A.xn1.data());
+  ColumnParallel(xn_rows_.data(), W.qkv, 3 * hd, A.qkv.data(), A.xn1.data());
   {
     trace::Scope span("attention", trace::Category::kCompute,
                       4 * static_cast<uint64_t>(Bl * H) * T * T * d);
     HeadsAttentionForward(rope_, A.qkv.data(), Bl, T, H, d, A.probs.data(), A.ctx.data());
   }
-  RowParallel(A.ctx.data(), wo, hd, tmp);
+  RowParallel(A.ctx.data(), W.o, hd, tmp);
   for (size_t i = 0; i < s * h; ++i) A.x1[i] = A.x[i] + tmp[i];
   {
     trace::Scope span("rmsnorm", trace::Category::kCompute);
-    RmsNormForward(A.x1.data(), norm2, s, h, cfg_.norm_eps, xn_rows_.data(), A.rstd2.data());
+    RmsNormForward(A.x1.data(), W.norm2, s, h, cfg_.norm_eps, xn_rows_.data(), A.rstd2.data());
   }
-  ColumnParallel(xn_rows_.data(), wgu, 2 * fl, A.gu.data(), A.xn2.data());
+  ColumnParallel(xn_rows_.data(), W.gu, 2 * fl, A.gu.data(), A.xn2.data());
   {
     trace::Scope span("swiglu", trace::Category::kCompute);
     SwiGluForward(A.gu.data(), S, fl, A.act.data());
   }
-  RowParallel(A.act.data(), wdown, fl, tmp);
+  RowParallel(A.act.data(), W.down, fl, tmp);
   for (size_t i = 0; i < s * h; ++i) xL_[i] = A.x1[i] + tmp[i];
 }
 
 void FsdpLayers::BlockBackwardTp(size_t l, const float* w, float* g) {
   const size_t S = S_, s = s_, h = h_, fl = fl_, T = T_, Bl = Bl_, d = d_, H = hl_, hd = H * d;
-  const auto [o_norm1, o_qkv, o_o, o_norm2, o_gu, o_down] = Offsets();
-  const float* norm1 = w + o_norm1;
-  const float* wqkv = w + o_qkv;
-  const float* wo = w + o_o;
-  const float* norm2 = w + o_norm2;
-  const float* wgu = w + o_gu;
-  const float* wdown = w + o_down;
+  const BlockTensors<const float> W = Block(w);
+  const BlockTensors<float> G = Block(g);
   Acts& A = acts_[l];
   float* dout = dx_.data();  // in: the block output's gradient (s rows); out: its input's
   float* dact = dS_.data();
   float* dtmp = dtmp_.data();
   float* dx1 = dx1_.data();
   // MLP.
-  RowParallelDgrad(dout, wdown, fl, dact, dyg_.data());
-  Wgrad(A.act.data(), dyg_.data(), fl, h, g + o_down);
+  RowParallelDgrad(dout, W.down, fl, dact, dyg_.data());
+  Wgrad(A.act.data(), dyg_.data(), fl, h, G.down);
   {
     trace::Scope span("swiglu", trace::Category::kCompute);
     SwiGluBackward(A.gu.data(), dact, S, fl, gu_grad_.data());
   }
-  ColumnParallelDgrad(gu_grad_.data(), wgu, 2 * fl, dtmp);
-  Wgrad(A.xn2.data(), gu_grad_.data(), h, 2 * fl, g + o_gu);
+  ColumnParallelDgrad(gu_grad_.data(), W.gu, 2 * fl, dtmp);
+  Wgrad(A.xn2.data(), gu_grad_.data(), h, 2 * fl, G.gu);
   {
     trace::Scope span("rmsnorm", trace::Category::kCompute);
-    std::fill(g + o_norm2, g + o_norm2 + h, 0.0f);
-    RmsNormBackward(A.x1.data(), norm2, A.rstd2.data(), dtmp, s, h, dx1, g + o_norm2);
+    std::fill(G.norm2, G.norm2 + h, 0.0f);
+    RmsNormBackward(A.x1.data(), W.norm2, A.rstd2.data(), dtmp, s, h, dx1, G.norm2);
     for (size_t i = 0; i < s * h; ++i) dx1[i] += dout[i];
   }
   // Attention.
   float* dctx = dtmp;  // [S x hd]
-  RowParallelDgrad(dx1, wo, hd, dctx, dyg_.data());
-  Wgrad(A.ctx.data(), dyg_.data(), hd, h, g + o_o);
+  RowParallelDgrad(dx1, W.o, hd, dctx, dyg_.data());
+  Wgrad(A.ctx.data(), dyg_.data(), hd, h, G.o);
   {
     trace::Scope span("attention", trace::Category::kCompute,
                       8 * static_cast<uint64_t>(Bl * H) * T * T * d);
@@ -172,11 +161,11 @@ void FsdpLayers::BlockBackwardTp(size_t l, const float* w, float* g) {
                            scratch_.data());
   }
   float* dxn1 = xn_rows_.data();  // [s x h]
-  ColumnParallelDgrad(dqkv_.data(), wqkv, 3 * hd, dxn1);
-  Wgrad(A.xn1.data(), dqkv_.data(), h, 3 * hd, g + o_qkv);
+  ColumnParallelDgrad(dqkv_.data(), W.qkv, 3 * hd, dxn1);
+  Wgrad(A.xn1.data(), dqkv_.data(), h, 3 * hd, G.qkv);
   trace::Scope span("rmsnorm", trace::Category::kCompute);
-  std::fill(g + o_norm1, g + o_norm1 + h, 0.0f);
-  RmsNormBackward(A.x.data(), norm1, A.rstd1.data(), dxn1, s, h, dout, g + o_norm1);
+  std::fill(G.norm1, G.norm1 + h, 0.0f);
+  RmsNormBackward(A.x.data(), W.norm1, A.rstd1.data(), dxn1, s, h, dout, G.norm1);
   for (size_t i = 0; i < s * h; ++i) dout[i] += dx1[i];
 }
 
