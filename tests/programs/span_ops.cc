@@ -376,6 +376,25 @@ int Suite(const char* dir) {
   return g_failures ? 1 : 0;
 }
 
+// Trains `model` for 3 steps (`step_loss(step)` runs one, returns its
+// loss), records each loss and a hash of the parameters under `name`, and
+// checks that the loss fell.
+template <typename Model, typename StepLoss>
+void TrainAndRecord(Out& out, const std::string& name, Model& model, StepLoss step_loss) {
+  double first = 0, last = 0;
+  for (int step = 0; step < 3; ++step) {
+    const auto loss = step_loss(step);
+    out.Record(name + "loss" + std::to_string(step), &loss, sizeof(loss));
+    (step == 0 ? first : last) = loss;
+  }
+  out.Check(name + "loss", std::isfinite(last) && last < first,
+            "loss went from " + std::to_string(first) + " to " + std::to_string(last));
+  uint64_t h = 0;
+  for (const mc2::models::ParamView& p : model.Parameters())
+    h = h * 31 + Hash(p.value, p.rows * p.cols * sizeof(float));
+  out.Record(name + "params", &h, sizeof(h));
+}
+
 // Pipeline parallelism on 4 ranks: TP 2 inside each of 2 stages (world
 // ranks 0-1 and 2-3, so on 2 hosts x 2 ranks TP stays inside a host and the
 // stages' activations and gradients cross between the hosts by Send/Recv),
@@ -397,19 +416,8 @@ void TrainPipeline(mc2::Group& world, Out& out) {
       pipe.virtual_stages = 2;
     }
     mc2::models::PipelineTransformer model(grid, cfg, pipe);
-    const std::string name = interleaved ? "train_pp_interleaved_" : "train_pp_1f1b_";
-    double first = 0, last = 0;
-    for (int step = 0; step < 3; ++step) {
-      mc2::models::PipelineStepStats st = model.TrainStep(step);
-      out.Record(name + "loss" + std::to_string(step), &st.step.loss, sizeof(st.step.loss));
-      (step == 0 ? first : last) = st.step.loss;
-    }
-    out.Check(name + "loss", std::isfinite(last) && last < first,
-              "loss went from " + std::to_string(first) + " to " + std::to_string(last));
-    uint64_t h = 0;
-    for (const mc2::models::ParamView& p : model.Parameters())
-      h = h * 31 + Hash(p.value, p.rows * p.cols * sizeof(float));
-    out.Record(name + "params", &h, sizeof(h));
+    TrainAndRecord(out, interleaved ? "train_pp_interleaved_" : "train_pp_1f1b_", model,
+                   [&](int step) { return model.TrainStep(step).step.loss; });
   }
 }
 
@@ -429,19 +437,8 @@ int Train(const char* dir) {
     }
     mc2::models::ProcessGrid grid = mc2::models::MakeGrid(world, tp, ep);
     mc2::models::Transformer model(grid, cfg);
-    const std::string name = moe ? "train_moe_" : "train_dense_";
-    double first = 0, last = 0;
-    for (int step = 0; step < 3; ++step) {
-      mc2::models::StepStats st = model.TrainStep(step);
-      out.Record(name + "loss" + std::to_string(step), &st.loss, sizeof(st.loss));
-      (step == 0 ? first : last) = st.loss;
-    }
-    out.Check(name + "loss", std::isfinite(last) && last < first,
-              "loss went from " + std::to_string(first) + " to " + std::to_string(last));
-    uint64_t h = 0;
-    for (const mc2::models::ParamView& p : model.Parameters())
-      h = h * 31 + Hash(p.value, p.rows * p.cols * sizeof(float));
-    out.Record(name + "params", &h, sizeof(h));
+    TrainAndRecord(out, moe ? "train_moe_" : "train_dense_", model,
+                   [&](int step) { return model.TrainStep(step).loss; });
   }
   TrainPipeline(world, out);
   mc2::Barrier(world).Wait();
