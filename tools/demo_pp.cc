@@ -1,8 +1,9 @@
 // `mc2 demo pp`: pipeline-parallel training of the reference transformer
 // (models::PipelineTransformer, include/mc2/models.h) on a DP x CP x TP x PP grid
-// of local ranks, with each schedule (1F1B and interleaved) side by side:
-// step time, the pipeline phase, each stage's compute, its waits for inputs
-// and the part of them that was transfer not hidden behind compute, the
+// of local ranks, with each schedule (1F1B, eager 1F1B and interleaved)
+// side by side: step time, the pipeline phase, each stage's compute, its
+// waits for inputs and the part of them that was transfer not hidden
+// behind compute, the micro-batches it held in flight (activation memory), the
 // bubble measured from the schedule's own timestamps against its formula,
 // the library's collectives (TP operators, DP gradient exchange) from the
 // traces, and whether every schedule gave bitwise the same losses. Writes
@@ -49,7 +50,7 @@ struct PpArgs {
   int pp = 2, tp = 1, dp = 1, cp = 1;
   int moe_experts = 0, moe_topk = 2, ep = 1;  // MoE MLPs (0: dense), EP groups inside each stage
   int micro_batches = 8;
-  std::string schedules = "1f1b,interleaved";
+  std::string schedules = "1f1b,eager-1f1b,interleaved";
   int virtual_stages = 2;
   std::string link = "auto";
   double comm_ratio = 0.5;
@@ -100,7 +101,9 @@ std::vector<models::PipelineSchedule> Schedules(const std::string& text) {
     const size_t comma = std::min(text.find(',', pos), text.size());
     const std::string name = text.substr(pos, comma - pos);
     auto s = models::ParseSchedule(name);
-    if (!s) Usage(fmt::format("--schedules: unknown schedule '{}' (1f1b, interleaved)", name));
+    if (!s)
+      Usage(fmt::format("--schedules: unknown schedule '{}' (1f1b, eager-1f1b, interleaved)",
+                        name));
     if (std::find(out.begin(), out.end(), *s) != out.end())
       Usage(fmt::format("--schedules: '{}' given twice", name));
     out.push_back(*s);
@@ -123,7 +126,7 @@ models::PipelineConfig PipeConfig(const PpArgs& a, models::PipelineSchedule s) {
 // Per rank and timed step: what the table needs, gathered to rank 0.
 enum Field {
   kStep, kPhase, kBusy, kRecvWait, kUncovered, kSendWait, kBubble, kDpSync, kOptimizer,
-  kFwdOp, kFields
+  kFwdOp, kPeakInFlight, kFields
 };
 
 int RunRankJob(const PpArgs& a) {
@@ -168,6 +171,7 @@ int RunRankJob(const PpArgs& a) {
       mine[kDpSync] = st.dp_sync_seconds;
       mine[kOptimizer] = st.optimizer_seconds;
       mine[kFwdOp] = nfwd ? fwd / nfwd : 0;
+      mine[kPeakInFlight] = st.peak_in_flight;
       std::vector<double> all(kFields * world.size());
       AllGather(world, mine.data(), all.data(), kFields, DType::kF64).Wait();
       fields.push_back(all);
@@ -285,7 +289,7 @@ void CheckArgs(const PpArgs& a) {
 std::vector<std::string> OwnOutputs() {
   std::vector<std::string> names = {"results.json", "calibrate/results.json", "calibrate/1f1b/",
                                     "calibrate/"};
-  for (const char* s : {"1f1b", "interleaved"}) {
+  for (const char* s : {"1f1b", "eager-1f1b", "interleaved"}) {
     names.push_back(fmt::format("trace-{}.json", s));
     names.push_back(fmt::format("timeline-{}.svg", s));
     names.push_back(fmt::format("{}/", s));
@@ -300,6 +304,7 @@ struct RunSummary {
   std::vector<double> losses;
   double step_ms = 0, phase_ms = 0, dp_ms = 0, opt_ms = 0;
   std::vector<double> busy, wait, uncovered, bubble;  // per stage, % of the phase (bubble: fraction)
+  std::vector<int> peak;  // per stage: the most micro-batches in flight (max over its ranks and steps)
   double bubble_mean = 0;
   trace::Breakdown b;
   std::string trace_json, svg;
@@ -332,6 +337,7 @@ void Conduct(const PpArgs& a) {
     s.losses = run["losses"].get<std::vector<double>>();
     std::vector<double> step, phase, dps, opt;
     std::vector<std::vector<double>> busy(a.pp), wait(a.pp), unc(a.pp), bub(a.pp);
+    s.peak.assign(a.pp, 0);
     for (const auto& row : run["fields"]) {
       double st = 0, dp = 0, op = 0;
       for (int r = 0; r < n; ++r) {
@@ -352,6 +358,7 @@ void Conduct(const PpArgs& a) {
           wa += Field(row, r, kRecvWait) / stage_ranks;
           un += Field(row, r, kUncovered) / stage_ranks;
           bb += Field(row, r, kBubble) / stage_ranks;
+          s.peak[stg] = std::max(s.peak[stg], static_cast<int>(Field(row, r, kPeakInFlight)));
         }
         busy[stg].push_back(100 * bu / ph);
         wait[stg].push_back(100 * wa / ph);
@@ -418,6 +425,8 @@ void Conduct(const PpArgs& a) {
         [&](const RunSummary& r) { return fmt::format("{:.2f}", r.uncovered[stg]); });
     row(fmt::format("stage {}: bubble (%)", stg),
         [&](const RunSummary& r) { return fmt::format("{:.1f}", 100 * r.bubble[stg]); });
+    row(fmt::format("stage {}: micro-batches in flight (peak)", stg),
+        [&](const RunSummary& r) { return fmt::format("{}", r.peak[stg]); });
   }
   auto pct = [](const trace::Breakdown& b, int64_t ns) { return fmt::format("{:.1f}", b.Pct(ns)); };
   row("collectives: communication (%)", [&](const RunSummary& r) { return pct(r.b, r.b.comm_ns); });
@@ -434,8 +443,9 @@ void Conduct(const PpArgs& a) {
   fmt::print(
       "\nBubble: a stage's idle share of the pipeline phase (not computing, not waiting for a "
       "transfer that\nwas still moving after its sender finished), from the schedule's own "
-      "timestamps. Uncovered send/recv:\nthat transfer wait. Collectives (the TP operators, "
-      "the DP exchange, the loss): from the traced step.\n");
+      "timestamps. Uncovered send/recv:\nthat transfer wait. In flight: micro-batches whose "
+      "activations a stage held at once\n(forward done, backward not yet). Collectives (the TP "
+      "operators, the DP exchange, the loss): from\nthe traced step.\n");
   for (const auto& r : runs)
     fmt::print("{:>12}: trace {}\n              timeline {}\n", r.schedule, r.trace_json, r.svg);
   fmt::print("finished in {:.0f} s\n",
@@ -462,6 +472,7 @@ void Conduct(const PpArgs& a) {
                            {"stage_compute_pct", r.busy},
                            {"stage_input_wait_pct", r.wait},
                            {"stage_uncovered_pct", r.uncovered},
+                           {"stage_peak_in_flight", r.peak},
                            {"comm_pct", r.b.Pct(r.b.comm_ns)},
                            {"uncovered_pct", r.b.Pct(r.b.uncovered_ns)},
                            {"free_pct", r.b.Pct(r.b.free_ns)},
@@ -478,8 +489,9 @@ void RegisterDemoPp(CLI::App& demo) {
   auto a = std::make_shared<PpArgs>();
   CLI::App* cmd = demo.add_subcommand(
       "pp",
-      "Pipeline-parallel training (DP x CP x TP x PP) with the 1F1B and interleaved schedules side "
-      "by side: step time, bubble measured against its formula, uncovered send/recv per stage");
+      "Pipeline-parallel training (DP x CP x TP x PP) with the 1F1B, eager 1F1B and interleaved "
+      "schedules side by side: step time, bubble measured against its formula, uncovered "
+      "send/recv and micro-batches in flight per stage");
   auto range = [](int lo, int hi) { return CLI::Range(lo, hi); };
   cmd->add_option("--pp", a->pp, "Pipeline stages")->capture_default_str()->check(range(1, 64));
   cmd->add_option("--tp", a->tp, "Tensor-parallel group size of each stage")
@@ -507,7 +519,7 @@ void RegisterDemoPp(CLI::App& demo) {
       ->capture_default_str()
       ->check(range(1, 1 << 16));
   cmd->add_option("--schedules", a->schedules,
-                  "Schedules to compare, comma-separated: 1f1b, interleaved")
+                  "Schedules to compare, comma-separated: 1f1b, eager-1f1b, interleaved")
       ->capture_default_str();
   cmd->add_option("-v,--virtual-stages", a->virtual_stages,
                   "Chunks per stage of the interleaved schedule (>= 2)")
