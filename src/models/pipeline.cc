@@ -18,12 +18,12 @@
 // tells the transfer it waited for from the schedule's own wait
 // (PipelineOp::uncovered). Tags: (receiving chunk, micro-batch,
 // direction), so no two messages in flight match the same receive. The
-// receives of the next kRecvAhead operations' inputs stay posted (a
-// message larger than the sender's channel can stall until a receive from
-// its sender is posted, and the eager schedule's gradients arrive up to
-// two operations before they are needed); a send's buffer goes as soon as
-// the send completes, and no send is waited for before the last
-// operation.
+// receives of the current and next kRecvAhead operations' inputs stay
+// posted (a message larger than the sender's channel can stall until a
+// receive from its sender is posted, and the eager schedule's gradients
+// arrive up to two operations before they are needed); a send's buffer
+// goes as soon as the send completes, and no send is waited for before
+// the last operation.
 //
 // MoE blocks run over the stage's EP group as in the unpipelined model. Their
 // load-balancing loss is per micro-batch (Megatron-LM's definition): each
