@@ -14,8 +14,8 @@
 // which one micro-batch's activations take --comm-ratio times a chunk's
 // forward to cross it, from one untimed run without emulation), launches
 // the job (re-executing itself with --rank-job) and prints the table.
-// Inside the job each rank trains every schedule in turn from the same
-// seed; rank 0 writes the results.
+// Inside the job each rank trains every schedule from the same seed, a
+// step of each in turn; rank 0 writes the results.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -134,24 +134,39 @@ int RunRankJob(const PpArgs& a) {
   const bool root = world.rank() == 0;
   models::ProcessGrid grid = models::MakeGrid3D(world, a.tp, a.pp, a.ep, a.cp);
   const models::TransformerConfig c = ModelConfig(a);
-  json runs = json::array();
-  for (models::PipelineSchedule s : Schedules(a.schedules)) {
-    const models::PipelineConfig pipe = PipeConfig(a, s);
-    models::PipelineTransformer model(grid, c, pipe);
-    const std::string dir = (fs::path(a.out) / models::ScheduleName(s)).string();
+  // Every schedule's model, trained step by step in turn (step 0 of each,
+  // then step 1 of each, ...): a machine whose load drifts during the run
+  // weighs on every schedule alike. The models take turns, so their
+  // messages never meet.
+  struct Run {
+    models::PipelineSchedule s;
+    models::PipelineConfig pipe;
+    std::unique_ptr<models::PipelineTransformer> model;
+    std::string dir;
     std::vector<double> losses;
     std::vector<std::vector<double>> fields;  // by timed step: every rank's kFields
-    const int steps = a.warmup + a.iters;
-    for (int step = 0; step < steps; ++step) {
+  };
+  std::vector<Run> runs;
+  for (models::PipelineSchedule s : Schedules(a.schedules)) {
+    Run r;
+    r.s = s;
+    r.pipe = PipeConfig(a, s);
+    r.model = std::make_unique<models::PipelineTransformer>(grid, c, r.pipe);
+    r.dir = (fs::path(a.out) / models::ScheduleName(s)).string();
+    runs.push_back(std::move(r));
+  }
+  const int steps = a.warmup + a.iters;
+  for (int step = 0; step < steps; ++step) {
+    for (Run& r : runs) {
       const bool traced = step == steps - 1;
-      if (traced) trace::Enable(dir);
-      models::PipelineStepStats st = model.TrainStep(step);
+      if (traced) trace::Enable(r.dir);
+      models::PipelineStepStats st = r.model->TrainStep(step);
       if (traced) {
         trace::EndStep();
         trace::Flush();
         trace::Disable();
       }
-      losses.push_back(st.step.loss);
+      r.losses.push_back(st.step.loss);
       if (step < a.warmup) continue;
       double fwd = 0;
       int nfwd = 0;
@@ -174,25 +189,28 @@ int RunRankJob(const PpArgs& a) {
       mine[kPeakInFlight] = st.peak_in_flight;
       std::vector<double> all(kFields * world.size());
       AllGather(world, mine.data(), all.data(), kFields, DType::kF64).Wait();
-      fields.push_back(all);
+      r.fields.push_back(all);
     }
+  }
+  json out = json::array();
+  for (const Run& r : runs) {
     if (root) {
-      fmt::print(stderr, "  {}: {} steps, loss {:.4f}\n", models::ScheduleName(s), steps,
-                 losses.back());
+      fmt::print(stderr, "  {}: {} steps, loss {:.4f}\n", models::ScheduleName(r.s), steps,
+                 r.losses.empty() ? 0.0 : r.losses.back());
     }
-    runs.push_back({{"schedule", models::ScheduleName(s)},
-                    {"virtual_stages", pipe.virtual_stages},
-                    {"bubble_formula", models::BubbleFormula(pipe, a.pp)},
-                    {"losses", losses},
-                    {"fields", fields},
-                    {"trace_dir", dir}});
+    out.push_back({{"schedule", models::ScheduleName(r.s)},
+                   {"virtual_stages", r.pipe.virtual_stages},
+                   {"bubble_formula", models::BubbleFormula(r.pipe, a.pp)},
+                   {"losses", r.losses},
+                   {"fields", r.fields},
+                   {"trace_dir", r.dir}});
   }
   if (root) {
     const size_t message_bytes =
         static_cast<size_t>(a.batch / a.dp / a.micro_batches) * a.seq_len / a.cp / a.tp *
         a.hidden * 4;
     return WriteJobResults(
-        a.results, json{{"ranks", world.size()}, {"message_bytes", message_bytes}, {"runs", runs}},
+        a.results, json{{"ranks", world.size()}, {"message_bytes", message_bytes}, {"runs", out}},
         "mc2 demo pp");
   }
   return 0;
