@@ -334,8 +334,9 @@ enum class PipelineSchedule : uint8_t {
   // stage is two micro-batches ahead of the next one instead of one. In
   // 1F1B a stage that has just sent a forward waits for the gradient the
   // next stage sends when its backward ends, so every steady-state step
-  // carries two transfers; here the gradient a stage needs was sent one
-  // operation earlier and travels while it computes the forward between.
+  // carries two transfers; here the gradient a stage needs next leaves
+  // while it runs its previous backward and travels during the forward in
+  // between.
   // With free transfers it runs as 1F1B (same bubble); with transfers of
   // up to one forward each, the steady state waits for none of them. The
   // price is memory: at most min(2 (pp - r) - 1, m) micro-batches'

@@ -53,10 +53,10 @@ std::vector<ScheduleOp> MakeSchedule(const PipelineConfig& pipe, int pp, int sta
   // Warm-up forwards: enough that the last stage's first backward can
   // start as soon as its input exists; with v chunks, the whole first
   // round of the other chunks too (Megatron-LM's interleaved schedule).
-  // Eager 1F1B doubles the lead of each stage over the next: then stage r
-  // runs the backward of micro-batch j two operations after the next
-  // stage sent its gradient, not right after, with the forward of
-  // micro-batch j + 2 (p - r - 1) between to cover the transfer.
+  // Eager 1F1B doubles the lead of each stage over the next: the next
+  // stage then sends the gradient of micro-batch j while stage r runs its
+  // backward of j - 1, not when it is due, and it travels while stage r
+  // runs the forward of micro-batch j + 2 (p - r - 1) in between.
   int warmup;
   if (pipe.schedule == PipelineSchedule::kEager1F1B) {
     warmup = std::min(2 * (pp - stage - 1), m);

@@ -168,8 +168,8 @@ TEST(PipelineSchedule, EveryOpOnceAndTheBubbleFormula) {
 
 // Transfers of c each (one egress port per stage), F = 1, B = 2. Eager
 // 1F1B: stage r is 2 (p - r - 1) forwards ahead, so the gradient it needs
-// next was sent one operation earlier and arrives while it computes the
-// forward between; only the first micro-batch's trip down and the last
+// next leaves while it runs its previous backward and arrives during the
+// forward in between; only the first micro-batch's trip down and the last
 // one's trip up wait for transfers, so the makespan is the transfer-free
 // (m + p - 1)(F + B) plus 2 (p - 1) c, and a stage's uncovered time is the
 // same for m and m + p micro-batches. 1F1B: every steady-state step waits
