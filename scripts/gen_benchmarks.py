@@ -449,10 +449,12 @@ def pp_section(results, refs):
                 f"Link: {link_text(r)}. Losses "
                 f"{'bitwise identical' if j.get('losses_identical') else 'NOT identical'} across the "
                 "schedules. Bubble: a stage's idle share of the pipeline phase, mean over stages; "
-                "uncovered send/recv: per stage, % of the pipeline phase.", ""]
+                "uncovered send/recv: per stage, % of the pipeline phase; in flight: the most "
+                "micro-batches whose activations a stage held at once.", ""]
         header = [("schedule", False), ("step ms", True), ("pipeline ms", True),
                   ("bubble formula %", True), ("bubble measured %", True),
-                  ("uncovered send/recv % per stage", False), ("collective comm %", True),
+                  ("uncovered send/recv % per stage", False),
+                  ("micro-batches in flight per stage", False), ("collective comm %", True),
                   ("vs first", True)]
         rows = []
         for x in j.get("runs", []):
@@ -462,6 +464,7 @@ def pp_section(results, refs):
                          num(100 * x.get("bubble_formula", 0), ".1f"),
                          num(100 * x.get("bubble_measured", 0), ".1f"),
                          " / ".join(num(u, ".2f") for u in x.get("stage_uncovered_pct", [])),
+                         " / ".join(str(n) for n in x.get("stage_peak_in_flight", [])) or "-",
                          num(x.get("comm_pct"), ".1f"), f"{num(x.get('speedup'))}x"])
         out += table(header, rows) + [""]
     return out

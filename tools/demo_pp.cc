@@ -1,8 +1,9 @@
 // `mc2 demo pp`: pipeline-parallel training of the reference transformer
 // (models::PipelineTransformer, include/mc2/models.h) on a DP x CP x TP x PP grid
-// of local ranks, with each schedule (1F1B and interleaved) side by side:
-// step time, the pipeline phase, each stage's compute, its waits for inputs
-// and the part of them that was transfer not hidden behind compute, the
+// of local ranks, with each schedule (1F1B, eager 1F1B and interleaved)
+// side by side: step time, the pipeline phase, each stage's compute, its
+// waits for inputs and the part of them that was transfer not hidden
+// behind compute, the micro-batches it held in flight (activation memory), the
 // bubble measured from the schedule's own timestamps against its formula,
 // the library's collectives (TP operators, DP gradient exchange) from the
 // traces, and whether every schedule gave bitwise the same losses. Writes
@@ -13,8 +14,8 @@
 // which one micro-batch's activations take --comm-ratio times a chunk's
 // forward to cross it, from one untimed run without emulation), launches
 // the job (re-executing itself with --rank-job) and prints the table.
-// Inside the job each rank trains every schedule in turn from the same
-// seed; rank 0 writes the results.
+// Inside the job each rank trains every schedule from the same seed, a
+// step of each in turn; rank 0 writes the results.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -49,7 +50,7 @@ struct PpArgs {
   int pp = 2, tp = 1, dp = 1, cp = 1;
   int moe_experts = 0, moe_topk = 2, ep = 1;  // MoE MLPs (0: dense), EP groups inside each stage
   int micro_batches = 8;
-  std::string schedules = "1f1b,interleaved";
+  std::string schedules = "1f1b,eager-1f1b,interleaved";
   int virtual_stages = 2;
   std::string link = "auto";
   double comm_ratio = 0.5;
@@ -100,7 +101,9 @@ std::vector<models::PipelineSchedule> Schedules(const std::string& text) {
     const size_t comma = std::min(text.find(',', pos), text.size());
     const std::string name = text.substr(pos, comma - pos);
     auto s = models::ParseSchedule(name);
-    if (!s) Usage(fmt::format("--schedules: unknown schedule '{}' (1f1b, interleaved)", name));
+    if (!s)
+      Usage(fmt::format("--schedules: unknown schedule '{}' (1f1b, eager-1f1b, interleaved)",
+                        name));
     if (std::find(out.begin(), out.end(), *s) != out.end())
       Usage(fmt::format("--schedules: '{}' given twice", name));
     out.push_back(*s);
@@ -123,7 +126,7 @@ models::PipelineConfig PipeConfig(const PpArgs& a, models::PipelineSchedule s) {
 // Per rank and timed step: what the table needs, gathered to rank 0.
 enum Field {
   kStep, kPhase, kBusy, kRecvWait, kUncovered, kSendWait, kBubble, kDpSync, kOptimizer,
-  kFwdOp, kFields
+  kFwdOp, kPeakInFlight, kFields
 };
 
 int RunRankJob(const PpArgs& a) {
@@ -131,24 +134,39 @@ int RunRankJob(const PpArgs& a) {
   const bool root = world.rank() == 0;
   models::ProcessGrid grid = models::MakeGrid3D(world, a.tp, a.pp, a.ep, a.cp);
   const models::TransformerConfig c = ModelConfig(a);
-  json runs = json::array();
-  for (models::PipelineSchedule s : Schedules(a.schedules)) {
-    const models::PipelineConfig pipe = PipeConfig(a, s);
-    models::PipelineTransformer model(grid, c, pipe);
-    const std::string dir = (fs::path(a.out) / models::ScheduleName(s)).string();
+  // Every schedule's model, trained step by step in turn (step 0 of each,
+  // then step 1 of each, ...): a machine whose load drifts during the run
+  // weighs on every schedule alike. The models take turns, so their
+  // messages never meet.
+  struct Run {
+    models::PipelineSchedule s;
+    models::PipelineConfig pipe;
+    std::unique_ptr<models::PipelineTransformer> model;
+    std::string dir;
     std::vector<double> losses;
     std::vector<std::vector<double>> fields;  // by timed step: every rank's kFields
-    const int steps = a.warmup + a.iters;
-    for (int step = 0; step < steps; ++step) {
+  };
+  std::vector<Run> runs;
+  for (models::PipelineSchedule s : Schedules(a.schedules)) {
+    Run r;
+    r.s = s;
+    r.pipe = PipeConfig(a, s);
+    r.model = std::make_unique<models::PipelineTransformer>(grid, c, r.pipe);
+    r.dir = (fs::path(a.out) / models::ScheduleName(s)).string();
+    runs.push_back(std::move(r));
+  }
+  const int steps = a.warmup + a.iters;
+  for (int step = 0; step < steps; ++step) {
+    for (Run& r : runs) {
       const bool traced = step == steps - 1;
-      if (traced) trace::Enable(dir);
-      models::PipelineStepStats st = model.TrainStep(step);
+      if (traced) trace::Enable(r.dir);
+      models::PipelineStepStats st = r.model->TrainStep(step);
       if (traced) {
         trace::EndStep();
         trace::Flush();
         trace::Disable();
       }
-      losses.push_back(st.step.loss);
+      r.losses.push_back(st.step.loss);
       if (step < a.warmup) continue;
       double fwd = 0;
       int nfwd = 0;
@@ -168,27 +186,31 @@ int RunRankJob(const PpArgs& a) {
       mine[kDpSync] = st.dp_sync_seconds;
       mine[kOptimizer] = st.optimizer_seconds;
       mine[kFwdOp] = nfwd ? fwd / nfwd : 0;
+      mine[kPeakInFlight] = st.peak_in_flight;
       std::vector<double> all(kFields * world.size());
       AllGather(world, mine.data(), all.data(), kFields, DType::kF64).Wait();
-      fields.push_back(all);
+      r.fields.push_back(all);
     }
+  }
+  json out = json::array();
+  for (const Run& r : runs) {
     if (root) {
-      fmt::print(stderr, "  {}: {} steps, loss {:.4f}\n", models::ScheduleName(s), steps,
-                 losses.back());
+      fmt::print(stderr, "  {}: {} steps, loss {:.4f}\n", models::ScheduleName(r.s), steps,
+                 r.losses.empty() ? 0.0 : r.losses.back());
     }
-    runs.push_back({{"schedule", models::ScheduleName(s)},
-                    {"virtual_stages", pipe.virtual_stages},
-                    {"bubble_formula", models::BubbleFormula(pipe, a.pp)},
-                    {"losses", losses},
-                    {"fields", fields},
-                    {"trace_dir", dir}});
+    out.push_back({{"schedule", models::ScheduleName(r.s)},
+                   {"virtual_stages", r.pipe.virtual_stages},
+                   {"bubble_formula", models::BubbleFormula(r.pipe, a.pp)},
+                   {"losses", r.losses},
+                   {"fields", r.fields},
+                   {"trace_dir", r.dir}});
   }
   if (root) {
     const size_t message_bytes =
         static_cast<size_t>(a.batch / a.dp / a.micro_batches) * a.seq_len / a.cp / a.tp *
         a.hidden * 4;
     return WriteJobResults(
-        a.results, json{{"ranks", world.size()}, {"message_bytes", message_bytes}, {"runs", runs}},
+        a.results, json{{"ranks", world.size()}, {"message_bytes", message_bytes}, {"runs", out}},
         "mc2 demo pp");
   }
   return 0;
@@ -285,7 +307,7 @@ void CheckArgs(const PpArgs& a) {
 std::vector<std::string> OwnOutputs() {
   std::vector<std::string> names = {"results.json", "calibrate/results.json", "calibrate/1f1b/",
                                     "calibrate/"};
-  for (const char* s : {"1f1b", "interleaved"}) {
+  for (const char* s : {"1f1b", "eager-1f1b", "interleaved"}) {
     names.push_back(fmt::format("trace-{}.json", s));
     names.push_back(fmt::format("timeline-{}.svg", s));
     names.push_back(fmt::format("{}/", s));
@@ -300,6 +322,7 @@ struct RunSummary {
   std::vector<double> losses;
   double step_ms = 0, phase_ms = 0, dp_ms = 0, opt_ms = 0;
   std::vector<double> busy, wait, uncovered, bubble;  // per stage, % of the phase (bubble: fraction)
+  std::vector<int> peak;  // per stage: the most micro-batches in flight (max over its ranks and steps)
   double bubble_mean = 0;
   trace::Breakdown b;
   std::string trace_json, svg;
@@ -332,6 +355,7 @@ void Conduct(const PpArgs& a) {
     s.losses = run["losses"].get<std::vector<double>>();
     std::vector<double> step, phase, dps, opt;
     std::vector<std::vector<double>> busy(a.pp), wait(a.pp), unc(a.pp), bub(a.pp);
+    s.peak.assign(a.pp, 0);
     for (const auto& row : run["fields"]) {
       double st = 0, dp = 0, op = 0;
       for (int r = 0; r < n; ++r) {
@@ -352,6 +376,7 @@ void Conduct(const PpArgs& a) {
           wa += Field(row, r, kRecvWait) / stage_ranks;
           un += Field(row, r, kUncovered) / stage_ranks;
           bb += Field(row, r, kBubble) / stage_ranks;
+          s.peak[stg] = std::max(s.peak[stg], static_cast<int>(Field(row, r, kPeakInFlight)));
         }
         busy[stg].push_back(100 * bu / ph);
         wait[stg].push_back(100 * wa / ph);
@@ -418,6 +443,8 @@ void Conduct(const PpArgs& a) {
         [&](const RunSummary& r) { return fmt::format("{:.2f}", r.uncovered[stg]); });
     row(fmt::format("stage {}: bubble (%)", stg),
         [&](const RunSummary& r) { return fmt::format("{:.1f}", 100 * r.bubble[stg]); });
+    row(fmt::format("stage {}: micro-batches in flight (peak)", stg),
+        [&](const RunSummary& r) { return fmt::format("{}", r.peak[stg]); });
   }
   auto pct = [](const trace::Breakdown& b, int64_t ns) { return fmt::format("{:.1f}", b.Pct(ns)); };
   row("collectives: communication (%)", [&](const RunSummary& r) { return pct(r.b, r.b.comm_ns); });
@@ -434,8 +461,9 @@ void Conduct(const PpArgs& a) {
   fmt::print(
       "\nBubble: a stage's idle share of the pipeline phase (not computing, not waiting for a "
       "transfer that\nwas still moving after its sender finished), from the schedule's own "
-      "timestamps. Uncovered send/recv:\nthat transfer wait. Collectives (the TP operators, "
-      "the DP exchange, the loss): from the traced step.\n");
+      "timestamps. Uncovered send/recv:\nthat transfer wait. In flight: micro-batches whose "
+      "activations a stage held at once\n(forward done, backward not yet). Collectives (the TP "
+      "operators, the DP exchange, the loss): from\nthe traced step.\n");
   for (const auto& r : runs)
     fmt::print("{:>12}: trace {}\n              timeline {}\n", r.schedule, r.trace_json, r.svg);
   fmt::print("finished in {:.0f} s\n",
@@ -462,6 +490,7 @@ void Conduct(const PpArgs& a) {
                            {"stage_compute_pct", r.busy},
                            {"stage_input_wait_pct", r.wait},
                            {"stage_uncovered_pct", r.uncovered},
+                           {"stage_peak_in_flight", r.peak},
                            {"comm_pct", r.b.Pct(r.b.comm_ns)},
                            {"uncovered_pct", r.b.Pct(r.b.uncovered_ns)},
                            {"free_pct", r.b.Pct(r.b.free_ns)},
@@ -478,8 +507,9 @@ void RegisterDemoPp(CLI::App& demo) {
   auto a = std::make_shared<PpArgs>();
   CLI::App* cmd = demo.add_subcommand(
       "pp",
-      "Pipeline-parallel training (DP x CP x TP x PP) with the 1F1B and interleaved schedules side "
-      "by side: step time, bubble measured against its formula, uncovered send/recv per stage");
+      "Pipeline-parallel training (DP x CP x TP x PP) with the 1F1B, eager 1F1B and interleaved "
+      "schedules side by side: step time, bubble measured against its formula, uncovered "
+      "send/recv and micro-batches in flight per stage");
   auto range = [](int lo, int hi) { return CLI::Range(lo, hi); };
   cmd->add_option("--pp", a->pp, "Pipeline stages")->capture_default_str()->check(range(1, 64));
   cmd->add_option("--tp", a->tp, "Tensor-parallel group size of each stage")
@@ -507,7 +537,7 @@ void RegisterDemoPp(CLI::App& demo) {
       ->capture_default_str()
       ->check(range(1, 1 << 16));
   cmd->add_option("--schedules", a->schedules,
-                  "Schedules to compare, comma-separated: 1f1b, interleaved")
+                  "Schedules to compare, comma-separated: 1f1b, eager-1f1b, interleaved")
       ->capture_default_str();
   cmd->add_option("-v,--virtual-stages", a->virtual_stages,
                   "Chunks per stage of the interleaved schedule (>= 2)")

@@ -304,8 +304,10 @@ std::vector<StepStats> TrainSteps(const Group& world, const TransformerConfig& c
 // attention over the stage's CP group, each micro-batch in flight keeping
 // its own ring state for its backward. MoE blocks dispatch and combine over
 // the stage's EP group (grid.ep, inside the stage's DP ranks), their
-// experts sharded over it as in Transformer. The receives are posted one
-// operation ahead, so a transfer travels while the stage computes. The
+// experts sharded over it as in Transformer. A stage keeps the receives
+// of the inputs of its current and next four operations posted, so a
+// transfer travels while it computes, and waits for no send before the
+// pipeline drains. The
 // gradients of the micro-batches are accumulated (in micro-batch order)
 // and summed over DP once the pipeline has drained, then AdamW.
 //
@@ -321,27 +323,41 @@ std::vector<StepStats> TrainSteps(const Group& world, const TransformerConfig& c
 enum class PipelineSchedule : uint8_t {
   // One forward, one backward: stage r runs pp - r - 1 warm-up forwards,
   // then alternates, then drains the backwards. Bubble (p - 1) / (m + p - 1).
+  // Keeps at most min(pp - r, m) micro-batches' activations on stage r.
   k1F1B = 0,
   // Interleaved 1F1B (virtual stages, Megatron-LM): v chunks per stage,
   // forwards and backwards in groups of pp micro-batches chunk after
   // chunk; micro_batches must be a multiple of pp. Bubble
   // (p - 1) / (v m + p - 1).
   kInterleaved,
+  // Eager 1F1B: 1F1B with 2 (pp - r - 1) warm-up forwards, so that each
+  // stage is two micro-batches ahead of the next one instead of one. In
+  // 1F1B a stage that has just sent a forward waits for the gradient the
+  // next stage sends when its backward ends, so every steady-state step
+  // carries two transfers; here the gradient a stage needs next leaves
+  // while it runs its previous backward and travels during the forward in
+  // between.
+  // With free transfers it runs as 1F1B (same bubble); with transfers of
+  // up to one forward each, the steady state waits for none of them. The
+  // price is memory: at most min(2 (pp - r) - 1, m) micro-batches'
+  // activations on stage r.
+  kEager1F1B,
 };
-// "1f1b", "interleaved".
+// "1f1b", "interleaved", "eager-1f1b".
 const char* ScheduleName(PipelineSchedule s);
 std::optional<PipelineSchedule> ParseSchedule(std::string_view name);
 
 struct PipelineConfig {
   int micro_batches = 1;
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
-  int virtual_stages = 1;  // chunks per stage; 1 with k1F1B, >= 2 for kInterleaved
+  int virtual_stages = 1;  // chunks per stage; >= 2 for kInterleaved, 1 otherwise
 };
 
 // Throws kInvalidArgument naming the cause, without communicating:
 // ValidateConfig, then layers % (pp v) (each chunk the same number of
 // blocks), batch % (dp m) (whole micro-batches on every DP rank), m % pp
-// for kInterleaved, virtual_stages (1 for k1F1B, >= 2 for kInterleaved).
+// for kInterleaved, virtual_stages (>= 2 for kInterleaved, 1 for the
+// others).
 // ValidateConfig's MoE / EP constraints (ep divides dp and moe_experts,
 // ep > 1 needs MoE layers) apply to each stage's dp, and with cp > 1 (each
 // stage's attention is ring attention over its CP group) its CP
@@ -349,8 +365,9 @@ struct PipelineConfig {
 void ValidatePipeline(const TransformerConfig& config, const PipelineConfig& pipe, int tp, int dp,
                       int pp, int ep = 1, int cp = 1);
 
-// The schedule's idle fraction with uniform operation times:
-// (p - 1) / (m + p - 1) for 1F1B, (p - 1) / (v m + p - 1) interleaved.
+// The schedule's idle fraction with uniform operation times and free
+// transfers: (p - 1) / (m + p - 1) for 1F1B and eager 1F1B,
+// (p - 1) / (v m + p - 1) interleaved.
 double BubbleFormula(const PipelineConfig& pipe, int pp);
 
 // One forward or backward of one chunk on one micro-batch, as this stage
@@ -381,6 +398,10 @@ struct PipelineStepStats {
   double recv_wait_seconds = 0;  // waiting for inputs
   double uncovered_seconds = 0;  // of which transfers not hidden
   double send_wait_seconds = 0;  // waiting for sends to complete (buffer reuse, the end)
+  // The most micro-batches whose activations this stage held at once
+  // (forward done, backward not yet; over all its chunks): the schedule's
+  // activation memory, in micro-batch chunks.
+  int peak_in_flight = 0;
   // Idle: pipeline_seconds - busy - uncovered - send_wait, as a fraction of
   // pipeline_seconds: this stage's bubble.
   double bubble = 0;

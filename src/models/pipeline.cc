@@ -17,7 +17,13 @@
 // computing them (one double, in two floats), from which the receiver
 // tells the transfer it waited for from the schedule's own wait
 // (PipelineOp::uncovered). Tags: (receiving chunk, micro-batch,
-// direction), so no two messages in flight match the same receive.
+// direction), so no two messages in flight match the same receive. The
+// receives of the current and next kRecvAhead operations' inputs stay
+// posted (a message larger than the sender's channel can stall until a
+// receive from its sender is posted, and the eager schedule's gradients
+// arrive up to two operations before they are needed); a send's buffer
+// goes as soon as the send completes, and no send is waited for before
+// the last operation.
 //
 // MoE blocks run over the stage's EP group as in the unpipelined model. Their
 // load-balancing loss is per micro-batch (Megatron-LM's definition): each
@@ -82,6 +88,16 @@ struct Chunk {
 };
 
 constexpr size_t kStampFloats = 2;  // the sender's clock, a double
+// Operations after the current one whose inputs' receives are posted
+// (one message buffer each): the alternating steady state then has the
+// next two of each direction in flight.
+constexpr size_t kRecvAhead = 4;
+
+// A send in flight and the buffer it reads.
+struct PendingSend {
+  Work work;
+  std::vector<float> buf;
+};
 
 }  // namespace
 
@@ -91,13 +107,14 @@ void ValidatePipeline(const TransformerConfig& c, const PipelineConfig& pipe, in
   if (pp < 1) Invalid("pp must be >= 1, not " + Str(pp));
   const int m = pipe.micro_batches;
   if (m < 1) Invalid("micro_batches must be >= 1, not " + Str(m));
-  if (pipe.schedule != PipelineSchedule::k1F1B && pipe.schedule != PipelineSchedule::kInterleaved) {
+  if (pipe.schedule != PipelineSchedule::k1F1B && pipe.schedule != PipelineSchedule::kInterleaved &&
+      pipe.schedule != PipelineSchedule::kEager1F1B) {
     Invalid("unknown schedule");
   }
   const bool interleaved = pipe.schedule == PipelineSchedule::kInterleaved;
   if (!interleaved && pipe.virtual_stages != 1) {
-    Invalid("virtual_stages (" + Str(pipe.virtual_stages) +
-            ") must be 1 with the 1f1b schedule (interleaved has virtual stages)");
+    Invalid("virtual_stages (" + Str(pipe.virtual_stages) + ") must be 1 with the " +
+            ScheduleName(pipe.schedule) + " schedule (interleaved has virtual stages)");
   }
   if (interleaved) {
     if (pipe.virtual_stages < 2) {
@@ -130,8 +147,7 @@ struct PipelineTransformer::Impl {
   size_t rows = 0, width = 0;  // a message's payload: s x h
   std::vector<Chunk> local;    // by local chunk
   std::vector<ScheduleOp> ops;
-  std::vector<Work> sends;                     // of the running step
-  std::vector<std::vector<float>> send_bufs;  // theirs
+  std::vector<PendingSend> sends;               // of the running step, not known complete
   std::map<int, std::vector<float>> recv_bufs;  // by tag
   std::map<int, Work> recvs;                    // posted, by tag
 
@@ -187,9 +203,9 @@ struct PipelineTransformer::Impl {
       for (auto& [micro, a] : ch.in_flight) wait(a.loss.work);
       for (MicroState& a : ch.pool) wait(a.loss.work);
     }
-    for (auto& w : sends) {
+    for (PendingSend& ps : sends) {
       try {
-        w.Wait();
+        ps.work.Wait();
       } catch (...) {
       }
     }
@@ -200,7 +216,6 @@ struct PipelineTransformer::Impl {
       }
     }
     sends.clear();
-    send_bufs.clear();
     recvs.clear();
     recv_bufs.clear();
   }
@@ -282,10 +297,25 @@ struct PipelineTransformer::Impl {
     const double end = Now();
     std::memcpy(buf.data() + rows * width, &end, sizeof(double));
     const int peer = forward ? (grid.pp_rank + 1) % p : (grid.pp_rank + p - 1) % p;
-    send_bufs.push_back(std::move(buf));
-    std::vector<float>& b = send_bufs.back();
-    sends.push_back(
-        grid.pp.Send(b.data(), b.size() * sizeof(float), peer, Tag(recv_chunk, micro, !forward)));
+    PendingSend ps;
+    ps.buf = std::move(buf);
+    ps.work = grid.pp.Send(ps.buf.data(), ps.buf.size() * sizeof(float), peer,
+                           Tag(recv_chunk, micro, !forward));
+    sends.push_back(std::move(ps));  // moving the vector keeps its data where the send reads it
+  }
+  // Frees the buffers of the sends that have completed, without waiting
+  // for the others; throws a failed send's error.
+  void ReapSends() {
+    size_t kept = 0;
+    for (size_t i = 0; i < sends.size(); ++i) {
+      if (sends[i].work.Test()) {
+        sends[i].work.Wait();  // returns at once, or throws its failure
+        continue;
+      }
+      if (kept != i) sends[kept] = std::move(sends[i]);
+      ++kept;
+    }
+    sends.resize(kept);
   }
 
   void Accumulate(Chunk& ch, int micro) {
@@ -317,12 +347,12 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
     Impl* self;
     ~Cleanup() { self->Drain(); }
   } cleanup{this};
-  if (!ops.empty()) PostInput(ops[0]);
+  int in_flight = 0;
   for (size_t k = 0; k < ops.size(); ++k) {
     const ScheduleOp& o = ops[k];
-    // The next receive goes up before this op computes, so its transfer
-    // travels under this op.
-    if (k + 1 < ops.size()) PostInput(ops[k + 1]);
+    // The next operations' receives go up before this op computes, so
+    // their transfers travel under it.
+    for (size_t j = k; j < std::min(ops.size(), k + 1 + kRecvAhead); ++j) PostInput(ops[j]);
     Chunk& ch = local[o.local_chunk];
     ChunkAccess::Impl& mm = *ch.m;
     PipelineOp rec;
@@ -369,6 +399,7 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
       std::swap(mm.ring, a.ring);
       std::swap(mm.loss, a.loss);
       ch.in_flight[o.micro] = std::move(a);
+      st.peak_in_flight = std::max(st.peak_in_flight, ++in_flight);
       if (last) {
         loss_sum += local_sum;
       } else {
@@ -390,11 +421,13 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
       std::swap(mm.ring, a.ring);
       std::swap(mm.loss, a.loss);
       ch.pool.push_back(std::move(a));
+      --in_flight;
       Accumulate(ch, o.micro);
       if (!first) Send(std::move(dx), /*forward=*/false, ch.index - 1, o.micro);
     }
     if (tag >= 0) recv_bufs.erase(tag);
     const double end = Now();
+    ReapSends();
     rec.start = start - t0;
     rec.end = end - t0;
     st.busy_seconds += end - start;
@@ -407,7 +440,8 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
   {
     trace::Scope span("pipeline.send_wait", trace::Category::kWait);
     const double w0 = Now();
-    for (auto& w : sends) w.Wait();
+    for (PendingSend& ps : sends) ps.work.Wait();
+    sends.clear();
     st.send_wait_seconds = Now() - w0;
   }
   // The pipeline phase: the latest end over every stage.

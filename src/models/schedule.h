@@ -23,17 +23,22 @@ struct ScheduleOp {
 // backwards. Arguments as ValidatePipeline accepts them.
 std::vector<ScheduleOp> MakeSchedule(const PipelineConfig& pipe, int pp, int stage);
 
-// Runs every stage's list with the given times per operation (forward of
-// one chunk, backward of one chunk) and free transfers, as fast as the
-// dependencies allow: returns the makespan and each stage's busy time
-// (the reference the measured bubble is checked against). Throws
-// kInternal if the lists would wait in a cycle.
+// Runs every stage's list as fast as the dependencies allow, with the
+// given times per operation (forward of one chunk, backward of one chunk)
+// and per transfer: an operation's output leaves its stage when it ends,
+// through the stage's one egress port (its transfers one after the other,
+// `transfer_seconds` each), and can be used once it has arrived. Returns
+// the makespan, each stage's busy time (the reference the measured bubble
+// is checked against) and its uncovered time: waiting for an input whose
+// sender had already finished computing it (PipelineOp::uncovered).
+// Throws kInternal if the lists would wait in a cycle.
 struct SimulatedSchedule {
   double makespan = 0;
-  std::vector<double> busy;  // per stage
+  std::vector<double> busy;       // per stage
+  std::vector<double> uncovered;  // per stage
 };
 SimulatedSchedule SimulateSchedule(const PipelineConfig& pipe, int pp, double forward_seconds,
-                                   double backward_seconds);
+                                   double backward_seconds, double transfer_seconds = 0);
 
 }  // namespace mc2::models
 

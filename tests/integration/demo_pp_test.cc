@@ -1,6 +1,7 @@
 // `mc2 demo pp` as a user runs it (tools/demo_pp.cc): a tiny pipeline of
-// two stages with both schedules and --json, whose table reports the bubble
-// against its formula per schedule and stage, and whose schedules trained
+// two stages with every schedule and --json, whose table reports the bubble
+// against its formula and the micro-batches in flight per schedule and
+// stage, and whose schedules trained
 // bitwise the same losses, also with context-parallel stages and with MoE
 // stages over EP groups; invalid settings refused before any file is
 // written.
@@ -40,7 +41,7 @@ class DemoPpTest : public LeakCheckedTest {
   fs::path dir_;
 };
 
-TEST_F(DemoPpTest, BothSchedulesTrainTheSameLossesAndReportTheirBubble) {
+TEST_F(DemoPpTest, EveryScheduleTrainsTheSameLossesAndReportsItsBubble) {
   const fs::path out = dir_ / "out", js = dir_ / "result.json";
   const Result r = RunMc2({"demo", "pp", "--pp", "2", "-m", "4", "--link", "none", "-i", "1",
                            "-w", "1", "--layers", "4", "--hidden", "32", "--heads", "4", "--ffn",
@@ -55,10 +56,20 @@ TEST_F(DemoPpTest, BothSchedulesTrainTheSameLossesAndReportTheirBubble) {
   const nlohmann::json j = nlohmann::json::parse(f);
   EXPECT_EQ(j["mode"], "pp");
   EXPECT_EQ(j["losses_identical"], true);
-  ASSERT_EQ(j["runs"].size(), 2u);
-  // (p - 1) / (m + p - 1) and (p - 1) / (v m + p - 1) with p 2, m 4, v 2.
+  ASSERT_EQ(j["runs"].size(), 3u);
+  EXPECT_EQ(j["runs"][0]["schedule"], "1f1b");
+  EXPECT_EQ(j["runs"][1]["schedule"], "eager-1f1b");
+  EXPECT_EQ(j["runs"][2]["schedule"], "interleaved");
+  // (p - 1) / (m + p - 1) (1F1B, eager 1F1B) and (p - 1) / (v m + p - 1)
+  // with p 2, m 4, v 2.
   EXPECT_DOUBLE_EQ(j["runs"][0]["bubble_formula"].get<double>(), 1.0 / 5);
-  EXPECT_DOUBLE_EQ(j["runs"][1]["bubble_formula"].get<double>(), 1.0 / 9);
+  EXPECT_DOUBLE_EQ(j["runs"][1]["bubble_formula"].get<double>(), 1.0 / 5);
+  EXPECT_DOUBLE_EQ(j["runs"][2]["bubble_formula"].get<double>(), 1.0 / 9);
+  // Micro-batches in flight on stages 0 and 1: min(p - r, m) for 1F1B,
+  // min(2 (p - r) - 1, m) for eager 1F1B.
+  EXPECT_EQ(j["runs"][0]["stage_peak_in_flight"], nlohmann::json::array({2, 1}));
+  EXPECT_EQ(j["runs"][1]["stage_peak_in_flight"], nlohmann::json::array({3, 1}));
+  EXPECT_THAT(r.out, HasSubstr("stage 0: micro-batches in flight (peak)"));
   for (const auto& run : j["runs"]) {
     const std::string s = run["schedule"];
     ASSERT_EQ(run["stage_bubble"].size(), 2u) << s;

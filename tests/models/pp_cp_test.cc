@@ -4,8 +4,8 @@
 // micro-batch in flight keeps its own ring state for its backward.
 // - PP 2 x CP 2 on 4 ranks gives bitwise the losses of CP 2 without the
 //   pipeline and the same micro-batching (the same arithmetic: the same
-//   rings, the same sums over the same CP groups), for 1F1B and the
-//   interleaved schedule; with one micro-batch, bitwise Transformer on the
+//   rings, the same sums over the same CP groups), for 1F1B, eager 1F1B
+//   and the interleaved schedule; with one micro-batch, bitwise Transformer on the
 //   CP 2 grid;
 // - against the single-rank model (no CP, no PP) within the CP tolerance;
 // - the grid's groups; invalid combinations throw kInvalidArgument.
@@ -92,6 +92,10 @@ TEST(PipelineCp, PipelinedEqualsUnpipelinedCpBitwise) {
   ExpectSameBits(
       PipeLosses(4, 1, 2, 2, c, Pipe(2, PipelineSchedule::kInterleaved, 2), steps), ref2,
       "pp 2 x cp 2, interleaved v 2 m 2");
+  // Eager 1F1B with 4 micro-batches: stage 0 holds 3 in flight, each with
+  // its own rings.
+  ExpectSameBits(PipeLosses(4, 1, 2, 2, c, Pipe(4, PipelineSchedule::kEager1F1B), steps),
+                 PipeLosses(2, 1, 1, 2, c, Pipe(4), steps), "pp 2 x cp 2, eager-1f1b m 4");
   // One micro-batch: Transformer itself on the CP 2 grid.
   ExpectSameBits(PipeLosses(4, 1, 2, 2, c, Pipe(1), steps), PlainLosses(1, 2, c, steps),
                  "pp 2 x cp 2, m 1 vs Transformer cp 2");

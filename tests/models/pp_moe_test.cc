@@ -5,7 +5,8 @@
 //   EP 1 and EP 2;
 // - losses, aux losses and every parameter bitwise equal to the same model
 //   without pipeline parallelism and the same micro-batches (pp = 1:
-//   gradient accumulation), at PP 2 with EP 1 (1F1B and interleaved), PP 2
+//   gradient accumulation), at PP 2 with EP 1 (1F1B, eager 1F1B and
+//   interleaved), PP 2
 //   x EP 2 (1F1B, interleaved, dense and MoE blocks mixed) and TP 2 x EP 2
 //   x PP 2;
 // - the load-balancing loss per micro-batch (the mean over the
@@ -154,6 +155,9 @@ TEST(PipelineMoe, PipelinedEqualsUnpipelinedWithTheSameMicroBatchesEp1) {
   ExpectSameBits(Pipelined(2, 1, 2, 1, c, Pipe(4), steps), ref, "pp 2 1f1b m 4");
   ExpectSameBits(Pipelined(2, 1, 2, 1, c, Pipe(4, PipelineSchedule::kInterleaved, 2), steps), ref,
                  "pp 2 interleaved v 2 m 4");
+  // Three micro-batches in flight on stage 0, each with its own loads.
+  ExpectSameBits(Pipelined(2, 1, 2, 1, c, Pipe(4, PipelineSchedule::kEager1F1B), steps), ref,
+                 "pp 2 eager-1f1b m 4");
 }
 
 TEST(PipelineMoe, PipelinedEqualsUnpipelinedWithTheSameMicroBatchesEp2) {

@@ -1,10 +1,15 @@
 // Pipeline parallelism (PipelineTransformer, include/mc2/models.h):
 // - the schedules: every stage runs each (chunk, micro-batch) forward and
 //   backward once, never waits in a cycle, and with uniform operation times
-//   idles exactly the bubble formula's fraction;
+//   idles exactly the bubble formula's fraction; with transfers of up to a
+//   forward each, eager 1F1B waits for none in its steady state (its
+//   makespan is the transfer-free one plus one transfer per hop there and
+//   back, its uncovered time does not grow with the micro-batches) while
+//   1F1B's grows; the micro-batches a stage holds in flight;
 // - the 3D grid's groups (DP x TP x PP, TP innermost);
 // - losses bitwise equal to the same model without pipeline parallelism
-//   and the same micro-batching (PP 2 and 4, 1F1B and interleaved, TP 2 x
+//   and the same micro-batching (PP 2 and 4, 1F1B, eager 1F1B and
+//   interleaved, TP 2 x
 //   PP 2, DP 2 x PP 2, DP 2 x TP 2 x PP 2), every stage running its
 //   schedule's operations in order; with one micro-batch, bitwise equal to
 //   Transformer;
@@ -14,6 +19,7 @@
 // - invalid configurations throw kInvalidArgument on every rank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -67,6 +73,13 @@ std::vector<double> PipeLosses(int ranks, int tp, int pp, const TransformerConfi
       EXPECT_LE(s.busy_seconds, s.pipeline_seconds * 1.0001);
       EXPECT_GE(s.bubble, 0.0);
       EXPECT_LE(s.bubble, 1.0);
+      // The activations held at once: the warm-up forwards plus one.
+      const int m = pipe.micro_batches, rest = pp - stage;
+      if (pipe.schedule == PipelineSchedule::k1F1B) {
+        EXPECT_EQ(s.peak_in_flight, std::min(rest, m)) << "stage " << stage;
+      } else if (pipe.schedule == PipelineSchedule::kEager1F1B) {
+        EXPECT_EQ(s.peak_in_flight, std::min(2 * rest - 1, m)) << "stage " << stage;
+      }
     }
     std::lock_guard<std::mutex> lock(mu);
     all[world.rank()] = losses;
@@ -107,6 +120,11 @@ TEST(PipelineSchedule, EveryOpOnceAndTheBubbleFormula) {
   };
   for (Case k : {Case{PipelineSchedule::k1F1B, 2, 1, 1}, Case{PipelineSchedule::k1F1B, 2, 4, 1},
                  Case{PipelineSchedule::k1F1B, 4, 8, 1}, Case{PipelineSchedule::k1F1B, 4, 2, 1},
+                 Case{PipelineSchedule::kEager1F1B, 2, 1, 1},
+                 Case{PipelineSchedule::kEager1F1B, 2, 4, 1},
+                 Case{PipelineSchedule::kEager1F1B, 4, 8, 1},
+                 Case{PipelineSchedule::kEager1F1B, 4, 2, 1},
+                 Case{PipelineSchedule::kEager1F1B, 3, 5, 1},
                  Case{PipelineSchedule::kInterleaved, 2, 4, 2},
                  Case{PipelineSchedule::kInterleaved, 4, 8, 2},
                  Case{PipelineSchedule::kInterleaved, 4, 4, 3}}) {
@@ -137,7 +155,7 @@ TEST(PipelineSchedule, EveryOpOnceAndTheBubbleFormula) {
     const double f = 1.0 / k.v, b = 2.0 / k.v;
     SimulatedSchedule sim = SimulateSchedule(pipe, k.pp, f, b);
     const double formula = BubbleFormula(pipe, k.pp);
-    if (k.s == PipelineSchedule::k1F1B) {
+    if (k.s != PipelineSchedule::kInterleaved) {
       EXPECT_DOUBLE_EQ(formula, double(k.pp - 1) / (k.m + k.pp - 1)) << what;
     } else {
       EXPECT_DOUBLE_EQ(formula, double(k.pp - 1) / (k.v * k.m + k.pp - 1)) << what;
@@ -146,6 +164,49 @@ TEST(PipelineSchedule, EveryOpOnceAndTheBubbleFormula) {
       EXPECT_NEAR(1.0 - sim.busy[r] / sim.makespan, formula, 1e-12) << what << " stage " << r;
     }
   }
+}
+
+// Transfers of c each (one egress port per stage), F = 1, B = 2. Eager
+// 1F1B: stage r is 2 (p - r - 1) forwards ahead, so the gradient it needs
+// next leaves while it runs its previous backward and arrives during the
+// forward in between; only the first micro-batch's trip down and the last
+// one's trip up wait for transfers, so the makespan is the transfer-free
+// (m + p - 1)(F + B) plus 2 (p - 1) c, and a stage's uncovered time is the
+// same for m and m + p micro-batches. 1F1B: every steady-state step waits
+// for a gradient sent when it was already due, so its uncovered time
+// grows with m and its makespan exceeds eager 1F1B's from m = max(p, 3).
+TEST(PipelineSchedule, EagerOneFOneBHidesTheSteadyStateTransfers) {
+  const double f = 1, b = 2;
+  for (int pp = 2; pp <= 5; ++pp) {
+    for (double c : {0.25, 0.5, 1.0}) {
+      for (int m : {1, 2, pp, 2 * pp - 1, 2 * pp, 3 * pp + 1}) {
+        const std::string what =
+            "pp " + std::to_string(pp) + " m " + std::to_string(m) + " c " + std::to_string(c);
+        const SimulatedSchedule eager =
+            SimulateSchedule(Pipe(m, PipelineSchedule::kEager1F1B), pp, f, b, c);
+        const SimulatedSchedule plain = SimulateSchedule(Pipe(m), pp, f, b, c);
+        EXPECT_NEAR(eager.makespan, (m + pp - 1) * (f + b) + 2 * (pp - 1) * c, 1e-9) << what;
+        if (m >= std::max(pp, 3)) {
+          EXPECT_GT(plain.makespan, eager.makespan + c / 2) << what;
+        } else {
+          EXPECT_GE(plain.makespan, eager.makespan - 1e-9) << what;
+        }
+        if (m < 2 * pp - 1) continue;
+        const SimulatedSchedule eager_more =
+            SimulateSchedule(Pipe(m + pp, PipelineSchedule::kEager1F1B), pp, f, b, c);
+        const SimulatedSchedule plain_more = SimulateSchedule(Pipe(m + pp), pp, f, b, c);
+        for (int r = 0; r < pp; ++r) {
+          EXPECT_NEAR(eager_more.uncovered[r], eager.uncovered[r], 1e-9) << what << " stage " << r;
+          EXPECT_GT(plain_more.uncovered[r], plain.uncovered[r] + c / 2) << what << " stage " << r;
+        }
+      }
+    }
+  }
+  // Free transfers: nothing uncovered, and both make the same time.
+  const SimulatedSchedule eager = SimulateSchedule(Pipe(8, PipelineSchedule::kEager1F1B), 4, f, b);
+  const SimulatedSchedule plain = SimulateSchedule(Pipe(8), 4, f, b);
+  EXPECT_DOUBLE_EQ(eager.makespan, plain.makespan);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(eager.uncovered[r], 0.0);
 }
 
 TEST(Pipeline, OneStageOneMicroBatchIsTransformerBitwise) {
@@ -162,6 +223,11 @@ TEST(Pipeline, PipelinedEqualsUnpipelinedWithTheSameMicroBatches) {
   ExpectSameBits(PipeLosses(4, 1, 4, c, Pipe(4), steps), ref4, "pp 4 1f1b m 4");
   ExpectSameBits(PipeLosses(2, 1, 2, c, Pipe(4, PipelineSchedule::kInterleaved, 2), steps), ref4,
                  "pp 2 interleaved v 2 m 4");
+  ExpectSameBits(PipeLosses(2, 1, 2, c, Pipe(4, PipelineSchedule::kEager1F1B), steps), ref4,
+                 "pp 2 eager-1f1b m 4");
+  // Stage 0 runs all four forwards first (warm-up 2 (p - 1) = 6 > m).
+  ExpectSameBits(PipeLosses(4, 1, 4, c, Pipe(4, PipelineSchedule::kEager1F1B), steps), ref4,
+                 "pp 4 eager-1f1b m 4");
   // Fewer micro-batches than stages is valid with 1F1B (a larger bubble).
   ExpectSameBits(PipeLosses(4, 1, 4, c, Pipe(2), steps), PipeLosses(1, 1, 1, c, Pipe(2), steps),
                  "pp 4 1f1b m 2");
@@ -171,8 +237,10 @@ TEST(Pipeline, StagesThatAreTpOrDpGroups) {
   const TransformerConfig c = Model();
   const int steps = 3;
   // TP 2 x PP 2: each stage a TP group of 2, against TP 2 alone.
-  ExpectSameBits(PipeLosses(4, 2, 2, c, Pipe(2), steps), PipeLosses(2, 2, 1, c, Pipe(2), steps),
-                 "tp 2 x pp 2");
+  const std::vector<double> tp2 = PipeLosses(2, 2, 1, c, Pipe(2), steps);
+  ExpectSameBits(PipeLosses(4, 2, 2, c, Pipe(2), steps), tp2, "tp 2 x pp 2");
+  ExpectSameBits(PipeLosses(4, 2, 2, c, Pipe(2, PipelineSchedule::kEager1F1B), steps), tp2,
+                 "tp 2 x pp 2 eager-1f1b");
   // DP 2 x PP 2 against DP 2 alone.
   ExpectSameBits(PipeLosses(4, 1, 2, c, Pipe(2), steps), PipeLosses(2, 1, 1, c, Pipe(2), steps),
                  "dp 2 x pp 2");
@@ -260,6 +328,8 @@ TEST(Pipeline, InvalidConfigsThrowOnEveryRank) {
       {"interleaved with one virtual stage", 2, 1, 2, Model(),
        Pipe(2, PipelineSchedule::kInterleaved, 1)},
       {"1f1b with virtual stages", 2, 1, 2, Model(), Pipe(2, PipelineSchedule::k1F1B, 2)},
+      {"eager-1f1b with virtual stages", 2, 1, 2, Model(),
+       Pipe(2, PipelineSchedule::kEager1F1B, 2)},
       {"micro-batches not dividing the batch", 2, 1, 2, odd_batch, Pipe(4)},
       {"zero micro-batches", 2, 1, 2, Model(), Pipe(0)},
       {"pp not dividing the world", 3, 1, 2, Model(), Pipe(2)},
