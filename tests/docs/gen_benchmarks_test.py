@@ -120,7 +120,7 @@ BOX_COMPARE = record("box_ar", "compare_mpi", {"collectives": [{
     command="bench/compare_mpi.sh --box 2x2 --rate 100mbit all_reduce")
 
 BOX_OPS = record("box_ops", "bench_ops", dict(json.loads(json.dumps(OPS["result"])), ranks=4, link="",
-                                               box=dict(BOX, calibration=[
+                                               box=dict(BOX, mtu=9000, calibration=[
                                                    {"rate": "100mbit", "compute_ms": 150.0,
                                                     "comm_ms": 170.0}])),
                  command="bench/box_ops.sh --box 2x2 --rate auto -- mc2 bench ops")
@@ -262,11 +262,12 @@ class GenBenchmarksTest(unittest.TestCase):
     def test_box_comparison_shows_han_and_the_bound(self):
         self.write(BOX_COMPARE)
         page = self.generate()
-        self.assertIn("across hosts (box 2 hosts x 2 ranks, real TCP at 100mbit)", page)
+        # A result without an MTU was recorded at 1500 bytes.
+        self.assertIn("across hosts (box 2 hosts x 2 ranks, real TCP at 100mbit, MTU 1500)", page)
         self.assertIn(f"| 3000000.0 | 2.00 | 1.90 | {BOUND_16M_US:.1f} | {1.5e6 / BOUND_16M_US:.2f} | "
                       f"{2.4e6 / BOUND_16M_US:.2f} |", page)
         self.assertIn(f"| 1.60x (paired 1.55x), 2.00x, {1.5e6 / BOUND_16M_US:.2f} | box 2 hosts x 2 "
-                      "ranks, real TCP at 100mbit | [1] |", page)
+                      "ranks, real TCP at 100mbit, MTU 1500 | [1] |", page)
         self.assertIn("bound = 2(H-1)/H x S / rate", page)
 
     def test_box_operators_show_best_over_floor(self):
@@ -275,7 +276,7 @@ class GenBenchmarksTest(unittest.TestCase):
         self.assertIn("### Fused operators across hosts", page)
         self.assertNotIn("### Fused operators (`mc2 bench ops`)", page)
         # Confirmation: serial 290, best 145, floor 150.
-        self.assertIn(f"| all_gather_matmul | 2 x 2 | 100mbit (calibrated) | 2048x2048x2048 | f32 | 150.0 | "
+        self.assertIn(f"| all_gather_matmul | 2 x 2 | 100mbit (calibrated) | 9000 | 2048x2048x2048 | f32 | 150.0 | "
                       f"140.0 | 150.0 | 290.0 | fused s=4 | 145.0 | {290 / 145:.2f}x | {145 / 150:.2f} | 0 |",
                       page)
 
@@ -285,7 +286,7 @@ class GenBenchmarksTest(unittest.TestCase):
         self.assertIn("| all_gather_matmul best pipeline | 120.00 | 100.00 | 1.20 |", page)
         self.assertIn(f"| all_reduce 16777216 B, 2 hosts: real link / emulated link | "
                       f"{1500 / 1400:.2f} |", page)
-        self.assertIn("box 2 hosts x 1 rank, real TCP at 100mbit / **emulated** "
+        self.assertIn("box 2 hosts x 1 rank, real TCP at 100mbit, MTU 1500 / **emulated** "
                       "`bw=12.5000MB/s,lat=300.0us`", page)
 
     def test_check_detects_drift(self):
