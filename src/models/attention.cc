@@ -57,12 +57,10 @@ void Transformer::Impl::AttentionSublayerForward(size_t l, const float* x) {
     }
   }
   // Under the reduce-scatter, what the forward has independent of it: the
-  // MLP's deferred updates and this block's attention W^T (for backward).
+  // MLP's deferred updates.
   params.ApplyUpdate(P.o);
-  linear.RowParallel(A.ctx.data(), P.o, tmp_s.data(), [&] {
-    params.ApplyUpdates({P.gu, P.down, P.egu, P.edown});
-    params.RefreshTransposes({P.qkv, P.o});
-  });
+  linear.RowParallel(A.ctx.data(), P.o, tmp_s.data(),
+                     [&] { params.ApplyUpdates({P.gu, P.down, P.egu, P.edown}); });
   for (size_t i = 0; i < s * h; ++i) A.x1[i] = x[i] + tmp_s[i];
 }
 

@@ -24,11 +24,9 @@ void Transformer::Impl::MlpForward(size_t l, float* out) {
     SwiGluForward(A.gu.data(), S, fl, A.act.data());
   }
   params.ApplyUpdate(P.down);
-  // Under the reduce-scatter: the next block's attention updates and this
-  // block's MLP W^T.
+  // Under the reduce-scatter: the next block's attention updates.
   linear.RowParallel(A.act.data(), P.down, tmp_s.data(), [&] {
     if (l + 1 < dims.L) params.ApplyUpdates({params.bp[l + 1].qkv, params.bp[l + 1].o});
-    params.RefreshTransposes({P.gu, P.down});
   });
   for (size_t i = 0; i < s * h; ++i) out[i] = A.x1[i] + tmp_s[i];
 }

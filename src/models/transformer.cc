@@ -218,7 +218,6 @@ void Transformer::Impl::ChunkBackward(const float* dy, float* dx_in) {
   // them; the projections' are written by their wgrad GEMM.
   sync.Restart();
   deferred_wgrad = nullptr;
-  params.EnsureTransposes();  // normally made during the forward (RefreshTransposes)
   std::vector<float>& dx = acts.dx;
   if (dy != nullptr) {
     std::memcpy(dx.data(), dy, s * h * sizeof(float));
