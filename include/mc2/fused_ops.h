@@ -140,17 +140,23 @@ struct FusedReport {
   int splits = 1;
 };
 
+// B is [k x n], or with trans_b its transpose stored [n x k] (the input
+// gradient of a layer y = x W reads W [k x n] as B = W^T that way, with no
+// transposed copy); the result is bitwise the one of B stored plain. trans_b
+// is this rank's own layout (it may differ across ranks).
+//
 // C [M x n] = gather_rows(A of every rank) [M x k] * B [k x n], where rank r
 // holds its shard A [m_r x k] and M = the sum of every rank's m (row counts
 // may differ and be 0). k must agree across ranks; n may differ (B is this
 // rank's column block; c may be null only when M x n = 0).
 struct AllGatherMatmulArgs {
   const void* a = nullptr;     // this rank's shard [m x k] of dtype
-  const void* b = nullptr;     // [k x n] of dtype
+  const void* b = nullptr;     // [k x n] of dtype ([n x k] with trans_b)
   float* c = nullptr;          // [M x n], M = the sum of every rank's m
   size_t m = 0, k = 0, n = 0;  // m: rows of this rank's shard (may differ across ranks)
   DType dtype = DType::kF32;
   void* gathered_a = nullptr;  // optional [M x k] of dtype: the gathered A (what backward reuses)
+  bool trans_b = false;        // b holds B^T, [n x k]
 };
 FusedReport AllGatherMatmul(const Group& g, const AllGatherMatmulArgs& args,
                             const FusedOptions& options = {});
@@ -161,11 +167,12 @@ FusedReport AllGatherMatmul(const Group& g, const AllGatherMatmulArgs& args,
 // its slice of the reduction dimension).
 struct MatmulReduceScatterArgs {
   const void* a = nullptr;     // [m x k] of dtype
-  const void* b = nullptr;     // [k x n] of dtype
+  const void* b = nullptr;     // [k x n] of dtype ([n x k] with trans_b)
   float* c = nullptr;          // [m_local x n]: this rank's rows of the sum
   size_t m = 0, k = 0, n = 0;  // k: this rank's slice (may differ across ranks)
   DType dtype = DType::kF32;
-  size_t m_local = 0;  // rows of c (may differ across ranks; they add up to m)
+  size_t m_local = 0;    // rows of c (may differ across ranks; they add up to m)
+  bool trans_b = false;  // b holds B^T, [n x k]
 };
 FusedReport MatmulReduceScatter(const Group& g, const MatmulReduceScatterArgs& args,
                                 const FusedOptions& options = {});
@@ -174,10 +181,11 @@ FusedReport MatmulReduceScatter(const Group& g, const MatmulReduceScatterArgs& a
 // and n must agree across ranks; k may differ.
 struct MatmulAllReduceArgs {
   const void* a = nullptr;     // [m x k] of dtype
-  const void* b = nullptr;     // [k x n] of dtype
+  const void* b = nullptr;     // [k x n] of dtype ([n x k] with trans_b)
   float* c = nullptr;          // [m x n]
   size_t m = 0, k = 0, n = 0;  // k: this rank's slice (may differ across ranks)
   DType dtype = DType::kF32;
+  bool trans_b = false;        // b holds B^T, [n x k]
 };
 FusedReport MatmulAllReduce(const Group& g, const MatmulAllReduceArgs& args,
                             const FusedOptions& options = {});

@@ -57,12 +57,10 @@ void Transformer::Impl::AttentionSublayerForward(size_t l, const float* x) {
     }
   }
   // Under the reduce-scatter, what the forward has independent of it: the
-  // MLP's deferred updates and this block's attention W^T (for backward).
+  // MLP's deferred updates.
   params.ApplyUpdate(P.o);
-  linear.RowParallel(A.ctx.data(), P.o, tmp_s.data(), [&] {
-    params.ApplyUpdates({P.gu, P.down, P.egu, P.edown});
-    params.RefreshTransposes({P.qkv, P.o});
-  });
+  linear.RowParallel(A.ctx.data(), P.o, tmp_s.data(),
+                     [&] { params.ApplyUpdates({P.gu, P.down, P.egu, P.edown}); });
   for (size_t i = 0; i < s * h; ++i) A.x1[i] = x[i] + tmp_s[i];
 }
 
@@ -76,8 +74,10 @@ void Transformer::Impl::AttentionSublayerBackward(size_t l, float* dxio) {
   std::vector<float>& dS3 = acts.dS3;
   std::vector<float>& dx1 = acts.dx1;
   const size_t hd = hl * d, ld_qkv = 3 * hd;
+  const bool dp_only = !backward_collectives;  // wgrads first (transformer.cc)
   // ---- dgrad chain.
   float* dctx = acts.dS1.data();
+  if (dp_only) WgradAndMark(linear.op_c.Set(A.ctx.data(), S * hd, dt), dx1.data(), P.o);
   // Under its transfers: the MLP's deferred gate_up wgrad.
   linear.RowParallelDgrad(dx1.data(), P.o, dctx, TakeDeferred());
   {
@@ -107,15 +107,22 @@ void Transformer::Impl::AttentionSublayerBackward(size_t l, float* dxio) {
       }
     }
   }
-  // o's wgrad under the reduce-scatter; qkv's too in the first block, else
-  // it is deferred to the next block's first dgrad operator (the down
-  // projection's all-gather, whose own GEMM is too small to hide its
-  // transfers); dS3 and xn1_g are not touched before.
-  linear.ColumnParallelDgrad(dS3.data(), P.qkv, acts.dtmp.data(), [&] {
-    linear.Wgrad(linear.op_c.Set(A.ctx.data(), S * hd, dt), linear.gathered_dy(), P.o);
-    if (l == 0) linear.Wgrad(A.xn1_g.data(), linear.op_b.Set(dS3.data(), S * ld_qkv, dt), P.qkv);
-  });
-  if (l > 0) {
+  if (dp_only) {
+    // In block 0 the last gradient to travel: under this dgrad GEMM.
+    WgradAndMark(A.xn1_g.data(), dS3.data(), P.qkv);
+    linear.ColumnParallelDgrad(dS3.data(), P.qkv, acts.dtmp.data());
+  } else {
+    // o's wgrad under the reduce-scatter; qkv's too in the first block,
+    // else it is deferred to the next block's first dgrad operator (the
+    // down projection's all-gather, whose own GEMM is too small to hide
+    // its transfers); dS3 and xn1_g are not touched before.
+    linear.ColumnParallelDgrad(dS3.data(), P.qkv, acts.dtmp.data(), [&] {
+      linear.Wgrad(linear.op_c.Set(A.ctx.data(), S * hd, dt), linear.gathered_dy(), P.o);
+      if (l == 0)
+        linear.Wgrad(A.xn1_g.data(), linear.op_b.Set(dS3.data(), S * ld_qkv, dt), P.qkv);
+    });
+  }
+  if (l > 0 && !dp_only) {
     deferred_wgrad = [this, l, S, ld_qkv, dt] {
       linear.Wgrad(acts.block[l].xn1_g.data(), linear.op_b.Set(acts.dS3.data(), S * ld_qkv, dt),
                    params.bp[l].qkv);

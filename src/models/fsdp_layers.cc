@@ -120,7 +120,6 @@ FsdpLayers::FsdpLayers(const TransformerConfig& c, int dp, int dp_rank, const Gr
   dqkv_.resize(S * 3 * hd);
   scratch_.resize(T_ * T_);
   if (p_ > 1) {
-    wt_.resize(std::max(3 * hd, 2 * fl) * h);
     xn_rows_.resize(s * h);
     dyg_.resize(S * h);
   }

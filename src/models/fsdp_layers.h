@@ -128,7 +128,7 @@ class FsdpLayers {
   std::vector<Acts> acts_;           // per block
   std::vector<float> xL_, rstdf_, xf_, logits_;
   std::vector<float> dx_, dx1_, dtmp_, dS_, dqkv_, gu_grad_, scratch_;
-  std::vector<float> wt_, xn_rows_, dyg_;  // tp > 1: a transposed weight, s normed rows, gathered dy
+  std::vector<float> xn_rows_, dyg_;  // tp > 1: s normed rows, gathered dy
 };
 
 }  // namespace mc2::models

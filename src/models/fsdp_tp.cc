@@ -8,9 +8,8 @@
 //   x'  = x1 + MatmulReduceScatter(SwiGLU(gu), Wdown_r)
 // and backward the reverse (a column-parallel dgrad is a
 // MatmulReduceScatter with W^T, a row-parallel one an AllGatherMatmul
-// with W^T; the weight gradients local GEMMs on the gathered operands).
-// The operators take B row-major without a transpose flag, so W^T is
-// built from the gathered slice before each dgrad.
+// with W^T, each reading the gathered slice W as B^T: args.trans_b; the
+// weight gradients local GEMMs on the gathered operands).
 #include <cstring>
 
 #include "mc2/gemm.h"
@@ -50,40 +49,34 @@ void FsdpLayers::RowParallel(const float* a, const float* w, size_t k, float* y)
 
 // dx [s x h] = this rank's rows of the sum over TP of dy [S x n] w^T (w [h x n]).
 void FsdpLayers::ColumnParallelDgrad(const float* dy, const float* w, size_t n, float* dx) {
-  {
-    trace::Scope span("transpose", trace::Category::kCompute);
-    Transpose(w, h_, n, wt_.data());
-  }
   trace::Scope span("dgrad.matmul_reduce_scatter", trace::Category::kHost);
   MatmulReduceScatter(tp_,
                       {.a = dy,
-                       .b = wt_.data(),
+                       .b = w,
                        .c = dx,
                        .m = S_,
                        .k = n,
                        .n = h_,
                        .dtype = DType::kF32,
-                       .m_local = s_},
+                       .m_local = s_,
+                       .trans_b = true},
                       cfg_.fused);
 }
 
 // da [S x k] = gather(dy [s x h]) w^T (w [k x h]), the gathered dy to dyg.
 void FsdpLayers::RowParallelDgrad(const float* dy, const float* w, size_t k, float* da,
                                   float* dyg) {
-  {
-    trace::Scope span("transpose", trace::Category::kCompute);
-    Transpose(w, k, h_, wt_.data());
-  }
   trace::Scope span("dgrad.all_gather_matmul", trace::Category::kHost);
   AllGatherMatmul(tp_,
                   {.a = dy,
-                   .b = wt_.data(),
+                   .b = w,
                    .c = da,
                    .m = s_,
                    .k = h_,
                    .n = k,
                    .dtype = DType::kF32,
-                   .gathered_a = dyg},
+                   .gathered_a = dyg,
+                   .trans_b = true},
                   cfg_.fused);
 }
 

@@ -17,7 +17,8 @@ double Since(Clock::time_point t0) {
 
 }  // namespace
 
-DpSync::DpSync(const ProcessGrid& grid, ParamStore& params, const TransformerConfig& cfg)
+DpSync::DpSync(const ProcessGrid& grid, ParamStore& params, const TransformerConfig& cfg,
+               bool tensor_buckets)
     : grid_(grid), params_(params), overlap_(cfg.grad_overlap) {
   members_.resize(params.buckets.size());
   std::vector<size_t> bucket_bytes(params.buckets.size(), 0);
@@ -28,7 +29,8 @@ DpSync::DpSync(const ProcessGrid& grid, ParamStore& params, const TransformerCon
   }
   // The replicated tensors are marked at once, at the end: one bucket. The
   // others: a GradSync bucket about one sublayer's gradients, so that each
-  // starts when its sublayer is marked.
+  // starts when its sublayer is marked, or one per tensor when they are
+  // marked tensor by tensor (a cap of 1 byte: no two tensors share one).
   GradSyncOptions wo;
   wo.average = false;  // the loss is already scaled to the global mean
   wo.compression = cfg.grad_compression;
@@ -36,7 +38,7 @@ DpSync::DpSync(const ProcessGrid& grid, ParamStore& params, const TransformerCon
   GradSyncOptions so = wo;
   size_t sublayer = 1;
   for (size_t b = 1; b < bucket_bytes.size(); ++b) sublayer = std::max(sublayer, bucket_bytes[b]);
-  so.bucket_cap_bytes = so.first_bucket_cap_bytes = sublayer;
+  so.bucket_cap_bytes = so.first_bucket_cap_bytes = tensor_buckets ? 1 : sublayer;
   if (cfg.grad_bucket_cap_bytes > 0) {
     wo.bucket_cap_bytes = wo.first_bucket_cap_bytes = cfg.grad_bucket_cap_bytes;
     so.bucket_cap_bytes = so.first_bucket_cap_bytes = cfg.grad_bucket_cap_bytes;
@@ -80,18 +82,25 @@ void DpSync::Restart() {
 
 void DpSync::Issue(int bucket) {
   if (hold) return;
-  if (!overlap_ && bucket != 0) {
-    deferred_.push_back(bucket);
+  if (bucket != 0) {
+    for (int pi : members_[bucket]) IssueTensor(pi);
     return;
   }
   if (!overlap_) {  // the end of backward: everything, in backward order
-    for (int b : deferred_)
-      for (int pi : members_[b]) dp_->MarkReady(id_[pi]);
+    for (int pi : deferred_) dp_->MarkReady(id_[pi]);
     deferred_.clear();
   }
-  GradSync& s = bucket == 0 ? *world_ : *dp_;
-  for (int pi : members_[bucket]) s.MarkReady(id_[pi]);
-  if (bucket == 0) world_running_ = true;
+  for (int pi : members_[0]) world_->MarkReady(id_[pi]);
+  world_running_ = true;
+}
+
+void DpSync::IssueTensor(int p) {
+  if (hold) return;
+  if (overlap_) {
+    dp_->MarkReady(id_[p]);
+  } else {
+    deferred_.push_back(p);
+  }
 }
 
 void DpSync::IssuePendingThen(int next) {

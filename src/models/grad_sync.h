@@ -8,9 +8,12 @@
 // NEXT sublayer's fused operators have been issued (IssuePendingThen): the
 // progress thread runs tasks in order, so an all-reduce issued earlier
 // would hold back their collectives; issued after, it travels under the
-// next sublayer's compute (data parallel only, with no such collectives,
-// each sublayer marks its own at its end: Transformer::Impl::
-// EndSublayerBackward). The replicated tensors are marked last.
+// next sublayer's compute. Data parallel only, with no such collectives,
+// each projection's gradient is marked the moment its wgrad GEMM is done
+// (IssueTensor; the sublayers compute their wgrads before their dgrads
+// then) and is a bucket of its own, so that its all-reduce starts at once
+// and the last one, the only one that no compute hides, is one tensor's.
+// The replicated tensors are marked last.
 #ifndef MC2_MODELS_GRAD_SYNC_H_
 #define MC2_MODELS_GRAD_SYNC_H_
 
@@ -31,8 +34,12 @@ namespace mc2::models {
 class DpSync {
  public:
   // Registers every tensor of `params` and points Param::g at its view;
-  // the exchanges use cfg.grad_compression. Collective over the world.
-  DpSync(const ProcessGrid& grid, ParamStore& params, const TransformerConfig& cfg);
+  // the exchanges use cfg.grad_compression. `tensor_buckets`: one bucket
+  // per tensor (the data-parallel-only backward, which marks tensor by
+  // tensor), else about one sublayer's tensors per bucket (unless
+  // cfg.grad_bucket_cap_bytes sets the cap). Collective over the world.
+  DpSync(const ProcessGrid& grid, ParamStore& params, const TransformerConfig& cfg,
+         bool tensor_buckets);
 
   // The start of a backward: zeroes the replicated gradients (they
   // accumulate) and forgets any pending sublayer.
@@ -41,6 +48,9 @@ class DpSync {
   // (without grad_overlap: bucket 0, the last one of a backward, marks
   // every bucket then).
   void Issue(int bucket);
+  // Marks the gradient of tensor `p` (a projection, not summed over the
+  // world) ready, alone (without grad_overlap: at the end of backward).
+  void IssueTensor(int p);
   // Issues the pending bucket (if any) and makes `next` (-1: none) pending.
   void IssuePendingThen(int next);
   // Finishes the step's reductions, but leaves the world's running if
@@ -66,7 +76,7 @@ class DpSync {
   std::vector<std::vector<int>> members_;  // by bucket: its params
   int pending_ = -1;                       // a sublayer's gradients not yet marked
   bool overlap_ = true;                    // TransformerConfig::grad_overlap
-  std::vector<int> deferred_;              // !overlap_: buckets to mark at the end
+  std::vector<int> deferred_;              // !overlap_: tensors to mark at the end
   bool world_running_ = false;
   int world_layout_ = 0, dp_layout_ = 0;
 };

@@ -96,11 +96,14 @@ double CrossEntropy(const float* logits, const int32_t* targets, size_t rows, si
 // both the reads and the writes stay within a few cache lines per tile: a
 // plain loop over rows writes with a stride of `rows` floats, a cache miss
 // per element once the matrix outgrows the cache (the transformer
-// transposes every projection weight once per optimizer step).
+// transposes every expert weight once per optimizer step).
 void Transpose(const float* in, size_t rows, size_t cols, float* out);
 
 // One AdamW step (step >= 1, bias-corrected) over n elements. The four
-// arrays must not overlap (the loop is vectorized on that promise).
+// arrays must not overlap (the loop is vectorized on that promise). On CPUs
+// with AVX-512 a 16-wide build of the same loop runs; the operations are
+// the same IEEE ones (no contraction into FMA), so the results are bitwise
+// those of the baseline build.
 void AdamW(float* w, const float* g, float* m, float* v, size_t n, int step, float lr,
            float beta1, float beta2, float eps, float weight_decay);
 

@@ -77,13 +77,19 @@ struct Transformer::Impl {
   // CP's ring attention, MoE's exchanges, pipeline stages): then a
   // sublayer's last wgrad is deferred under the next sublayer's transfers
   // and its bucket is marked after them (grad_sync.h). Without any (data
-  // parallel only) there is nothing to hide a wgrad under or to hold back.
+  // parallel only) there is nothing to hide a wgrad under or to hold back:
+  // each wgrad runs as early as its inputs allow, before the dgrads, and
+  // its tensor is marked ready at once (WgradAndMark).
   bool backward_collectives = true;
+  static bool BackwardCollectives(const ProcessGrid& grid, const Dims& dims);
   // The end of a sublayer's backward: marks the gradients of the previous
-  // sublayer (backward_collectives), else runs this sublayer's deferred
-  // wgrad now and marks its own `bucket` at once, a sublayer earlier, so
-  // that more of the data-parallel all-reduce hides under backward.
+  // sublayer (backward_collectives; data parallel only, the sublayer has
+  // marked its own already).
   void EndSublayerBackward(int bucket);
+  // Data parallel only: grad(W_p) = a^T dy now (a: the layer's input
+  // [S x rows] in the GEMM dtype, dy: its output gradient [S x cols], f32)
+  // and the tensor marked ready for its all-reduce.
+  void WgradAndMark(const void* a, const float* dy, int p);
   std::function<void()> TakeDeferred() {
     std::function<void()> f = std::move(deferred_wgrad);
     deferred_wgrad = nullptr;

@@ -13,28 +13,30 @@ ParallelLinear::ParallelLinear(const Dims& dims, const Group& tp, ParamStore& pa
 void ParallelLinear::ColumnParallel(const float* x, int p, float* out,
                                     std::vector<char>& gathered,
                                     const std::function<void()>& independent) {
-  GatherMatmul(x, params_.W(p), params_[p].cols, out, gathered.data(), params_[p].span_fwd,
-               independent);
+  GatherMatmul(x, params_.W(p), false, params_[p].cols, out, gathered.data(),
+               params_[p].span_fwd, independent);
 }
 
 void ParallelLinear::RowParallel(const float* a_full, int p, float* y,
                                  const std::function<void()>& independent) {
-  MatmulScatter(a_full, params_.W(p), params_[p].rows, y, params_[p].span_fwd, independent);
+  MatmulScatter(a_full, params_.W(p), false, params_[p].rows, y, params_[p].span_fwd,
+                independent);
 }
 
 void ParallelLinear::RowParallelDgrad(const float* dy, int p, float* da,
                                       const std::function<void()>& independent) {
-  GatherMatmul(dy, params_.WT(p), params_[p].rows, da, dy_g_.data(), params_[p].span_dgrad,
-               independent);
+  GatherMatmul(dy, params_.W(p), true, params_[p].rows, da, dy_g_.data(),
+               params_[p].span_dgrad, independent);
 }
 
 void ParallelLinear::ColumnParallelDgrad(const float* dy, int p, float* dx_shard,
                                          const std::function<void()>& independent) {
-  MatmulScatter(dy, params_.WT(p), params_[p].cols, dx_shard, params_[p].span_dgrad,
+  MatmulScatter(dy, params_.W(p), true, params_[p].cols, dx_shard, params_[p].span_dgrad,
                 independent);
 }
 
-void ParallelLinear::GatherMatmul(const float* x, const void* b, size_t n, float* out,
+void ParallelLinear::GatherMatmul(const float* x, const void* b, bool trans_b, size_t n,
+                                  float* out,
                                   char* gathered, const std::string& span_name,
                                   const std::function<void()>& independent) {
   const void* a = op_a.Set(x, dims_.s * dims_.h, dims_.dt);
@@ -49,11 +51,13 @@ void ParallelLinear::GatherMatmul(const float* x, const void* b, size_t n, float
                    .k = dims_.h,
                    .n = n,
                    .dtype = dims_.dt,
-                   .gathered_a = gathered},
+                   .gathered_a = gathered,
+                   .trans_b = trans_b},
                   o);
 }
 
-void ParallelLinear::MatmulScatter(const float* x, const void* b, size_t k, float* out,
+void ParallelLinear::MatmulScatter(const float* x, const void* b, bool trans_b, size_t k,
+                                   float* out,
                                    const std::string& span_name,
                                    const std::function<void()>& independent) {
   const void* a = op_a.Set(x, dims_.S * k, dims_.dt);
@@ -68,7 +72,8 @@ void ParallelLinear::MatmulScatter(const float* x, const void* b, size_t k, floa
                        .k = k,
                        .n = dims_.h,
                        .dtype = dims_.dt,
-                       .m_local = dims_.s},
+                       .m_local = dims_.s,
+                       .trans_b = trans_b},
                       o);
 }
 

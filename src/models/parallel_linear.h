@@ -8,6 +8,7 @@
 //     dgrad          dx [s x h] = MatmulReduceScatter(dy [S x n_local], W_r^T)
 //   row parallel     y [s x h] = MatmulReduceScatter(a [S x k_local], W_r)
 //     dgrad          da [S x k_local] = AllGatherMatmul(dy [s x h], W_r^T)
+// (the dgrads read W_r as B^T, args.trans_b: no transposed copy)
 //   wgrad            grad(W_r) = a^T b (a plain GEMM, no communication)
 // `independent` (FusedOptions::overlap_work): work that needs neither the
 // call's transfers nor its result, run under its transfers.
@@ -70,11 +71,14 @@ class ParallelLinear {
   Operand op_a, op_b, op_c;
 
  private:
-  // out [S x n] = gather(x [s x h]) b [h x n], the gathered x to `gathered`.
-  void GatherMatmul(const float* x, const void* b, size_t n, float* out, char* gathered,
-                    const std::string& span_name, const std::function<void()>& independent);
-  // out [s x h] = this rank's rows of the sum over TP of x [S x k] b [k x h].
-  void MatmulScatter(const float* x, const void* b, size_t k, float* out,
+  // out [S x n] = gather(x [s x h]) B [h x n], the gathered x to `gathered`;
+  // b holds B, or B^T [n x h] if trans_b.
+  void GatherMatmul(const float* x, const void* b, bool trans_b, size_t n, float* out,
+                    char* gathered, const std::string& span_name,
+                    const std::function<void()>& independent);
+  // out [s x h] = this rank's rows of the sum over TP of x [S x k] B [k x h]
+  // (b: B, or B^T [h x k] if trans_b).
+  void MatmulScatter(const float* x, const void* b, bool trans_b, size_t k, float* out,
                      const std::string& span_name, const std::function<void()>& independent);
 
   const Dims& dims_;

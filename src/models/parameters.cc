@@ -206,19 +206,6 @@ void ParamStore::RefreshTranspose(int pi) {
   c.wt_version = version_;
 }
 
-void ParamStore::RefreshTransposes(std::initializer_list<int> ps) {
-  trace::Scope span("convert_weights", trace::Category::kCompute);
-  for (int pi : ps) RefreshTranspose(pi);
-}
-
-void ParamStore::EnsureTransposes() {
-  bool stale = false;
-  for (auto [pi, blocks] : gemm_params_) stale = stale || cache_[pi].wt_version != version_;
-  if (!stale) return;
-  trace::Scope span("convert_weights", trace::Category::kCompute);
-  for (auto [pi, blocks] : gemm_params_) RefreshTranspose(pi);
-}
-
 // ------------------------------------------------------------------ AdamW
 // TrainStep leaves the updates of step t to the forward of step t+1, which
 // applies each tensor's just before it is used, and the projection
@@ -255,9 +242,7 @@ void ParamStore::ApplyUpdate(int pi) {
   AdamWUpdate(pi);
   update_pending_[pi] = 0;
   // Its GEMM copies: the bf16 W now (the forward is about to use it), the
-  // experts' W^T too (their forward uses it); a dense W^T when
-  // RefreshTranspose next sees it stale (version_ moved on when the update
-  // was deferred).
+  // experts' W^T too (their forward uses it).
   Cached& c = cache_[pi];
   c.wt_version = ~0ull;
   if (!is_gemm_param_[pi]) return;

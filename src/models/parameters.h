@@ -1,6 +1,6 @@
 // The transformer's parameters on one rank: the tensors, laid out in
-// gradient buckets; their GEMM copies (bf16, transposed); the AdamW state
-// and the deferred updates of TrainStep.
+// gradient buckets; their GEMM copies (bf16; the experts' transposed); the
+// AdamW state and the deferred updates of TrainStep.
 #ifndef MC2_MODELS_PARAMETERS_H_
 #define MC2_MODELS_PARAMETERS_H_
 
@@ -54,8 +54,8 @@ struct BlockParams {
 
 // Invariants: buckets' vectors are sized once in the constructor (Param::w
 // points into them; Param::g is set by DpSync, grad_sync.h); cache[p].w
-// (bf16) and .wt match the values of tensor p when their w_version /
-// wt_version == version (bumped by every optimizer step and by
+// (bf16) and .wt (experts only) match the values of tensor p when their
+// w_version / wt_version == version (bumped by every optimizer step and by
 // WeightsChanged); update_pending[p] marks a tensor whose AdamW update
 // TrainStep left to the next forward (its copies are rebuilt when it is
 // applied).
@@ -76,9 +76,8 @@ class ParamStore {
   bool world_synced(int p) const { return buckets[list_[p].bucket].sync == Sync::kWorld; }
 
   // The projections' weights as their GEMMs take them: W in the GEMM dtype
-  // (RefreshWeights), W^T (the dense ones made by RefreshTransposes during
-  // the forward, as overlap work, and by EnsureTransposes at backward if
-  // still stale; the experts' by RefreshWeights, since their forward uses
+  // (RefreshWeights; the dense dgrads read it as B^T, with no copy), and
+  // the experts' W^T (made by RefreshWeights too, since their forward uses
   // them).
   const void* W(int p) {
     if (dims_.dt == DType::kF32) return list_[p].w;
@@ -86,8 +85,6 @@ class ParamStore {
   }
   const void* WT(int p) { return cache_[p].wt.data(); }
   void RefreshWeights();
-  void RefreshTransposes(std::initializer_list<int> ps);
-  void EnsureTransposes();
   // Call after the values changed other than by an optimizer step.
   void Changed() { ++version_; }
 

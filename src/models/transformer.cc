@@ -40,8 +40,11 @@
 // experts). The TP-replicated tensors (embedding, norms, LM head, MoE
 // routers; their gradients are partial sums over the sequence shards) are
 // all-reduced over the whole world at the end. Data parallel only, the
-// backward runs no collectives of its own: each sublayer then runs all its
-// wgrads and marks its own gradients at its end (EndSublayerBackward).
+// backward runs no collectives of its own, so nothing needs the wgrads as
+// overlap work: each sublayer then runs each wgrad as soon as its inputs
+// exist, before the dgrad GEMMs, and marks that tensor's gradient at once
+// (its own GradSync bucket), so its all-reduce travels under the dgrads and
+// the last one to start (block 0's qkv) under the last dgrad GEMM.
 //
 // The code, by concern: dims.h (sizes), parameters.h (tensors, GEMM copies,
 // AdamW), grad_sync.h (gradient all-reduces), parallel_linear.h (the TP
@@ -79,13 +82,12 @@ Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c, const 
       cfg(c),
       dims(grid, cfg, stage),
       params(dims, grid, cfg, [this] { sync.WaitWorld(); }),
-      sync(grid, params, cfg),
+      sync(grid, params, cfg, /*tensor_buckets=*/!BackwardCollectives(grid, dims)),
       linear(dims, grid.tp, params, cfg.fused),
       acts(dims),
       rope(static_cast<size_t>(cfg.seq_len), dims.d, cfg.rope_base) {
   ring = MakeRings();
-  backward_collectives =
-      grid.tp_size > 1 || grid.cp_size > 1 || grid.pp_size > 1 || dims.n_moe > 0;
+  backward_collectives = BackwardCollectives(grid, dims);
   loss.local.assign(1 + 2 * dims.E * dims.n_moe, 0.0);
   loss.total = loss.local;
   block_fwd_s.assign(dims.L, 0.0);
@@ -216,7 +218,6 @@ void Transformer::Impl::ChunkBackward(const float* dy, float* dx_in) {
   // them; the projections' are written by their wgrad GEMM.
   sync.Restart();
   deferred_wgrad = nullptr;
-  params.EnsureTransposes();  // normally made during the forward (RefreshTransposes)
   std::vector<float>& dx = acts.dx;
   if (dy != nullptr) {
     std::memcpy(dx.data(), dy, s * h * sizeof(float));
@@ -255,10 +256,18 @@ void Transformer::Impl::ChunkBackward(const float* dy, float* dx_in) {
   if (deferred_wgrad) TakeDeferred()();  // (block 0 defers nothing)
 }
 
+bool Transformer::Impl::BackwardCollectives(const ProcessGrid& grid, const Dims& dims) {
+  return grid.tp_size > 1 || grid.cp_size > 1 || grid.pp_size > 1 || dims.n_moe > 0;
+}
+
+void Transformer::Impl::WgradAndMark(const void* a, const float* dy, int p) {
+  linear.Wgrad(a, linear.op_b.Set(dy, dims.S * params[p].cols, dims.dt), p);
+  sync.IssueTensor(p);
+}
+
 void Transformer::Impl::EndSublayerBackward(int bucket) {
-  if (backward_collectives) return sync.IssuePendingThen(bucket);
-  if (deferred_wgrad) TakeDeferred()();
-  sync.Issue(bucket);
+  // (Data parallel only, the sublayer marked each of its tensors already.)
+  if (backward_collectives) sync.IssuePendingThen(bucket);
 }
 
 void Transformer::Impl::Backward() {

@@ -664,6 +664,14 @@ void RunMatmulAllReduce(const Group& g, const Plan& p, const char* a, const char
   FusedMatmulReduceScatter(g, p, a, b, c, /*all_gather=*/true, pend);
 }
 
+// B as this rank stores it (args.trans_b: B^T, [n x k]): every GEMM of the
+// call reads it so, packed straight from that layout (ops::PackedGemmB).
+void SetTransB(Plan& p, bool trans_b) {
+  if (!trans_b) return;
+  p.gemm.trans_b = true;
+  p.gemms = ops::PackedGemmBSet(p.dtype, p.gemm);
+}
+
 // Runs a dense operator's body under the common completion (fused_common.h).
 template <typename Body>
 FusedReport Complete(const Group& g, const Plan& p, Body&& body) {
@@ -701,6 +709,7 @@ FusedReport AllGatherMatmul(const Group& g, const AllGatherMatmulArgs& args,
   msg.c_null = args.c == nullptr && args.n > 0;
   fused::OverlapWork overlap(options.overlap_work);
   Plan p = MakePlan(g, op, msg, err, options, overlap);
+  SetTransB(p, args.trans_b);
   return Complete(g, p, [&](Pending& pend) {
     Scratch<char> own;
     char* ag = static_cast<char*>(args.gathered_a);
@@ -725,6 +734,7 @@ FusedReport MatmulReduceScatter(const Group& g, const MatmulReduceScatterArgs& a
   fused::OverlapWork overlap(options.overlap_work);
   Plan p = MakePlan(g, op, Msg(op, args.dtype, args.m, args.k, args.n, args.m_local, options), err,
                     options, overlap);
+  SetTransB(p, args.trans_b);
   return Complete(g, p, [&](Pending& pend) {
     RunMatmulReduceScatter(g, p, static_cast<const char*>(args.a),
                            static_cast<const char*>(args.b), args.c, pend);
@@ -739,6 +749,7 @@ FusedReport MatmulAllReduce(const Group& g, const MatmulAllReduceArgs& args,
   fused::OverlapWork overlap(options.overlap_work);
   Plan p = MakePlan(g, op, Msg(op, args.dtype, args.m, args.k, args.n, 0, options), err, options,
                     overlap);
+  SetTransB(p, args.trans_b);
   return Complete(g, p, [&](Pending& pend) {
     RunMatmulAllReduce(g, p, static_cast<const char*>(args.a), static_cast<const char*>(args.b),
                        args.c, pend);

@@ -1,7 +1,8 @@
 // Fused operators (include/mc2/fused_ops.h): every pipeline and split count gives
 // the serial result bit for bit in deterministic mode, for f32 and bf16,
 // random (non-divisible) shapes and 1-5 ranks; serial is close to a double
-// reference (fused_ops_errors_test.cc: bad arguments).
+// reference; B stored transposed gives the plain result bit for bit
+// (fused_ops_errors_test.cc: bad arguments).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -329,6 +330,68 @@ TEST(FusedOps, LargerShapesBitwise) {
         if (ag != ag_serial) cnt.not_bitwise++;
       }
     });
+    EXPECT_EQ(cnt.not_bitwise.load(), 0) << DTypeName(dtype);
+  }
+}
+
+// B stored transposed (args.trans_b: B^T, [n x k]) gives bitwise the result
+// of B stored plain, for every operator, pipeline and split count, f32 and
+// bf16, with shapes large enough for the blocked kernels; ranks' k differ
+// in the reduce-scatter and all-reduce (each its own B^T), and one rank
+// keeps B plain (trans_b is a rank's own layout).
+TEST(FusedOps, TransposedBEqualsPlainBitwise) {
+  // B^T of the k x n matrix `b` (elements of `esize` bytes).
+  auto transposed = [](const Mat& b, size_t k, size_t n, size_t esize) {
+    std::vector<char> t(b.bytes.size());
+    for (size_t i = 0; i < k; ++i)
+      for (size_t j = 0; j < n; ++j)
+        std::memcpy(&t[(j * k + i) * esize], &b.bytes[(i * n + j) * esize], esize);
+    return t;
+  };
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    Counters cnt;
+    Group::RunInProcess(3, [&](Group& g) {
+      const int me = g.rank();
+      const size_t es = DTypeSize(dtype), M = 301, m = 100, n = 67;
+      const size_t k = 129 + 16 * static_cast<size_t>(me);  // this rank's slice
+      const bool trans = me != 1;
+      Mat a = Random(M * k, dtype, 5 + me);
+      Mat b = Random(k * n, dtype, 9 + me);
+      const std::vector<char> bt = transposed(b, k, n, es);
+      const void* bb = trans ? static_cast<const void*>(bt.data()) : b.bytes.data();
+      FusedOptions serial;
+      serial.pipeline = Pipeline::kSerial;
+      const size_t m_local = me == 2 ? M - 2 * m : m, m_ag = me == 2 ? m + 1 : m;
+      std::vector<float> ar_ref(M * n), rs_ref(m_local * n), ag_ref(M * n);
+      MatmulAllReduce(g, {.a = a.bytes.data(), .b = b.bytes.data(), .c = ar_ref.data(), .m = M,
+                          .k = k, .n = n, .dtype = dtype}, serial);
+      MatmulReduceScatter(g, {.a = a.bytes.data(), .b = b.bytes.data(), .c = rs_ref.data(),
+                              .m = M, .k = k, .n = n, .dtype = dtype,
+                              .m_local = m_local}, serial);
+      // (AllGatherMatmul: every rank's k must agree; n is its own.)
+      const size_t kg = 129;
+      Mat bg = Random(kg * n, dtype, 20 + me);
+      const std::vector<char> bgt = transposed(bg, kg, n, es);
+      const void* bgb = trans ? static_cast<const void*>(bgt.data()) : bg.bytes.data();
+      AllGatherMatmul(g, {.a = a.bytes.data(), .b = bg.bytes.data(), .c = ag_ref.data(),
+                          .m = m_ag, .k = kg, .n = n, .dtype = dtype}, serial);
+      std::vector<FusedOptions> ways = AllPipelines();
+      ways.push_back(serial);
+      for (const FusedOptions& o : ways) {
+        std::vector<float> ar(M * n, -7.0f), rs(m_local * n, -7.0f), ag(M * n, -7.0f);
+        MatmulAllReduce(g, {.a = a.bytes.data(), .b = bb, .c = ar.data(), .m = M, .k = k,
+                            .n = n, .dtype = dtype, .trans_b = trans}, o);
+        MatmulReduceScatter(g, {.a = a.bytes.data(), .b = bb, .c = rs.data(), .m = M, .k = k,
+                                .n = n, .dtype = dtype, .m_local = m_local, .trans_b = trans},
+                            o);
+        AllGatherMatmul(g, {.a = a.bytes.data(), .b = bgb, .c = ag.data(), .m = m_ag, .k = kg,
+                            .n = n, .dtype = dtype, .trans_b = trans}, o);
+        if (!SameBits(ar, ar_ref) || !SameBits(rs, rs_ref) || !SameBits(ag, ag_ref))
+          cnt.not_bitwise++;
+        cnt.runs++;
+      }
+    });
+    EXPECT_GT(cnt.runs.load(), 0);
     EXPECT_EQ(cnt.not_bitwise.load(), 0) << DTypeName(dtype);
   }
 }
