@@ -247,14 +247,12 @@ Plan MakePlan(const Group& g, FusedOp op, const ShapeMsg& mine_in, const std::st
   p.M = op == FusedOp::kAllGatherMatmul ? total : z.m;
   if (op == FusedOp::kAllGatherMatmul) {
     // C [M x n] and the gathered A [M x k] are only known once M is.
-    size_t c_bytes = 0, a_bytes = 0;
-    if (fused::MulOverflows(p.M, p.n, sizeof(float), &c_bytes) ||
-        fused::MulOverflows(p.M, p.k, p.esize, &a_bytes) || c_bytes > core::kMaxBufferBytes ||
-        a_bytes > core::kMaxBufferBytes) {
+    const std::string too_large =
+        fused::SizeChecks({{"C (M x n)", {p.M, p.n, sizeof(float)}},
+                           {"the gathered A (M x k)", {p.M, p.k, p.esize}}});
+    if (!too_large.empty()) {
       Fail(ErrorCode::kInvalidArgument, name, p.rank,
-           "M x n or M x k (M = " + Str(p.M) +
-               ", the sum of the ranks' args.m) in bytes exceeds the largest possible buffer "
-               "(PTRDIFF_MAX bytes)");
+           too_large + " (M = " + Str(p.M) + ", the sum of the ranks' args.m)");
     }
   }
   for (int r = 0; r < p.size; ++r) {
