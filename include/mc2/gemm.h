@@ -5,7 +5,10 @@
 // op(X) is X or its transpose, op(A) is m x k, op(B) is k x n and C is m x n.
 // f32 runs on OpenBLAS (cblas_sgemm); bf16 inputs run on oneDNN's matmul,
 // accumulating in f32 and writing f32 or bf16. Both are thin wrappers: the
-// numbers are the libraries' own.
+// numbers are the libraries' own. On hosts without AVX-512, where oneDNN
+// has no bf16 matmul and its f32 one is not row-invariant (see
+// GemmBackend), those calls run mc2's own kernel instead
+// (src/ops/tiled_gemm.h: f32 fused multiply-adds in a fixed order).
 #ifndef MC2_GEMM_H_
 #define MC2_GEMM_H_
 
@@ -22,7 +25,9 @@ namespace mc2 {
 // depend on how the rows are cut: a oneDNN product's row i
 // is bitwise the same whatever m and whichever rows are computed with it,
 // while OpenBLAS picks different kernels (and summation orders) by size.
-// kOpenBLAS with bf16 is invalid.
+// kOpenBLAS with bf16 is invalid. On hosts without AVX-512 (and with
+// MC2_GEMM_TILED=1) bf16 and kOneDNN calls run mc2's tiled kernel, which is
+// row-invariant by construction, and column-invariant too.
 enum class GemmBackend : uint8_t { kAuto = 0, kOpenBLAS, kOneDNN };
 
 struct GemmOptions {

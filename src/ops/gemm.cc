@@ -1,4 +1,6 @@
-// GEMM: f32 through OpenBLAS, bf16 (and f32 on request) through oneDNN.
+// GEMM: f32 through OpenBLAS, bf16 (and f32 on request) through oneDNN, or
+// where oneDNN has no row-invariant kernel (hosts without AVX-512) through
+// mc2's tiled kernel (tiled_gemm.h), with the same row-block threading.
 //
 // Works as follows. Arguments are checked once, up front. k == 0 (and an
 // empty C) never reaches a library. OpenBLAS calls go to cblas_sgemm; a bias
@@ -52,6 +54,7 @@
 #include "core/reduce.h"
 #include "core/scratch.h"
 #include "ops/helper_threads.h"
+#include "ops/tiled_gemm.h"
 #include "trace/recorder.h"
 
 namespace mc2::ops {
@@ -474,6 +477,17 @@ void GemmOneDNNRows(size_t m, size_t n, size_t k, DType ab, const void* a, const
   Resolved one = r;
   one.threads = 1;
   const int blocks = RowBlocks(m, r.threads);
+  if (!OneDnnRowInvariant()) {  // mc2's kernel (tiled_gemm.h), B as stored
+    const size_t a_row_bytes = (o.trans_a ? 1 : r.lda) * DTypeSize(ab);
+    const size_t c_row_bytes = r.ldc * DTypeSize(c_type);
+    auto rows = [&](size_t r0, size_t r1) {
+      TiledGemm(r1 - r0, n, k, ab, static_cast<const char*>(a) + r0 * a_row_bytes, r.lda,
+                o.trans_a, b, r.ldb, o.trans_b, c_type, static_cast<char*>(c) + r0 * c_row_bytes,
+                r.ldc, o.alpha, o.beta, o.bias);
+    };
+    if (blocks == 1) return rows(0, m);
+    return RunBlocks(blocks, [&](int t) { rows(t * m / blocks, (t + 1) * m / blocks); });
+  }
   if (blocks == 1) {
     omp_set_num_threads(1);
     return GemmOneDNN(m, n, k, ab, a, b, c_type, c, o, one, packed);
@@ -505,6 +519,7 @@ size_t CachedGemmPrimitives() {
 std::string GemmImplementation(size_t m, size_t n, size_t k, DType ab, DType c_type,
                                const GemmOptions& options) {
   Resolved r = Check(m, n, k, ab, nullptr, nullptr, c_type, nullptr, options, false);
+  if (!OneDnnRowInvariant()) return TiledGemmName();
   r.threads = 1;  // every row block runs a single-threaded primitive
   omp_set_num_threads(1);
   try {
@@ -557,6 +572,7 @@ PackedGemmB::PackedGemmB(size_t k, size_t n, DType ab, const void* b, const Gemm
   options_.ldb = r.ldb;
   options_.threads = r.threads;
   if (k == 0 || n == 0 || !(ab == DType::kBF16 || o.backend == GemmBackend::kOneDNN)) return;
+  if (!OneDnnRowInvariant()) return;  // TiledGemm packs B itself, block by block
   // Packed for the single-threaded primitives every row block runs.
   Resolved one = r;
   one.threads = 1;
