@@ -65,6 +65,15 @@ struct Transformer::Impl {
     return t < C ? r * C + t : (2 * cp - 1 - r) * C + (t - C);
   }
 
+  // GEMMs over token rows (the LM head): in deterministic mode on the
+  // kernel the fused operators use, whose row i does not depend on how many
+  // rows a call has, so micro-batches give the whole batch's per-token bits.
+  GemmOptions RowGemm() const {
+    GemmOptions o;
+    if (grid.world.deterministic()) o.backend = GemmBackend::kOneDNN;
+    return o;
+  }
+
   bool has_grads = false;
   bool updates_deferred = false;                 // set by TrainStep for its OptimizerStep
   std::vector<double> block_fwd_s, block_bwd_s;  // of the last step, per block

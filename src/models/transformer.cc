@@ -166,7 +166,7 @@ double Transformer::Impl::ChunkForward(int step, int micro, const float* x_in, f
     acts.x_final = x;
     RmsNormForward(x.data(), params[params.p_final_norm].w, s, h, cfg.norm_eps, acts.xf.data(),
                    acts.rstd_f.data());
-    Gemm(s, V, h, acts.xf.data(), params[params.p_lm_head].w, acts.logits.data());
+    Gemm(s, V, h, acts.xf.data(), params[params.p_lm_head].w, acts.logits.data(), RowGemm());
     local = CrossEntropy(acts.logits.data(), acts.targets.data(), s, V, dims.grad_scale,
                          acts.dlogits.data());
   }
@@ -226,7 +226,7 @@ void Transformer::Impl::ChunkBackward(const float* dy, float* dx_in) {
     GemmOptions ow;
     ow.trans_a = true;  // dW = xf^T dlogits
     Gemm(h, V, s, acts.xf.data(), acts.dlogits.data(), params[params.p_lm_head].g, ow);
-    GemmOptions od;
+    GemmOptions od = RowGemm();
     od.trans_b = true;  // dxf = dlogits W^T
     Gemm(s, h, V, acts.dlogits.data(), params[params.p_lm_head].w, acts.tmp_s.data(), od);
     RmsNormBackward(acts.x_final.data(), params[params.p_final_norm].w, acts.rstd_f.data(),
