@@ -483,7 +483,7 @@ void GemmOneDNNRows(size_t m, size_t n, size_t k, DType ab, const void* a, const
     auto rows = [&](size_t r0, size_t r1) {
       TiledGemm(r1 - r0, n, k, ab, static_cast<const char*>(a) + r0 * a_row_bytes, r.lda,
                 o.trans_a, b, r.ldb, o.trans_b, c_type, static_cast<char*>(c) + r0 * c_row_bytes,
-                r.ldc, o.alpha, o.beta, o.bias);
+                r.ldc, o.alpha, o.beta, o.bias, static_cast<const float*>(packed));
     };
     if (blocks == 1) return rows(0, m);
     return RunBlocks(blocks, [&](int t) { rows(t * m / blocks, (t + 1) * m / blocks); });
@@ -572,7 +572,13 @@ PackedGemmB::PackedGemmB(size_t k, size_t n, DType ab, const void* b, const Gemm
   options_.ldb = r.ldb;
   options_.threads = r.threads;
   if (k == 0 || n == 0 || !(ab == DType::kBF16 || o.backend == GemmBackend::kOneDNN)) return;
-  if (!OneDnnRowInvariant()) return;  // TiledGemm packs B itself, block by block
+  if (!OneDnnRowInvariant()) {  // TiledGemm's layout (tiled_gemm.h)
+    auto block = std::make_shared<core::ScratchBlock>(TiledPackedBFloats(k, n) * sizeof(float));
+    float* data = static_cast<float*>(block->data());
+    TiledPackB(k, n, ab, b, r.ldb, o.trans_b, data);
+    packed_ = std::shared_ptr<void>(block, data);
+    return;
+  }
   // Packed for the single-threaded primitives every row block runs.
   Resolved one = r;
   one.threads = 1;

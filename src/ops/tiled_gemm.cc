@@ -172,12 +172,18 @@ void Kernel(size_t rows, size_t kc, const float* ap, const float* bp, float* c, 
             bool cont, size_t cols) {
   if (!HasAvx2Fma()) return KernelScalar(rows, kc, ap, bp, c, ldc, cont, cols);
   switch (rows) {
-    case 6: return KernelAvx2<6>(kc, ap, bp, c, ldc, cont, cols);
-    case 5: return KernelAvx2<5>(kc, ap, bp, c, ldc, cont, cols);
-    case 4: return KernelAvx2<4>(kc, ap, bp, c, ldc, cont, cols);
-    case 3: return KernelAvx2<3>(kc, ap, bp, c, ldc, cont, cols);
-    case 2: return KernelAvx2<2>(kc, ap, bp, c, ldc, cont, cols);
-    default: return KernelAvx2<1>(kc, ap, bp, c, ldc, cont, cols);
+    case 6:
+      return KernelAvx2<6>(kc, ap, bp, c, ldc, cont, cols);
+    case 5:
+      return KernelAvx2<5>(kc, ap, bp, c, ldc, cont, cols);
+    case 4:
+      return KernelAvx2<4>(kc, ap, bp, c, ldc, cont, cols);
+    case 3:
+      return KernelAvx2<3>(kc, ap, bp, c, ldc, cont, cols);
+    case 2:
+      return KernelAvx2<2>(kc, ap, bp, c, ldc, cont, cols);
+    default:
+      return KernelAvx2<1>(kc, ap, bp, c, ldc, cont, cols);
   }
 }
 
@@ -206,9 +212,18 @@ bool OneDnnRowInvariant() {
 
 const char* TiledGemmName() { return HasAvx2Fma() ? "mc2:tiled_avx2" : "mc2:tiled_scalar"; }
 
+size_t TiledPackedBFloats(size_t k, size_t n) { return k * ((n + kNr - 1) / kNr) * kNr; }
+
+void TiledPackB(size_t k, size_t n, DType ab, const void* b, size_t ldb, bool tb, float* out) {
+  const Source sb{b, ldb, tb, ab == DType::kBF16};
+  const size_t panels = (n + kNr - 1) / kNr;
+  for (size_t k0 = 0; k0 < k; k0 += kKc)
+    PackB(sb, k0, std::min(kKc, k - k0), n, out + k0 * panels * kNr);
+}
+
 void TiledGemm(size_t m, size_t n, size_t k, DType ab, const void* a, size_t lda, bool ta,
                const void* b, size_t ldb, bool tb, DType c_type, void* c, size_t ldc, float alpha,
-               float beta, const float* bias) {
+               float beta, const float* bias, const float* packed_b) {
   if (m == 0 || n == 0) return;
   const bool bf16 = ab == DType::kBF16;
   const Source sa{a, lda, ta, bf16}, sb{b, ldb, tb, bf16};
@@ -219,7 +234,8 @@ void TiledGemm(size_t m, size_t n, size_t k, DType ab, const void* a, size_t lda
   float* acc = direct ? static_cast<float*>(c) : Grow(buf.acc, m * n);
   const size_t ldacc = direct ? ldc : n;
   const size_t panels = (n + kNr - 1) / kNr, strips = (m + kMr - 1) / kMr;
-  float* bp = Grow(buf.b, std::min(kKc, std::max<size_t>(k, 1)) * panels * kNr);
+  float* bp =
+      packed_b ? nullptr : Grow(buf.b, std::min(kKc, std::max<size_t>(k, 1)) * panels * kNr);
   float* ap = Grow(buf.a, std::min(kKc, std::max<size_t>(k, 1)) * strips * kMr);
   if (k == 0) {
     for (size_t i = 0; i < m; ++i) std::fill(acc + i * ldacc, acc + i * ldacc + n, 0.0f);
@@ -227,7 +243,10 @@ void TiledGemm(size_t m, size_t n, size_t k, DType ab, const void* a, size_t lda
   for (size_t k0 = 0; k0 < k; k0 += kKc) {
     const size_t kc = std::min(kKc, k - k0);
     const bool cont = k0 > 0;
-    PackB(sb, k0, kc, n, bp);
+    if (packed_b)
+      bp = const_cast<float*>(packed_b) + k0 * panels * kNr;
+    else
+      PackB(sb, k0, kc, n, bp);
     PackA(sa, m, k0, kc, ap);
     for (size_t j0 = 0; j0 < n; j0 += kNc) {
       const size_t p_end = std::min(panels, (j0 + kNc) / kNr);

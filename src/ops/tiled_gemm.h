@@ -44,9 +44,16 @@ const char* TiledGemmName();
 // + bias on the calling thread. `ab` is kF32 or kBF16; op(A) is m x k
 // stored as A (ta: A^T stored k x m) with row stride lda; likewise B. With
 // beta == 0, C is not read. Arguments are the caller's to check.
+// `packed_b`: B as TiledPackB laid it out (then `b` is not read), so that
+// many calls with one B pack it once; the bits are the same.
 void TiledGemm(size_t m, size_t n, size_t k, DType ab, const void* a, size_t lda, bool ta,
                const void* b, size_t ldb, bool tb, DType c_type, void* c, size_t ldc, float alpha,
-               float beta, const float* bias);
+               float beta, const float* bias, const float* packed_b = nullptr);
+
+// op(B) (k x n, stored as for TiledGemm) widened to f32 and laid out as
+// TiledGemm reads it: TiledPackedBFloats(k, n) floats at `out`.
+size_t TiledPackedBFloats(size_t k, size_t n);
+void TiledPackB(size_t k, size_t n, DType ab, const void* b, size_t ldb, bool tb, float* out);
 
 }  // namespace mc2::ops
 

@@ -17,12 +17,12 @@ namespace mc2::ops {
 namespace {
 
 struct Case {
-  size_t m, n, k;
-  bool ta, tb;
-  DType ab, c_type;
-  float alpha, beta;
-  bool bias;
-  size_t pad;  // extra elements per stored row (strides above the row length)
+  size_t m = 0, n = 0, k = 0;
+  bool ta = false, tb = false;
+  DType ab = DType::kF32, c_type = DType::kF32;
+  float alpha = 1.0f, beta = 0.0f;
+  bool bias = false;
+  size_t pad = 0;  // extra elements per stored row (strides above the row length)
 };
 
 struct Data {
@@ -71,7 +71,8 @@ void Run(const Case& cs, const Data& d, size_t r0, size_t r1, void* c) {
             cs.bias ? d.bias.data() : nullptr);
 }
 
-std::vector<float> AsF32(const Case& cs, const std::vector<float>& c, const std::vector<uint16_t>& c16) {
+std::vector<float> AsF32(const Case& cs, const std::vector<float>& c,
+                         const std::vector<uint16_t>& c16) {
   if (cs.c_type == DType::kF32) return c;
   std::vector<float> out(c16.size());
   for (size_t i = 0; i < c16.size(); ++i) out[i] = core::BF16ToF32(c16[i]);
@@ -151,8 +152,8 @@ TEST(TiledGemm, MatchesReferenceAndEveryRowChunkingGivesTheSameBits) {
 TEST(TiledGemm, BetaZeroDoesNotReadC) {
   const size_t m = 9, n = 20, k = 300;
   std::vector<float> a(m * k, 1.0f), b(k * n, 0.5f), c(m * n, std::nanf(""));
-  TiledGemm(m, n, k, DType::kF32, a.data(), k, false, b.data(), n, false, DType::kF32, c.data(),
-            n, 1.0f, 0.0f, nullptr);
+  TiledGemm(m, n, k, DType::kF32, a.data(), k, false, b.data(), n, false, DType::kF32, c.data(), n,
+            1.0f, 0.0f, nullptr);
   for (float v : c) EXPECT_EQ(v, 150.0f);
 }
 
