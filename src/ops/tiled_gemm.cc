@@ -111,37 +111,23 @@ __attribute__((target("avx2,fma"))) void KernelAvx2(size_t kc, const float* ap, 
   __m256 c40 = R > 4 ? MC2_LOAD(4, 0) : c00, c41 = R > 4 ? MC2_LOAD(4, 1) : c01;
   __m256 c50 = R > 5 ? MC2_LOAD(5, 0) : c00, c51 = R > 5 ? MC2_LOAD(5, 1) : c01;
 #undef MC2_LOAD
+  // Row r's step: broadcast op(A)[r][k], one fma per half of the tile.
+#define MC2_ROW(r)                                 \
+  if constexpr (R > r) {                           \
+    const __m256 a = _mm256_broadcast_ss(ap + r);  \
+    c##r##0 = _mm256_fmadd_ps(a, b0, c##r##0);     \
+    c##r##1 = _mm256_fmadd_ps(a, b1, c##r##1);     \
+  }
   for (size_t kk = 0; kk < kc; ++kk, ap += kMr, bp += kNr) {
     const __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
-    __m256 a = _mm256_broadcast_ss(ap);
-    c00 = _mm256_fmadd_ps(a, b0, c00);
-    c01 = _mm256_fmadd_ps(a, b1, c01);
-    if constexpr (R > 1) {
-      a = _mm256_broadcast_ss(ap + 1);
-      c10 = _mm256_fmadd_ps(a, b0, c10);
-      c11 = _mm256_fmadd_ps(a, b1, c11);
-    }
-    if constexpr (R > 2) {
-      a = _mm256_broadcast_ss(ap + 2);
-      c20 = _mm256_fmadd_ps(a, b0, c20);
-      c21 = _mm256_fmadd_ps(a, b1, c21);
-    }
-    if constexpr (R > 3) {
-      a = _mm256_broadcast_ss(ap + 3);
-      c30 = _mm256_fmadd_ps(a, b0, c30);
-      c31 = _mm256_fmadd_ps(a, b1, c31);
-    }
-    if constexpr (R > 4) {
-      a = _mm256_broadcast_ss(ap + 4);
-      c40 = _mm256_fmadd_ps(a, b0, c40);
-      c41 = _mm256_fmadd_ps(a, b1, c41);
-    }
-    if constexpr (R > 5) {
-      a = _mm256_broadcast_ss(ap + 5);
-      c50 = _mm256_fmadd_ps(a, b0, c50);
-      c51 = _mm256_fmadd_ps(a, b1, c51);
-    }
+    MC2_ROW(0)
+    MC2_ROW(1)
+    MC2_ROW(2)
+    MC2_ROW(3)
+    MC2_ROW(4)
+    MC2_ROW(5)
   }
+#undef MC2_ROW
   StoreRow(c, ldc, tile, 0, c00, c01, cols);
   if constexpr (R > 1) StoreRow(c, ldc, tile, 1, c10, c11, cols);
   if constexpr (R > 2) StoreRow(c, ldc, tile, 2, c20, c21, cols);
