@@ -36,7 +36,8 @@
 // a time. Buffers are the caller's; they are only used during the call.
 //
 // Determinism. In deterministic mode (Group::deterministic(), the default)
-// f32 GEMMs run on oneDNN (GemmBackend::kOneDNN, row-block invariant) and
+// f32 GEMMs run on GemmBackend::kOneDNN (a row-block invariant kernel:
+// oneDNN's on AVX-512 hosts, mc2's tiled one elsewhere, mc2/gemm.h) and
 // the reductions use the canonical ReduceTree order over ranks, so every
 // pipeline and every split count give the serial result bit for bit (f32
 // and bf16), with any number of GEMM threads per rank (gemm_threads: each

@@ -31,7 +31,8 @@
 //            algorithm, which charges the link (fused_common.h).
 // Bytes per rank: (M - m_r) b k in, (P-1) m_r b k out, in every pipeline.
 //
-// Determinism: with one thread, row i of a oneDNN product does not depend on
+// Determinism: with one thread, row i of a kOneDNN product (oneDNN's brgemm
+// or the tiled kernel, ops/tiled_gemm.h) does not depend on
 // which other rows are computed with it, so every way of cutting the rows
 // gives the serial result bit for bit.
 #include <algorithm>

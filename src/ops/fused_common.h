@@ -229,7 +229,9 @@ inline void FinishPlan(const Group& g, const FusedOptions& o, PlanBase& p) {
 }
 
 // GEMM options of an operator's GEMMs: deterministic mode pins f32 to
-// oneDNN, whose row blocks are bitwise the rows of the full product.
+// kOneDNN, whose kernels (oneDNN's brgemm, or mc2's tiled one where oneDNN
+// has none that is, tiled_gemm.h) give row blocks bitwise the rows of the
+// full product.
 inline GemmOptions OperatorGemmOptions(const Group& g, DType dtype, const FusedOptions& o) {
   GemmOptions gemm;
   gemm.threads = o.gemm_threads;

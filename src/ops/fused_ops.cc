@@ -69,11 +69,13 @@
 // n s GEMM calls and n s signals per rank.
 //
 // GEMMs. Every pipeline multiplies by B packed once per call
-// (ops::PackedGemmB): given plain B, oneDNN re-lays all of B out on every
-// call, which made many small chunk GEMMs slower than one large one.
+// (ops::PackedGemmB): given plain B, oneDNN (and the tiled kernel) re-lay
+// all of B out on every call, which made many small chunk GEMMs slower than
+// one large one.
 //
-// Determinism: row blocks of a oneDNN product (one thread) are bitwise the
-// rows of the full product, and every reduction is ReduceTree over ranks
+// Determinism: row blocks of a kOneDNN product (one thread; oneDNN's brgemm
+// or the tiled kernel, ops/tiled_gemm.h) are bitwise the rows of the full
+// product, and every reduction is ReduceTree over ranks
 // (in the collectives or here), so all pipelines and split counts agree bit
 // for bit with serial.
 #include <fmt/format.h>

@@ -87,7 +87,8 @@
 // GEMMs they were to hide behind.
 //
 // Determinism: every pipeline computes each output row with the same GEMM
-// shape (k, n, the same expert's weights); with one thread a oneDNN row
+// shape (k, n, the same expert's weights); with one thread a kOneDNN row
+// (oneDNN's brgemm or the tiled kernel, ops/tiled_gemm.h)
 // does not depend on the other rows computed with it, and the combine sums
 // in a fixed order, so all pipelines and split counts agree bit for bit.
 #include <algorithm>
