@@ -31,15 +31,20 @@ src=$(pwd)
 stage_start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - $1 )); }
 
+# The sanitizer builds compile at -O1 (with NDEBUG, as Release): the
+# optimisation level both sanitizers' documentation suggests, and it builds
+# the instrumented tree in well under half the time of -O3 on a 2-core
+# machine, which keeps `make test` inside CI's time.
+sanitize_opt=(-DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG")
 case "$mode" in
   asan)
     dir="$root/build-asan"
-    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS=-g1 -DMC2_SANITIZE=address,undefined \
+    cmake -S . -B "$dir" "${sanitize_opt[@]}" -DCMAKE_CXX_FLAGS=-g1 -DMC2_SANITIZE=address,undefined \
       -DMC2_BUILD_BENCH=OFF >/dev/null
     ;;
   tsan)
     dir="$root/build-tsan"
-    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS=-g1 -DMC2_SANITIZE=thread \
+    cmake -S . -B "$dir" "${sanitize_opt[@]}" -DCMAKE_CXX_FLAGS=-g1 -DMC2_SANITIZE=thread \
       -DMC2_BUILD_BENCH=OFF >/dev/null
     ;;
   fuzz)
