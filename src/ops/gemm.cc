@@ -469,38 +469,32 @@ void GemmOneDNN(size_t m, size_t n, size_t k, DType ab, const void* a, const voi
 
 // A oneDNN call on r.threads threads: row blocks of C, each on one thread
 // (the caller's or one of its helpers, helper_threads.h) with a
-// single-threaded primitive (see the file comment). The first error of any
-// block is rethrown once every block has finished.
+// single-threaded primitive (see the file comment), or with the tiled
+// kernel where oneDNN's are not row-invariant (tiled_gemm.h; `packed` is
+// then in its layout). The first error of any block is rethrown once every
+// block has finished.
 void GemmOneDNNRows(size_t m, size_t n, size_t k, DType ab, const void* a, const void* b,
                     DType c_type, void* c, const GemmOptions& o, const Resolved& r,
                     const void* packed = nullptr) {
   Resolved one = r;
   one.threads = 1;
-  const int blocks = RowBlocks(m, r.threads);
-  if (!OneDnnRowInvariant()) {  // mc2's kernel (tiled_gemm.h), B as stored
-    const size_t a_row_bytes = (o.trans_a ? 1 : r.lda) * DTypeSize(ab);
-    const size_t c_row_bytes = r.ldc * DTypeSize(c_type);
-    auto rows = [&](size_t r0, size_t r1) {
-      TiledGemm(r1 - r0, n, k, ab, static_cast<const char*>(a) + r0 * a_row_bytes, r.lda,
-                o.trans_a, b, r.ldb, o.trans_b, c_type, static_cast<char*>(c) + r0 * c_row_bytes,
-                r.ldc, o.alpha, o.beta, o.bias, static_cast<const float*>(packed));
-    };
-    if (blocks == 1) return rows(0, m);
-    return RunBlocks(blocks, [&](int t) { rows(t * m / blocks, (t + 1) * m / blocks); });
-  }
-  if (blocks == 1) {
-    omp_set_num_threads(1);
-    return GemmOneDNN(m, n, k, ab, a, b, c_type, c, o, one, packed);
-  }
+  const bool tiled = !OneDnnRowInvariant();
   const size_t a_row_bytes = (o.trans_a ? 1 : r.lda) * DTypeSize(ab);  // A^T: a column
   const size_t c_row_bytes = r.ldc * DTypeSize(c_type);
-  RunBlocks(blocks, [&](int t) {
-    const size_t r0 = t * m / blocks, r1 = (t + 1) * m / blocks;
+  auto rows = [&](size_t r0, size_t r1) {
+    if (r1 == r0) return;
+    const char* ar = static_cast<const char*>(a) + r0 * a_row_bytes;
+    char* cr = static_cast<char*>(c) + r0 * c_row_bytes;
+    if (tiled) {
+      return TiledGemm(r1 - r0, n, k, ab, ar, r.lda, o.trans_a, b, r.ldb, o.trans_b, c_type, cr,
+                       r.ldc, o.alpha, o.beta, o.bias, static_cast<const float*>(packed));
+    }
     omp_set_num_threads(1);  // the block's primitive runs on this thread alone
-    if (r1 > r0)
-      GemmOneDNN(r1 - r0, n, k, ab, static_cast<const char*>(a) + r0 * a_row_bytes, b, c_type,
-                 static_cast<char*>(c) + r0 * c_row_bytes, o, one, packed);
-  });
+    GemmOneDNN(r1 - r0, n, k, ab, ar, b, c_type, cr, o, one, packed);
+  };
+  const int blocks = RowBlocks(m, r.threads);
+  if (blocks == 1) return rows(0, m);
+  RunBlocks(blocks, [&](int t) { rows(t * m / blocks, (t + 1) * m / blocks); });
 }
 
 }  // namespace
