@@ -168,7 +168,9 @@ c = j.get("confirm") or {}
 if c.get("best_ms") and c.get("floor_ms"):
     print(f"# best {c['best_pipeline']} s={c['best_splits']}: {c['best_ms']:.1f} ms; "
           f"serial / best {c['serial_ms'] / c['best_ms']:.2f}x; best / floor "
-          f"{c['best_ms'] / c['floor_ms']:.2f} (floor = max(compute-only, comm-only))")
+          f"{c['best_ms'] / c['floor_ms']:.2f} (floor = max(compute-only, comm-only)); "
+          f"medians of the iterations' ratios: serial / best "
+          f"{c['serial_over_best_paired']:.2f}x, best / floor {c['best_over_floor_paired']:.2f}")
 if dest:
     with open(dest, "w") as fh:
         json.dump(j, fh, indent=1)

@@ -89,7 +89,9 @@ def ops_summary(j):
                 "best": f"{c.get('best_pipeline')} s={c.get('best_splits')}",
                 "best_ms": c.get("best_ms"), "below_floor": c.get("best_below_floor"),
                 "overlap": c.get("best_overlap"), "model_ms": c.get("best_model_ms"),
-                "auto_ran": c.get("auto_ran"), "auto_ms": c.get("auto_ms")}
+                "auto_ran": c.get("auto_ran"), "auto_ms": c.get("auto_ms"),
+                "serial_over_best_paired": c.get("serial_over_best_paired"),
+                "best_over_floor_paired": c.get("best_over_floor_paired")}
     rows = [row for row in j.get("rows", []) if row.get("pipeline") != "auto"]
     auto = [row for row in j.get("rows", []) if row.get("pipeline") == "auto"]
     b = min(rows, key=lambda row: row["time_ms"]) if rows else {}
@@ -139,7 +141,11 @@ def headline(results, refs):
                 rows.append([f"{j.get('op')} {j.get('M')}x{j.get('K')}x{j.get('N')} across hosts, "
                              f"{j.get('ranks')} ranks: serial / best ({s['best']}), best / floor",
                              f"{num(ratio(s['serial'], s['best_ms']))}x, "
-                             f"{num(ratio(s['best_ms'], s['floor']))}", link_text(r), ref])
+                             f"{num(ratio(s['best_ms'], s['floor']))}"
+                             + (f" (paired {num(s['serial_over_best_paired'])}x, "
+                                f"{num(s['best_over_floor_paired'])})"
+                                if s.get("best_over_floor_paired") else ""),
+                             link_text(r), ref])
                 continue
             rows.append([f"{j.get('op')} {j.get('M')}x{j.get('K')}x{j.get('N')}, "
                          f"{j.get('ranks')} ranks: serial / best ({s['best']})",

@@ -160,6 +160,12 @@ struct Confirmed {
   // both and cancels out of their ratio; the ratio of the two medians
   // keeps it whenever the spell hits one more often.
   double auto_over_best_paired = 0, auto_over_serial_paired = 0;
+  // The same for the best: serial / best and best / that iteration's
+  // floor (max of its compute-only and comm-only).
+  double serial_over_best_paired = 0, best_over_floor_paired = 0;
+  // Every iteration's times (seconds), in order; comm empty on one rank,
+  // automatic empty without auto.
+  std::vector<double> compute_times, comm_times, serial_times, best_times, auto_times;
 };
 
 // Everything rank 0 reports about one run.

@@ -54,9 +54,11 @@ void PrintConfirmed(const OpsConfig& cfg, const Results& res) {
   fmt::print(
       "# confirmed ({} fresh round-robin iterations; the sweep's minimum is biased "
       "low): compute-only {:.2f} ms, comm-only {:.2f} ms, floor {:.2f} ms, serial {:.2f} "
-      "ms, best {:.2f} ms = {:.2f}x serial, {:.2f}x the floor, overlap {}, model {:.2f} ms",
+      "ms, best {:.2f} ms = {:.2f}x serial, {:.2f}x the floor (median of the iterations' "
+      "ratios: {:.3f}x serial, {:.3f}x the floor), overlap {}, model {:.2f} ms",
       cfg.confirm, c.bounds.tc * 1e3, c.bounds.tm * 1e3, c.bounds.Floor() * 1e3, c.serial * 1e3,
-      c.best * 1e3, c.serial / c.best, c.best / c.bounds.Floor(), OverlapText(c.bounds, c.best),
+      c.best * 1e3, c.serial / c.best, c.best / c.bounds.Floor(), c.serial_over_best_paired,
+      c.best_over_floor_paired, OverlapText(c.bounds, c.best),
       c.bounds.Model(ModelStages(best)) * 1e3);
   if (res.auto_row)
     fmt::print(
@@ -97,9 +99,19 @@ nlohmann::json ConfirmedJson(const OpsConfig& cfg, const Results& res) {
                       {"best_splits", best.splits},
                       {"best_stages", best.stages},
                       {"best_ms", c.best * 1e3},
+                      {"serial_over_best_paired", c.serial_over_best_paired},
+                      {"best_over_floor_paired", c.best_over_floor_paired},
                       {"best_below_floor", c.bounds.BelowFloor(c.best)},
                       {"best_overlap", OverlapJson(c.bounds, c.best)},
                       {"best_model_ms", c.bounds.Model(ModelStages(best)) * 1e3}};
+  auto ms = [](const std::vector<double>& v) {
+    std::vector<double> out;
+    for (double t : v) out.push_back(t * 1e3);
+    return out;
+  };
+  j["iterations_ms"] = {{"compute", ms(c.compute_times)}, {"comm", ms(c.comm_times)},
+                        {"serial", ms(c.serial_times)}, {"best", ms(c.best_times)},
+                        {"auto", ms(c.auto_times)}};
   if (res.auto_row) {
     j["auto_ran"] = res.rows[*res.auto_row].chosen;
     j["auto_ms"] = c.automatic * 1e3;

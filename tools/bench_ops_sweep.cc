@@ -8,6 +8,7 @@
 // bit. Then --confirm re-times the figures the verdicts rest on.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -149,6 +150,19 @@ class Sweep {
     const std::vector<double>& tb = cands_[serial_idx_ + best_row].times;
     c.serial = bench::Median(ts);
     c.best = bench::Median(tb);
+    std::vector<double> serial_over_best, best_over_floor;
+    for (size_t i = 0; i < tb.size(); ++i) {
+      const double floor = std::max(cands_[0].times[i], g_.size() > 1 ? cands_[1].times[i] : 0.0);
+      serial_over_best.push_back(ts[i] / tb[i]);
+      best_over_floor.push_back(tb[i] / floor);
+    }
+    c.compute_times = cands_[0].times;
+    if (g_.size() > 1) c.comm_times = cands_[1].times;
+    c.serial_times = ts;
+    c.best_times = tb;
+    if (auto_row) c.auto_times = cands_[serial_idx_ + *auto_row].times;
+    c.serial_over_best_paired = bench::Median(serial_over_best);
+    c.best_over_floor_paired = bench::Median(best_over_floor);
     if (auto_row) {
       const std::vector<double>& ta = cands_[serial_idx_ + *auto_row].times;
       c.automatic = bench::Median(ta);

@@ -157,6 +157,22 @@ TEST_P(BenchOpsTest, EveryPipelineMatchesSerialAndColumnsExist) {
   for (const char* key : {"auto_over_best_paired", "auto_over_serial_paired"})
     EXPECT_GT(c[key].get<double>(), 0) << key;
   EXPECT_THAT(r.out, HasSubstr("(median of the iterations' ratios:"));
+  // The best's paired ratios, recomputed from the iterations' times.
+  const auto& it = c["iterations_ms"];
+  for (const char* key : {"compute", "comm", "serial", "best", "auto"})
+    ASSERT_EQ(it[key].size(), 2u) << key;
+  std::vector<double> serial_over_best, best_over_floor;
+  for (size_t i = 0; i < 2; ++i) {
+    const double b = it["best"][i].get<double>();
+    serial_over_best.push_back(it["serial"][i].get<double>() / b);
+    best_over_floor.push_back(
+        b / std::max(it["compute"][i].get<double>(), it["comm"][i].get<double>()));
+  }
+  // The median of two is their mean.
+  EXPECT_NEAR(c["serial_over_best_paired"].get<double>(),
+              (serial_over_best[0] + serial_over_best[1]) / 2, 1e-9);
+  EXPECT_NEAR(c["best_over_floor_paired"].get<double>(),
+              (best_over_floor[0] + best_over_floor[1]) / 2, 1e-9);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, BenchOpsTest,
