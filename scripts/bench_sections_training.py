@@ -153,6 +153,15 @@ def grad_overlap_section(results, refs):
         header = [("way", False), ("median ms", True), ("min ms", True), ("speedup", True)]
         rows = [[w.get("name"), num(w.get("median_s", 0) * 1e3), num(w.get("min_s", 0) * 1e3),
                  f"{num(ratio(after, w.get('median_s')))}x"] for w in ways]
+        if ways and all("speedup_paired" in w for w in ways):
+            header += [("paired speedup", True)]
+            for row, w in zip(rows, ways):
+                row += [f"{num(w['speedup_paired'])}x"]
+        if j.get("cap_paired"):
+            out += [f"Paired speedup: the median over steps of the after-backward step / this "
+                    f"way's step of the same round. The cap, a sync hidden entirely at no cost "
+                    f"(the after-backward step without its wait), is "
+                    f"{num(j['cap_paired'])}x: the forward and the backward bound the step.", ""]
         if ways and all("backward_sync_s" in w for w in ways):  # demo model: backward + grad wait
             after_bs = next((w["backward_sync_s"] for w in ways if w.get("name") == "after_backward"),
                             None)

@@ -225,9 +225,13 @@ def headline(results, refs):
             w = {x.get("name"): x.get("median_s") for x in j.get("ways", [])}
             what = "demo model" if j.get("model") == "demo" else "synthetic backward"
             bs = {x.get("name"): x.get("backward_sync_s") for x in j.get("ways", [])}
+            pw = {x.get("name"): x.get("speedup_paired") for x in j.get("ways", [])}
             part = (f" (backward + gradient wait "
                     f"{num(ratio(bs.get('after_backward'), bs.get('overlapped')))}x)"
                     if bs.get("overlapped") else "")
+            if pw.get("overlapped") and j.get("cap_paired"):
+                part += (f"; paired {num(pw['overlapped'])}x, cap {num(j['cap_paired'])}x "
+                         "(sync hidden at no cost)")
             rows.append([f"GradSync, {what}, DP {j.get('ranks')}, sync = {num(j.get('ratio'))} x "
                          "backward: step syncing after backward / overlapped step",
                          f"{num(ratio(w.get('after_backward'), w.get('overlapped')))}x{part}",
