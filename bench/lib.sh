@@ -63,7 +63,8 @@ parse_box() {
 }
 
 # box_up NAME SUBNET HOSTS RATE DELAY: brings up the box NAME (HOSTS hosts,
-# links shaped to RATE, DELAY of latency if not empty) and takes it down when
+# links shaped to RATE if not empty, else unshaped, DELAY of latency if not
+# empty) and takes it down when
 # the script exits, whatever the way. Refuses a box of that name that is up
 # already (it is not this script's to reuse or remove). Sets box_cluster
 # (the cluster.sh command line for it), box_margs (its mpirun options) and
@@ -76,7 +77,8 @@ box_up() {
   [[ ! -e /run/mc2-cluster/$name ]] ||
     die "a box named $name is up already (not started by this script): take it down with" \
         "scripts/cluster.sh --name $name down, or pick another with --box-name/--box-subnet"
-  local up=(up "$hosts" --rate "$rate")
+  local up=(up "$hosts")
+  [[ -z $rate ]] || up+=(--rate "$rate")
   [[ -z $delay ]] || up+=(--delay "$delay")
   # Registered first: a failure half-way through up is undone too.
   at_exit "${box_cluster[*]@Q} down >/dev/null"

@@ -30,8 +30,10 @@ def box_text(box):
     # Boxes recorded before the MTU was an option ran at 1500 bytes.
     mtu = f", MTU {box.get('mtu', 1500)}"
     ranks = box.get("ranks_per_host")
-    return (f"box {box.get('hosts')} hosts x {ranks} rank{'' if ranks == 1 else 's'}, real TCP at "
-            f"{box.get('rate')}{delay}{mtu}")
+    rate = box.get("rate")
+    at = "unshaped" if rate == "unshaped" else f"at {rate}"
+    return (f"box {box.get('hosts')} hosts x {ranks} rank{'' if ranks == 1 else 's'}, real TCP "
+            f"{at}{delay}{mtu}")
 
 
 def link_text(r):

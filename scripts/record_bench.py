@@ -94,12 +94,14 @@ def parse_args(argv):
 def command_kind(command):
     """Which tool the command runs: compare_mpi, bench, bench_ops, bench_batch,
     demo, demo_infer, demo_pp, demo_cp, demo_fsdp, torch_compare, torch_tp, torch_compress,
-    grad_overlap, grad_exchange, grad_train or box_link."""
+    grad_overlap, grad_exchange, grad_train or box_link (box_batch.sh: bench_batch)."""
     first = [os.path.basename(c) for c in command[:2]]
     if "box_ops.sh" in first:
         return "bench_ops"
     if "box_link.sh" in first:
         return "box_link"
+    if "box_batch.sh" in first:
+        return "bench_batch"
     if "torch_compare.py" in (os.path.basename(c) for c in command[:2]):
         return "torch_compare"
     if "torch_tp.py" in (os.path.basename(c) for c in command[:2]):
@@ -124,8 +126,8 @@ def command_kind(command):
             return {"infer": "demo_infer", "pp": "demo_pp", "cp": "demo_cp", "fsdp": "demo_fsdp"}.get(sub, "demo")
     die(f"cannot record '{shlex.join(command)}': expected bench/compare_mpi.sh, "
         "mc2 bench, mc2 bench ops, mc2 bench batch, mc2 demo, bench/torch_compare.py, "
-        "bench/torch_tp.py, bench/torch_compress.py, grad_bench, bench/box_ops.sh or "
-        "bench/box_link.sh")
+        "bench/torch_tp.py, bench/torch_compress.py, grad_bench, bench/box_ops.sh, "
+        "bench/box_batch.sh or bench/box_link.sh")
 
 
 def option_value(command, name):

@@ -332,6 +332,8 @@ class RecordBenchTest(unittest.TestCase):
         self.assertEqual(self.rec.command_kind(["bench/box_ops.sh", "--box", "2x2", "--", "mc2", "bench",
                                                 "ops"]), "bench_ops")
         self.assertEqual(self.rec.command_kind(["bench/box_link.sh", "--hosts", "2"]), "box_link")
+        self.assertEqual(self.rec.command_kind(["bench/box_batch.sh", "--box", "2x1", "--", "mc2",
+                                                "bench", "batch"]), "bench_batch")
         with self.assertRaises(SystemExit):
             self.rec.command_kind(["ls", "-l"])
 
