@@ -39,14 +39,10 @@ usage() { sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 . "$here/lib.sh"
 
 while [[ $# -gt 0 ]]; do
+  box_option "$@"
+  (( box_shift == 0 )) || { shift "$box_shift"; continue; }
   case "$1" in
-    --box) box=${2:?--box needs a value}; shift 2 ;;
-    --rate) rate=${2:?--rate needs a value}; shift 2 ;;
     --start-rate) start_rate=${2:?--start-rate needs a value}; shift 2 ;;
-    --delay) delay=${2:?--delay needs a value}; shift 2 ;;
-    --box-name) box_name=${2:?--box-name needs a value}; shift 2 ;;
-    --box-subnet) box_subnet=${2:?--box-subnet needs a value}; shift 2 ;;
-    --json) json=${2:?--json needs a value}; shift 2 ;;
     -h|--help) usage ;;
     --) shift; break ;;
     *) die "unknown option $1 (see --help)" ;;
@@ -84,10 +80,7 @@ check_rate() {
 }
 [[ $rate == auto ]] && check_rate "$start_rate" || check_rate "$rate"
 command -v python3 >/dev/null || die "python3 not found (used to read the JSON outputs)"
-if [[ -n $json ]]; then
-  [[ $json == - ]] && die "--json -: give a file"
-  : >>"$json" 2>/dev/null || die "--json $json: cannot write there"
-fi
+check_json_dest
 
 make_output_dir "" box-ops
 box_at() {  # RATE: (re)creates the box at RATE (only ours: box_up refuses others)

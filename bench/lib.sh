@@ -62,6 +62,31 @@ parse_box() {
   (( box_hosts >= 2 )) || die "--box $1: a box needs at least 2 hosts"
 }
 
+# box_option ARG...: takes one of the options the box scripts share (--box,
+# --rate, --delay, --box-name, --box-subnet, --json) off the front of the
+# arguments: sets its variable and box_shift, the words it took (0 for any
+# other argument).
+box_option() {
+  box_shift=2
+  case "$1" in
+    --box) box=${2:?--box needs a value} ;;
+    --rate) rate=${2:?--rate needs a value} ;;
+    --delay) delay=${2:?--delay needs a value} ;;
+    --box-name) box_name=${2:?--box-name needs a value} ;;
+    --box-subnet) box_subnet=${2:?--box-subnet needs a value} ;;
+    --json) json=${2:?--json needs a value} ;;
+    *) box_shift=0 ;;
+  esac
+}
+
+# check_json_dest: dies unless $json is empty or a file this script can
+# write (it is created empty if missing, never truncated here).
+check_json_dest() {
+  [[ -n $json ]] || return 0
+  [[ $json != - ]] || die "--json -: give a file"
+  : >>"$json" 2>/dev/null || die "--json $json: cannot write there"
+}
+
 # box_up NAME SUBNET HOSTS RATE DELAY: brings up the box NAME (HOSTS hosts,
 # links shaped to RATE if not empty, else unshaped, DELAY of latency if not
 # empty) and takes it down when
