@@ -26,8 +26,13 @@
 // all-gathered inside the node (on the node group's progress thread), so
 // the node steps hide behind the transfers. Each element goes through the
 // same reductions as without chunks: the result is the same bits.
+//
+// With one rank per host the node steps vanish, and so do the copies: the
+// reduce-scatter sends straight from the input, the reduction writes the
+// output, and the all-gather receives into it. Scratch buffers are never
+// zeroed: every byte is written before it is read.
 #include <algorithm>
-#include <cstring>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -46,8 +51,14 @@ constexpr size_t kMaxChunks = 16;
 struct Chunk {
   size_t off = 0, len = 0;
   std::vector<size_t> counts, displs;
-  std::vector<char> part;
-  std::vector<char> in;  // the other hosts' partials of this rank's piece
+  // This rank's share of the chunk, reduced over its host (then over every
+  // host): its own storage, or with one rank per host the output itself.
+  char* part = nullptr;
+  // Where the host's partial of the share is read from: `part`, or with one
+  // rank per host the input.
+  const char* own = nullptr;
+  char* in = nullptr;  // the other hosts' partials of this rank's piece
+  std::unique_ptr<char[]> part_store, in_store;
   Work node;             // the node step in flight (reduce-scatter, then all-gather)
   std::optional<SpanXfer> rs, ag;  // the exchanges across hosts
 };
@@ -93,17 +104,22 @@ void HierarchicalAllReduce(SpanGroup& s, const CollArgs& a, Deadline deadline) {
     k.counts.resize(local);
     k.displs.resize(local);
     for (int i = 0; i < local; ++i) Share(k.len, local, i, &k.displs[i], &k.counts[i]);
-    k.part.resize(k.counts[j] * e);
+    if (local > 1) {
+      k.part_store.reset(new char[k.counts[j] * e]);
+      k.part = k.part_store.get();
+      k.own = k.part;
+    } else {
+      k.part = static_cast<char*>(a.recv) + k.off * e;
+      k.own = static_cast<const char*>(a.send) + k.off * e;
+    }
   }
   NodeSteps wait_all{chunks};
   // 1. The host's partial result of shard j of a chunk.
   auto reduce_in_node = [&](Chunk& k) {
     const char* send = static_cast<const char*>(a.send) + k.off * e;
     if (local > 1) {
-      k.node = ReduceScatterV(node, send, k.part.data(), k.counts, a.dtype, node_op,
+      k.node = ReduceScatterV(node, send, k.part, k.counts, a.dtype, node_op,
                               &k == &chunks[0] ? at_once : background);
-    } else if (!k.part.empty()) {
-      std::memcpy(k.part.data(), send, k.part.size());
     }
   };
   // 2. Across hosts, among the ranks of local index j: the reduce-scatter
@@ -116,27 +132,28 @@ void HierarchicalAllReduce(SpanGroup& s, const CollArgs& a, Deadline deadline) {
   auto post_reduce_scatter = [&](Chunk& k) {
     size_t soff, slen;
     shard(k, me, &soff, &slen);
-    k.in.resize(static_cast<size_t>(hosts) * slen * e);
+    k.in_store.reset(new char[static_cast<size_t>(hosts) * slen * e]);
+    k.in = k.in_store.get();
     for (int h = 0; h < hosts; ++h) {
       if (h == me) continue;
       size_t poff, plen;
       shard(k, h, &poff, &plen);
-      k.rs->Recv(s.hosts[h][j], kTagReduceScatter, k.in.data() + h * slen * e, slen * e);
-      k.rs->Send(s.hosts[h][j], kTagReduceScatter, k.part.data() + poff * e, plen * e);
+      k.rs->Recv(s.hosts[h][j], kTagReduceScatter, k.in + h * slen * e, slen * e);
+      k.rs->Send(s.hosts[h][j], kTagReduceScatter, k.own + poff * e, plen * e);
     }
   };
   auto reduce_and_post_all_gather = [&](Chunk& k) {
     size_t soff, slen;
     shard(k, me, &soff, &slen);
-    char* mine = k.part.data() + soff * e;
+    char* mine = k.part + soff * e;
     std::vector<const void*> srcs(hosts);
-    for (int h = 0; h < hosts; ++h) srcs[h] = h == me ? mine : k.in.data() + h * slen * e;
+    for (int h = 0; h < hosts; ++h) srcs[h] = h == me ? k.own + soff * e : k.in + h * slen * e;
     SpanReduceBlocks(a, n, mine, srcs, slen);
     for (int h = 0; h < hosts; ++h) {
       if (h == me) continue;
       size_t poff, plen;
       shard(k, h, &poff, &plen);
-      k.ag->Recv(s.hosts[h][j], kTagAllGather, k.part.data() + poff * e, plen * e);
+      k.ag->Recv(s.hosts[h][j], kTagAllGather, k.part + poff * e, plen * e);
       k.ag->Send(s.hosts[h][j], kTagAllGather, mine, slen * e);
     }
   };
@@ -161,10 +178,8 @@ void HierarchicalAllReduce(SpanGroup& s, const CollArgs& a, Deadline deadline) {
     // 3. Every shard of the chunk to every rank of the host.
     char* recv = static_cast<char*>(a.recv) + k.off * e;
     if (local > 1) {
-      k.node = AllGatherV(node, k.part.data(), recv, k.counts, k.displs, a.dtype,
+      k.node = AllGatherV(node, k.part, recv, k.counts, k.displs, a.dtype,
                           c + 1 == chunks.size() ? at_once : background);
-    } else if (!k.part.empty()) {
-      std::memcpy(recv, k.part.data(), k.part.size());
     }
   }
   for (Chunk& k : chunks) k.node.Wait();
