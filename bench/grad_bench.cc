@@ -541,13 +541,14 @@ int OverlapModel(const Args& a) {
   for (int w = 0; w < 3; ++w) {
     const double med = Median(times[w]), bs = Median(bwd_sync[w]);
     const double mn = *std::min_element(times[w].begin(), times[w].end());
+    const double pw = paired(w);
     std::printf("%-18s %12.3f %12.3f %9.2fx %9.2fx %16.3f %9.2fx %10.3f %10.3f %10.3f\n",
-                names[w], med * 1e3, mn * 1e3, after / med, paired(w), bs * 1e3, after_bs / bs,
+                names[w], med * 1e3, mn * 1e3, after / med, pw, bs * 1e3, after_bs / bs,
                 Median(fwd[w]) * 1e3, Median(bwd[w]) * 1e3, Median(wait[w]) * 1e3);
     out["ways"].push_back(
         {{"name", names[w]},
          {"median_s", med},
-         {"speedup_paired", paired(w)},
+         {"speedup_paired", pw},
          {"min_s", mn},
          {"backward_sync_s", bs},
          {"forward_s", Median(fwd[w])},

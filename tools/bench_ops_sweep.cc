@@ -146,33 +146,29 @@ class Sweep {
     }
     Confirmed c;
     c.bounds = MedianBounds();
-    const std::vector<double>& ts = cands_[serial_idx_].times;
-    const std::vector<double>& tb = cands_[serial_idx_ + best_row].times;
-    c.serial = bench::Median(ts);
-    c.best = bench::Median(tb);
-    std::vector<double> serial_over_best, best_over_floor;
-    for (size_t i = 0; i < tb.size(); ++i) {
-      const double floor = std::max(cands_[0].times[i], g_.size() > 1 ? cands_[1].times[i] : 0.0);
-      serial_over_best.push_back(ts[i] / tb[i]);
-      best_over_floor.push_back(tb[i] / floor);
-    }
     c.compute_times = cands_[0].times;
     if (g_.size() > 1) c.comm_times = cands_[1].times;
-    c.serial_times = ts;
-    c.best_times = tb;
-    if (auto_row) c.auto_times = cands_[serial_idx_ + *auto_row].times;
-    c.serial_over_best_paired = bench::Median(serial_over_best);
-    c.best_over_floor_paired = bench::Median(best_over_floor);
+    c.serial_times = cands_[serial_idx_].times;
+    c.best_times = cands_[serial_idx_ + best_row].times;
+    const std::vector<double>& ts = c.serial_times;
+    const std::vector<double>& tb = c.best_times;
+    c.serial = bench::Median(ts);
+    c.best = bench::Median(tb);
+    // The median over iterations of num[i] / den[i].
+    auto paired = [](const std::vector<double>& num, const std::vector<double>& den) {
+      std::vector<double> r;
+      for (size_t i = 0; i < num.size(); ++i) r.push_back(num[i] / den[i]);
+      return bench::Median(r);
+    };
+    std::vector<double> floor = c.compute_times;
+    for (size_t i = 0; i < c.comm_times.size(); ++i) floor[i] = std::max(floor[i], c.comm_times[i]);
+    c.serial_over_best_paired = paired(ts, tb);
+    c.best_over_floor_paired = paired(tb, floor);
     if (auto_row) {
-      const std::vector<double>& ta = cands_[serial_idx_ + *auto_row].times;
-      c.automatic = bench::Median(ta);
-      std::vector<double> over_best, over_serial;
-      for (size_t i = 0; i < ta.size(); ++i) {
-        over_best.push_back(ta[i] / tb[i]);
-        over_serial.push_back(ta[i] / ts[i]);
-      }
-      c.auto_over_best_paired = bench::Median(over_best);
-      c.auto_over_serial_paired = bench::Median(over_serial);
+      c.auto_times = cands_[serial_idx_ + *auto_row].times;
+      c.automatic = bench::Median(c.auto_times);
+      c.auto_over_best_paired = paired(c.auto_times, tb);
+      c.auto_over_serial_paired = paired(c.auto_times, ts);
     }
     return c;
   }
