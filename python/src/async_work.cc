@@ -5,6 +5,9 @@
 #include <fmt/format.h>
 #include <pybind11/pybind11.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <set>
 
 namespace mc2py {
@@ -29,7 +32,9 @@ bool AsyncWork::AllDone() const {
 }
 
 void AsyncWork::Start(const c10::intrusive_ptr<AsyncWork>& w, Completer& completer) {
-  if (w->AllDone()) {
+  // After StopAllAtExit no thread of mc2's may complete a work: the
+  // interpreter may be finalizing by the time it takes the GIL.
+  if (w->AllDone() || Completer::Exiting()) {
     w->Complete(/*issuing=*/true);
   } else {
     completer.Push(w);
@@ -110,6 +115,7 @@ namespace {
 
 // Every live completer (StopAllAtExit).
 std::mutex g_completers_mu;
+std::atomic<bool> g_exiting{false};
 std::set<Completer*>& Completers() {
   static auto* all = new std::set<Completer*>;
   return *all;
@@ -143,9 +149,16 @@ void Completer::Stop() {
 
 void Completer::StopAllAtExit() {
   pybind11::gil_scoped_release no_gil;
-  std::lock_guard<std::mutex> lock(g_completers_mu);
-  for (Completer* c : Completers()) c->Stop();
+  g_exiting.store(true);
+  {
+    std::lock_guard<std::mutex> lock(g_completers_mu);
+    for (Completer* c : Completers()) c->Stop();
+  }
+  // The completers' last works handed their futures to callback threads.
+  WaitForCallbackThreads();
 }
+
+bool Completer::Exiting() { return g_exiting.load(); }
 
 void Completer::Push(c10::intrusive_ptr<AsyncWork> w) {
   {
@@ -183,27 +196,41 @@ void Completer::Loop() {
 
 namespace {
 
-// The callback threads. Invariant: idle_ counts the threads blocked waiting
-// for a task; a task pushed while idle_ == 0 starts a new thread. Threads
-// live as long as the process (they are detached and hold the pool by a
-// shared pointer, so a thread still running at exit touches nothing freed).
+// The callback threads. Invariants: `threads` counts the pool's threads,
+// `idle` those blocked waiting for a task; a task pushed while fewer are
+// idle than there are tasks starts a new thread. The pool is quiet when no
+// task waits and every thread is idle: no thread of it runs a callback or
+// holds a future, a tensor or a Python object. Threads live as long as the
+// process (they are detached and hold the pool by a shared pointer, so a
+// thread still waiting at exit touches nothing freed).
 struct CallbackPool {
   std::mutex mu;
-  std::condition_variable cv;
+  std::condition_variable cv;     // a task was pushed
+  std::condition_variable quiet;  // the pool may have become quiet
   std::deque<std::function<void()>> tasks;
+  int threads = 0;
   int idle = 0;
+  bool Quiet() const { return tasks.empty() && idle == threads; }
 };
+
+std::shared_ptr<CallbackPool> Pool() {
+  static auto* pool = new std::shared_ptr<CallbackPool>(std::make_shared<CallbackPool>());
+  return *pool;
+}
 
 void CallbackThread(std::shared_ptr<CallbackPool> pool) {
   std::unique_lock<std::mutex> lock(pool->mu);
   for (;;) {
     ++pool->idle;
+    if (pool->Quiet()) pool->quiet.notify_all();
     pool->cv.wait(lock, [&] { return !pool->tasks.empty(); });
     --pool->idle;
     std::function<void()> fn = std::move(pool->tasks.front());
     pool->tasks.pop_front();
     lock.unlock();
     fn();  // marking a future: never throws (callbacks' errors go to their futures)
+    // Dropping the task may free the future's callbacks and the result's
+    // tensors, which takes the GIL: done before the thread counts as idle.
     fn = nullptr;
     lock.lock();
   }
@@ -212,14 +239,28 @@ void CallbackThread(std::shared_ptr<CallbackPool> pool) {
 }  // namespace
 
 void RunOnCallbackThread(std::function<void()> fn) {
-  static auto* pool = new std::shared_ptr<CallbackPool>(std::make_shared<CallbackPool>());
-  std::shared_ptr<CallbackPool> p = *pool;
+  std::shared_ptr<CallbackPool> p = Pool();
   std::lock_guard<std::mutex> lock(p->mu);
   p->tasks.push_back(std::move(fn));
   if (p->idle < static_cast<int>(p->tasks.size())) {
+    ++p->threads;
     std::thread(CallbackThread, p).detach();
   } else {
     p->cv.notify_one();
+  }
+}
+
+void WaitForCallbackThreads() {
+  std::shared_ptr<CallbackPool> p = Pool();
+  std::unique_lock<std::mutex> lock(p->mu);
+  // A callback that never returns would keep the process from exiting, as
+  // a non-daemon Python thread does; say so while waiting.
+  if (!p->quiet.wait_for(lock, std::chrono::seconds(10), [&] { return p->Quiet(); })) {
+    fmt::print(stderr,
+               "mc2: at exit, waiting for {} future callback(s) still running (a callback "
+               "chained to an mc2 future has not returned after 10 s)\n",
+               p->threads - p->idle);
+    p->quiet.wait(lock, [&] { return p->Quiet(); });
   }
 }
 

@@ -101,8 +101,10 @@ class AsyncWork : public c10d::Work {
 // the GIL is ended on the spot (and a C++ thread so ended aborts the
 // process), so every completer is stopped (its pending works completed,
 // its thread joined) at interpreter exit, before finalization:
-// StopAllAtExit, from the module's atexit hook. A work pushed after that
-// starts a thread again, which ends once the queue is empty.
+// StopAllAtExit, from the module's atexit hook, which then waits until no
+// callback thread runs (WaitForCallbackThreads). A work issued after that
+// (by a later atexit hook or a finalizer) completes on the issuing thread,
+// in the call.
 class Completer {
  public:
   Completer();
@@ -111,8 +113,10 @@ class Completer {
   // Waits for the pending works, then joins the thread. Call without the
   // GIL (the thread may need it).
   void Stop();
-  // Stop() on every completer of the process (atexit; releases the GIL).
+  // Stop() on every completer of the process, then WaitForCallbackThreads
+  // (atexit; releases the GIL). From then on Exiting() is true.
   static void StopAllAtExit();
+  static bool Exiting();
 
  private:
   void Loop();
@@ -127,6 +131,9 @@ class Completer {
 // thread whenever none is idle, so a callback that blocks (waiting for
 // another call's future) never keeps a later future from completing.
 void RunOnCallbackThread(std::function<void()> fn);
+// Blocks until no callback thread runs a task or holds what one used (call
+// without the GIL: the callbacks may need it).
+void WaitForCallbackThreads();
 
 }  // namespace mc2py
 
