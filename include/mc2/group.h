@@ -39,6 +39,14 @@ struct WorldOptions {
   // becomes visible to its peers after the modeled transfer time on the
   // rank's egress port. An invalid value throws kInvalidArgument.
   std::string link = {};
+  // The rank and world size this process's trace spans are recorded under
+  // (mc2/trace.h): -1 = this world's own. A world made for a subgroup of a
+  // larger job (torch.distributed.new_group makes one per group) names the
+  // process's rank and size in the job, so that every world of a process
+  // records into the process's one timeline. Both or neither; an invalid
+  // pair throws kInvalidArgument.
+  int trace_rank = -1;
+  int trace_world_size = -1;
 };
 
 // Memory in the symmetric heap: allocated by every rank of a group with the

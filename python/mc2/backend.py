@@ -20,9 +20,17 @@ ProcessGroupMC2 = _C.ProcessGroupMC2
 def _create(opts, pg_options=None):
     # torch 1.13's extended creator API: opts is a _DistributedBackendOptions
     # (store, group_rank, group_size, timeout, group_id, global_ranks_in_group).
+    # The process's rank and size in the job name its trace (a new_group's
+    # world has ranks of its own); the default group is being made when
+    # global_ranks_in_group is empty.
+    global_ranks = list(opts.global_ranks_in_group)
+    if global_ranks:
+        job_rank, job_size = dist.get_rank(), dist.get_world_size()
+    else:
+        job_rank, job_size = opts.group_rank, opts.group_size
     return _C._create_process_group(opts.store, opts.group_rank, opts.group_size,
-                                    opts.timeout.total_seconds(),
-                                    list(opts.global_ranks_in_group))
+                                    opts.timeout.total_seconds(), global_ranks, job_rank,
+                                    job_size)
 
 
 def init_process_group(timeout=None):

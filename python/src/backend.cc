@@ -39,11 +39,15 @@ mc2::Group::AllGatherStrings StoreAllGather(c10::intrusive_ptr<c10d::Store> stor
 // split from it, so that its calls never contend with calls on
 // mc2.world(). A group of new_group() is a world of its own, made by its
 // members through the group's store: torch does not call the creator on
-// the other ranks, so it cannot be split from the world.
+// the other ranks, so it cannot be split from the world. Every world made
+// here records its trace spans as the process's rank `job_rank` of
+// `job_size` in the job (WorldOptions::trace_rank).
 c10::intrusive_ptr<ProcessGroupMC2> CreateProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s,
-    const std::vector<int64_t>& global_ranks) {
+    const std::vector<int64_t>& global_ranks, int job_rank, int job_size) {
   mc2::WorldOptions options;
+  options.trace_rank = job_rank;
+  options.trace_world_size = job_size;
   if (timeout_s > 0) {
     options.timeout = std::chrono::nanoseconds(static_cast<int64_t>(timeout_s * 1e9));
   }
@@ -92,12 +96,13 @@ void BindBackend(py::module_& m) {
   m.def(
       "_create_process_group",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s,
-         const std::vector<int64_t>& global_ranks) {
+         const std::vector<int64_t>& global_ranks, int job_rank, int job_size) {
         py::gil_scoped_release nogil;
-        return CreateProcessGroup(store, rank, size, timeout_s, global_ranks);
+        return CreateProcessGroup(store, rank, size, timeout_s, global_ranks, job_rank,
+                                  job_size);
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-      py::arg("global_ranks"));
+      py::arg("global_ranks"), py::arg("job_rank"), py::arg("job_size"));
 
   m.def(
       "_all_reduce",

@@ -39,6 +39,18 @@ mc2_python_test(test_bad_input.py 1 2 3)
 mc2_python_test(test_bad_shapes.py 2)
 mc2_python_test(test_dead_rank.py 2 3)
 
+# A job that ends right after its DDP hooks' last collective exits cleanly,
+# whichever way it leaves (exit_stress.py; a loaded machine, two busy
+# loops, is where a thread left running at interpreter exit shows).
+add_test(NAME python.exit_stress
+         COMMAND ${MC2_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/tests/exit_stress.py
+                 $<TARGET_FILE:mc2_cli> ${MC2_PYTHON} --runs 4 --other-runs 1
+                 --hooks allreduce,bf16)
+set_tests_properties(python.exit_stress PROPERTIES
+  LABELS python TIMEOUT 600
+  ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;MC2_TIMEOUT=60s"
+  RESOURCE_LOCK mc2_jobs)
+
 # The backend's own rendezvous (no `mc2 run`): ranks started as torchrun
 # starts them, meeting through torch's TCP store.
 add_test(NAME python.torchrun_style/2
@@ -90,6 +102,7 @@ mc2_python_test(test_ops_moe.py 1 2 3 4)
 mc2_python_test(test_nn.py 1 2 3 4)
 # mc2.trace, read back by `mc2 trace report`.
 mc2_python_test(test_trace.py 1 2)
+mc2_python_test(test_trace_groups.py 2)
 # examples/torch: TP + SP inside DDP on 4 ranks, equal to the unsharded
 # model, and its trace read by `mc2 trace report`.
 add_test(NAME python.example_tp_dp/4

@@ -36,8 +36,16 @@ struct SymmetricAllocation {
 std::shared_ptr<World> MakeWorld(std::unique_ptr<transport::Transport> tx,
                                  const WorldOptions& options) {
   // MC2_TRACE, the thread's rank and name for spans (see trace/recorder.h).
-  trace::OnWorldStart(tx->rank(), tx->size());
+  bool own_identity = options.trace_rank < 0 && options.trace_world_size < 0;
+  if (!own_identity && !(options.trace_rank >= 0 && options.trace_rank < options.trace_world_size))
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("WorldOptions: trace_rank {} and trace_world_size {} must be set "
+                            "together, with 0 <= trace_rank < trace_world_size",
+                            options.trace_rank, options.trace_world_size));
+  int trace_rank = own_identity ? tx->rank() : options.trace_rank;
+  trace::OnWorldStart(trace_rank, own_identity ? tx->size() : options.trace_world_size);
   std::shared_ptr<World> world(new World, DestroyWorld);
+  world->trace_rank = trace_rank;
   world->timeout = options.timeout.count() > 0
                        ? options.timeout
                        : core::EnvDuration("MC2_TIMEOUT", std::chrono::seconds(300));

@@ -142,7 +142,7 @@ World::~World() {
   engine.reset();
   p2p.reset();
   // Every thread of the world has stopped: its spans are final.
-  trace::OnWorldEnd(transport->rank());
+  trace::OnWorldEnd(trace_rank);
 }
 
 P2PEngine& World::P2P() {

@@ -25,6 +25,8 @@ class GroupImpl;
 
 struct World {
   std::unique_ptr<transport::Transport> transport;
+  // The rank this world's spans are recorded under (WorldOptions::trace_rank).
+  int trace_rank = 0;
   std::unique_ptr<engine::HeapAllocator> heap;
   std::chrono::nanoseconds timeout{};
   bool deterministic = true;

@@ -58,6 +58,22 @@ TEST(Group, RankAndSize) {
   EXPECT_EQ(sum.load(), 0 + 1 + 2 + 3 + 4);
 }
 
+// A trace identity must be a rank of its world size, both or neither set.
+TEST(Group, AnInvalidTraceIdentityIsRefused) {
+  for (auto [rank, size] : {std::pair{2, 2}, std::pair{-1, 2}, std::pair{0, -1}}) {
+    WorldOptions o;
+    o.trace_rank = rank;
+    o.trace_world_size = size;
+    try {
+      Group::RunInProcess(2, [](Group&) {}, o);
+      ADD_FAILURE() << "trace_rank " << rank << " of " << size << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("trace_rank"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // Split by parity, ordered by descending key: each subgroup runs its own
 // collectives concurrently with the other's, and sees the expected members.
 TEST(Group, SplitOrdersByKeyAndRunsIndependently) {
