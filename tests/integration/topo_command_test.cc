@@ -45,7 +45,7 @@ int SysfsCores(const std::set<int>& cpus) {
 class TopoCommandTest : public LeakCheckedTest {};
 
 TEST_F(TopoCommandTest, JsonMapsEveryRankAndMeasuresTheLink) {
-  Result r = RunMc2({"topo", "-n", "2", "--json", "-i", "20", "--bytes", "1M"}, {}, 30);
+  Result r = RunMc2({"topo", "-n", "2", "--json", "-", "-i", "20", "--bytes", "1M"}, {}, 30);
   ASSERT_EQ(r.status, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   char host[HOST_NAME_MAX + 1] = {};

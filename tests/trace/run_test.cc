@@ -1,5 +1,5 @@
 // Tracing real processes: `MC2_TRACE=DIR mc2 run -n N trace_demo` writes one
-// valid file per rank, and `mc2 trace merge`, `report` (text and --json)
+// valid file per rank, and `mc2 trace merge`, `report` (text and --json -)
 // and `plot` work on it. Also: a bad MC2_TRACE fails the job up front, and
 // the overhead of tracing on small all_reduces across processes.
 #include <fmt/format.h>
@@ -87,8 +87,8 @@ TEST_F(TraceRunTest, TracesMergesReportsAndPlotsAThreeRankRun) {
     if (e["ph"] == "M" && e["name"] == "process_name") pids.insert(e["pid"].get<int>());
   EXPECT_EQ(pids, (std::set<int>{0, 1, 2}));
 
-  // report --json, on the directory and on the merged file: same answer.
-  Result rj = RunMc2({"trace", "report", traces.string(), "--json"});
+  // report --json -, on the directory and on the merged file: same answer.
+  Result rj = RunMc2({"trace", "report", traces.string(), "--json", "-"});
   ASSERT_EQ(rj.status, 0) << rj.err;
   Json rep = Json::parse(rj.out);
   EXPECT_TRUE(rep["steps_marked"]);
@@ -115,7 +115,7 @@ TEST_F(TraceRunTest, TracesMergesReportsAndPlotsAThreeRankRun) {
   EXPECT_TRUE(reduce_seen);
   EXPECT_FALSE(rep["top_uncovered"].empty());  // the serial all_gathers at least
   EXPECT_LE(rep["top_uncovered"].size(), 10u);
-  Result rm = RunMc2({"trace", "report", merged.string(), "--json"});
+  Result rm = RunMc2({"trace", "report", merged.string(), "--json", "-"});
   ASSERT_EQ(rm.status, 0) << rm.err;
   EXPECT_EQ(Json::parse(rm.out)["overall"], rep["overall"]);
 
