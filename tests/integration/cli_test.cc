@@ -187,19 +187,42 @@ TEST_F(CliTest, BenchJsonCheckLeavesAnExistingFileUntilWritten) {
 }
 
 TEST_F(CliTest, JsonToADashGoesToStandardOutput) {
-  // "-" is standard output, as for every other output option; no file of
+  // "-" is standard output, as for every other output option, which then
+  // carries the JSON alone (the table goes to standard error); no file of
   // that name appears in the working directory.
   ASSERT_FALSE(fs::exists("-"));
   const Result r = RunMc2({"bench", "all_reduce", "-n", "2", "-b", "8", "-e", "8", "-i", "1", "-w",
                            "0", "--json", "-"});
   ASSERT_EQ(r.status, 0) << r.err;
-  const size_t open = r.out.find("{\n");
-  ASSERT_NE(open, std::string::npos) << r.out;
-  const auto j = nlohmann::json::parse(r.out.substr(open, r.out.rfind('}') - open + 1),
-                                       nullptr, /*allow_exceptions=*/false);
+  const auto j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
   EXPECT_EQ(j["wrong_total"], 0);
+  EXPECT_THAT(r.err, HasSubstr("# Avg bus bandwidth"));
   EXPECT_FALSE(fs::exists("-"));
+}
+
+TEST_F(CliTest, BenchChecksUnlessToldNotTo) {
+  const Result off = RunMc2(
+      {"bench", "all_reduce", "-n", "2", "-b", "8", "-e", "8", "-i", "1", "-w", "0", "--no-check"});
+  ASSERT_EQ(off.status, 0) << off.err;
+  EXPECT_THAT(off.out, HasSubstr("not checked, --no-check"));
+  // -o is the output everywhere: as the reduction it is refused, naming --op.
+  const Result o = RunMc2({"bench", "all_reduce", "-o", "sum"});
+  EXPECT_EQ(o.status, 2);
+  EXPECT_THAT(o.err, HasSubstr("the reduction: --op"));
+}
+
+TEST_F(CliTest, HelpShowsFlagsWithoutValues) {
+  const Result r = RunMc2({"run", "--help"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("--no-prefix"));
+  EXPECT_THAT(r.out, Not(HasSubstr("{false}")));
+}
+
+TEST_F(CliTest, OtherToolsSpellingsGetMc2sName) {
+  const Result r = RunMc2({"demo", "--seq", "64"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("hint: mc2 spells --seq as --seq-len"));
 }
 
 TEST_F(CliTest, BenchFailsFastOnAReadOnlyDirectory) {

@@ -135,6 +135,34 @@ TEST_F(TraceRunTest, TracesMergesReportsAndPlotsAThreeRankRun) {
   EXPECT_THAT(text, HasSubstr("<svg"));
   EXPECT_THAT(text, HasSubstr("rank 2 communication"));
   EXPECT_THAT(text, HasSubstr("</svg>"));
+
+  // report --json FILE: the JSON in the file, the text still on stdout;
+  // with --json - the text went to stderr.
+  EXPECT_THAT(rj.err, HasSubstr("per step"));
+  const fs::path report_json = dir_ / "report.json";
+  Result rf = RunMc2({"trace", "report", traces.string(), "--json", report_json.string()});
+  ASSERT_EQ(rf.status, 0) << rf.err;
+  EXPECT_THAT(rf.out, HasSubstr("per step"));
+  std::ifstream jf(report_json);
+  EXPECT_EQ(Json::parse(jf)["overall"], rep["overall"]);
+
+  // plot without -o: timeline.svg in the trace directory, which a later
+  // plot replaces; a file plot did not write there is left alone.
+  const fs::path def = traces / "timeline.svg";
+  Result d = RunMc2({"trace", "plot", traces.string()});
+  ASSERT_EQ(d.status, 0) << d.err;
+  EXPECT_THAT(d.out, HasSubstr(def.string()));
+  ASSERT_TRUE(fs::exists(def));
+  d = RunMc2({"trace", "plot", traces.string()});
+  EXPECT_EQ(d.status, 0) << d.err;
+  std::ofstream(def) << "mine\n";
+  d = RunMc2({"trace", "plot", traces.string()});
+  EXPECT_EQ(d.status, 2);
+  EXPECT_THAT(d.err, HasSubstr("was not written by mc2 trace plot"));
+  std::ifstream kept_in(def);
+  std::string kept;
+  std::getline(kept_in, kept);
+  EXPECT_EQ(kept, "mine");
 }
 
 TEST_F(TraceRunTest, CommandErrorsAreReported) {
