@@ -16,7 +16,7 @@
 # --rate auto calibrates the rate: for the operator's GEMM shape, the
 # compute and the communication both grow with M, so the balance is set by
 # the link: starting from --start-rate (default 100mbit) it runs the
-# serial pipeline briefly (mc2 bench ops --pipeline serial, its compute-only
+# serial pipeline briefly (mc2 bench ops --pipelines serial, its compute-only
 # and comm-only times), scales the rate by comm-only / compute-only (the
 # transfer time goes as 1 / rate), brings the box up again at the new rate,
 # and stops once the two are within 15% of each other (at most 4 rounds),
@@ -102,8 +102,8 @@ print(c["compute_ms"], c["comm_ms"])' "$1"
 cal_ops=()
 for ((i = 0; i < ${#ops[@]}; i++)); do
   case "${ops[i]}" in
-    -i|--iters|-w|--warmup|--pipeline|--confirm|--splits) i=$((i + 1)) ;;
-    -i=*|--iters=*|-w=*|--warmup=*|--pipeline=*|--confirm=*|--splits=*) ;;
+    -i|--iters|-w|--warmup|--pipelines|--confirm|--splits) i=$((i + 1)) ;;
+    -i=*|--iters=*|-w=*|--warmup=*|--pipelines=*|--confirm=*|--splits=*) ;;
     *) cal_ops+=("${ops[i]}") ;;
   esac
 done
@@ -113,7 +113,7 @@ if [[ $rate == auto ]]; then
   for round in 1 2 3 4; do
     box_at "$r"
     # Serial only, few iterations: the balance, not the pipelines.
-    run_ops "$out/cal$round.json" "${cal_ops[@]}" --pipeline serial --splits 1 --confirm 0 -i 3 -w 1
+    run_ops "$out/cal$round.json" "${cal_ops[@]}" --pipelines serial --splits 1 --confirm 0 -i 3 -w 1
     read -r comp comm <<<"$(times "$out/cal$round.json")"
     calibration+=("$r $comp $comm")
     echo "# calibration $round: rate $r: compute-only $comp ms, comm-only $comm ms" >&2

@@ -151,7 +151,11 @@ if (( mpich )); then
   mpicc.mpich -O2 -std=c11 -o "$mpichb" "$here/mpi_coll_bench.c" || die "cannot build with MPICH"
 fi
 
-sweep=(-b "$minb" -e "$maxb" -f "$factor" -i "$iters" -w "$warmup" -c "$check" -d "$dtype")
+sweep=(-b "$minb" -e "$maxb" -f "$factor" -i "$iters" -w "$warmup" -d "$dtype")
+# mpi_coll_bench takes nccl-tests' -c 0|1; mc2 bench checks unless --no-check.
+mpi_sweep=("${sweep[@]}" -c "$check")
+mc2_sweep=("${sweep[@]}")
+[[ $check == 1 ]] || mc2_sweep+=(--no-check)
 
 failed() {  # what base: show the end of its output (the directory may be removed)
   tail -n 15 "$2.txt" "$2.err" >&2 2>/dev/null || true
@@ -161,25 +165,25 @@ run_mc2() {  # collective rep
   local launch=()
   # Across the box mc2 bench runs on the ranks of an mpirun job.
   [[ -z $box ]] || launch=(mpirun "${mpirun_args[@]}" -x "MC2_HEAP_BYTES=$heap")
-  "${launch[@]}" "$mc2" bench "$1" -n "$nranks" "${sweep[@]}" --buffers "$buffers" \
+  "${launch[@]}" "$mc2" bench "$1" -n "$nranks" "${mc2_sweep[@]}" --buffers "$buffers" \
     --json "$out/mc2_$1_$2.json" >"$out/mc2_$1_$2.txt" 2>"$out/mc2_$1_$2.err" ||
     failed "mc2 bench $1" "$out/mc2_$1_$2"
 }
 run_han() {  # collective rep: Open MPI with its hierarchical collectives, --box only
   [[ -n $box ]] || return 0
   # Out of place only: han in Open MPI 4.1 crashes on MPI_IN_PLACE.
-  mpirun "${mpirun_args[@]}" "${han_args[@]}" "$mpib" "$1" "${sweep[@]}" --in-place 0 \
+  mpirun "${mpirun_args[@]}" "${han_args[@]}" "$mpib" "$1" "${mpi_sweep[@]}" --in-place 0 \
     --json "$out/han_$1_$2.json" >"$out/han_$1_$2.txt" 2>"$out/han_$1_$2.err" ||
     failed "mpi_coll_bench $1 (han)" "$out/han_$1_$2"
 }
 run_mpi1() {  # collective rep: Open MPI's TCP as shipped (one link), --box only
   [[ -n $box ]] || return 0
-  mpirun "${mpi1_args[@]}" "$mpib" "$1" "${sweep[@]}" \
+  mpirun "${mpi1_args[@]}" "$mpib" "$1" "${mpi_sweep[@]}" \
     --json "$out/mpi1_$1_$2.json" >"$out/mpi1_$1_$2.txt" 2>"$out/mpi1_$1_$2.err" ||
     failed "mpi_coll_bench $1 (one link)" "$out/mpi1_$1_$2"
 }
 run_mpi() {
-  mpirun "${mpirun_args[@]}" "$mpib" "$1" "${sweep[@]}" \
+  mpirun "${mpirun_args[@]}" "$mpib" "$1" "${mpi_sweep[@]}" \
     --json "$out/mpi_$1_$2.json" >"$out/mpi_$1_$2.txt" 2>"$out/mpi_$1_$2.err" ||
     failed "mpi_coll_bench $1" "$out/mpi_$1_$2"
 }
@@ -191,7 +195,7 @@ run_floor() {  # collective rep: all_reduce only
     failed "all_reduce_floor" "$out/floor_$1_$2"
 }
 run_mpich() {
-  mpiexec.mpich -n "$nranks" "$mpichb" "$1" "${sweep[@]}" \
+  mpiexec.mpich -n "$nranks" "$mpichb" "$1" "${mpi_sweep[@]}" \
     --json "$out/mpich_$1_$2.json" >"$out/mpich_$1_$2.txt" 2>"$out/mpich_$1_$2.err" ||
     failed "mpi_coll_bench (MPICH) $1" "$out/mpich_$1_$2"
 }

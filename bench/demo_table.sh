@@ -55,7 +55,7 @@ for n in $ranks; do
       f=$out/n$n-$link-s$s.json
       echo "demo_table: -n $n --link $spec --splits $s --pipelines $pipes" >&2
       "$mc2" demo -n "$n" --link "$spec" --splits "$s" --pipelines "$pipes" --iters "$iters" \
-        --out "$out/demo-n$n-$link-s$s" --json "$f" "${demo_args[@]}" >"$out/n$n-$link-s$s.log"
+        --output "$out/demo-n$n-$link-s$s" --json "$f" "${demo_args[@]}" >"$out/n$n-$link-s$s.log"
       if [[ $link == auto && $first == 1 ]]; then
         # Reuse the calibrated link for the other split counts.
         spec=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["link"])' "$f")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ops_table.sh: the fused operators' figures of merit in one table.
 #
-# Runs `mc2 bench ops --pipeline all --splits 2,3,4,6,8,12,16` for every operator and
+# Runs `mc2 bench ops --pipelines all --splits 2,3,4,6,8,12,16` for every operator and
 # rank count in three regimes and prints one row per run: compute-only and
 # comm-only time, their floor max(Tc, Tm) (no pipeline can beat it), serial,
 # the best pipeline and its speedup, its ratio to the floor, its overlap
@@ -78,7 +78,7 @@ for regime in $regimes; do
       esac
       tag=$(echo "$regime-$n-$op" | tr -c 'a-z0-9_\n-' '_')
       echo "ops_table: $regime -n $n --operator $op ${shape[*]} ${link[*]}" >&2
-      "$mc2" bench ops -n "$n" --operator "$op" "${shape[@]}" "${link[@]}" --pipeline all \
+      "$mc2" bench ops -n "$n" --operator "$op" "${shape[@]}" "${link[@]}" --pipelines all \
         --splits "$splits" -i "$iters" --confirm "$confirm" -w 1 \
         --json "$out/$tag.json" >"$out/$tag.log"
       runs+=("$out/$tag.json|$regime")

@@ -17,7 +17,7 @@ torch has it), side by side in one run, on one host:
     machine's shared cores and memory, the floor of any 2-rank step); and
     the same step on one rank without DDP ("one_rank", the compute alone).
 
-Usage: bench/torch_compare.py [-n RANKS] [--reps R] [--max-bytes B]
+Usage: bench/torch_compare.py [-n RANKS] [--reps R] [--max-bytes B (e.g. 1M)]
                               [--ddp-steps S] [--mc2 PATH] [--json FILE]
 
 Every measurement is repeated R times (default 3), the backends alternating
@@ -157,7 +157,7 @@ def cxx_latency(args):
     import tempfile
     with tempfile.TemporaryDirectory(prefix="mc2-torch-compare.") as tmp:
         out = os.path.join(tmp, "bench.json")
-        subprocess.run([args.mc2, "bench", "-n", str(args.ranks), "-b", "8", "-e", "8",
+        subprocess.run([args.mc2, "bench", "-n", str(args.nranks), "-b", "8", "-e", "8",
                         "--buffers", "private", "-i", "2000", "-w", "100", "--json", out,
                         "all_reduce"], check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
@@ -186,11 +186,37 @@ def launch(backend, n, args):
     return result
 
 
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
+               "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30,
+               "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+
+
+def byte_count(text):
+    """A size as `mc2 bench -b/-e` reads it (core::ParseBytes): 1048576, 64K,
+    1.5K, 256M or 2G (K = 1024)."""
+    form = f"'{text}' is not a byte count such as 1048576, 64K, 256M or 2G"
+    t = text.strip()
+    i = 0
+    while i < len(t) and (t[i].isdigit() or t[i] == "."):
+        i += 1
+    unit = t[i:].strip().lower()
+    try:
+        value = float(t[:i]) * _BYTE_UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(form) from None
+    if value != int(value):
+        raise argparse.ArgumentTypeError(form)
+    if value < 8:
+        raise argparse.ArgumentTypeError(f"{text}: the sizes start at 8 bytes")
+    return int(value)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-n", "--ranks", type=int, default=2)
+    ap.add_argument("-n", "--nranks", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--max-bytes", type=int, default=64 << 20)
+    ap.add_argument("--max-bytes", type=byte_count, default=64 << 20,
+                    help="largest all_reduce size, e.g. 1M or 67108864 (K = 1024)")
     ap.add_argument("--ddp-steps", type=int, default=5)
     ap.add_argument("--mc2", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "..", "build", "tools", "mc2"),
@@ -209,11 +235,11 @@ def main():
     cxx = []
     for rep in range(args.reps):
         for b in runs:
-            runs[b].append(launch(b, args.ranks, args))
+            runs[b].append(launch(b, args.nranks, args))
             print(f"torch_compare: repetition {rep + 1}/{args.reps}: {b} done", file=sys.stderr)
         cxx.append(cxx_latency(args))
 
-    n = args.ranks
+    n = args.nranks
     factor = 2 * (n - 1) / n if n > 1 else 1.0
 
     def median_curve(b, key):

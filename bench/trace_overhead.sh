@@ -13,7 +13,7 @@
 # Usage: bench/trace_overhead.sh [-n N] [-r REPS] [--build DIR] [--link SPEC]
 #            [--iters I] [-m M -k K -N N] [--dtype f32|bf16] [OP ...]
 # OPs default to all_gather_matmul matmul_reduce_scatter matmul_all_reduce;
-# each runs --pipeline all --splits 4 (serial, chunked, fused, auto).
+# each runs --pipelines all --splits 4 (serial, chunked, fused, auto).
 # --link defaults to none (raw shared memory); give auto for the emulated,
 # balanced case (the calibration then runs once per invocation, so both
 # sides of a repetition use the same link).
@@ -52,11 +52,11 @@ make_output_dir "" trace-overhead
 
 for op in "${ops[@]}"; do
   shape=(bench ops -n "$nranks" --operator "$op" -m "$m" -k "$k" -N "$n" --dtype "$dtype")
-  common=("${shape[@]}" --pipeline all --splits 4 --iters "$iters" --warmup 1)
+  common=("${shape[@]}" --pipelines all --splits 4 --iters "$iters" --warmup 1)
   linkspec=$link
   if [[ $link == auto ]]; then
     # Calibrate once so both sides run on the same emulated link.
-    "$mc2" "${shape[@]}" --pipeline serial --link auto --iters 1 --json "$out/calib.json" \
+    "$mc2" "${shape[@]}" --pipelines serial --link auto --iters 1 --json "$out/calib.json" \
       >/dev/null
     linkspec=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["link"])' \
       "$out/calib.json")

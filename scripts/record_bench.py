@@ -15,7 +15,7 @@ COMMAND is one of
   BUILD/tools/mc2 bench ...       (the recorder adds --json FILE)
   BUILD/tools/mc2 bench ops ...   (the recorder adds --json FILE)
   BUILD/tools/mc2 bench batch ... (the recorder adds --json FILE)
-  BUILD/tools/mc2 demo ...        (the recorder adds --json FILE, and --out DIR
+  BUILD/tools/mc2 demo ...        (the recorder adds --json FILE, and --output DIR
                                    in a temporary directory unless given)
   BUILD/tools/mc2 demo infer ...  (the same)
   BUILD/tools/mc2 demo fsdp ...   (the same)
@@ -221,8 +221,9 @@ def main(argv):
             run += ["--keep", f"{tmp}/keep"]
         else:
             run += ["--json", f"{tmp}/result.json"]
-            if kind in ("demo", "demo_infer", "demo_pp", "demo_cp", "demo_fsdp") and option_value(command, "--out") is None:
-                run += ["--out", f"{tmp}/demo"]
+            if kind in ("demo", "demo_infer", "demo_pp", "demo_cp", "demo_fsdp") and option_value(command, "--output") is None \
+                    and option_value(command, "-o") is None:
+                run += ["--output", f"{tmp}/demo"]
         date = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
         print(f"record_bench.py: running {shlex.join(run)}", file=sys.stderr)
         proc = subprocess.run(run, stdout=subprocess.PIPE, text=True)

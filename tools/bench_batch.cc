@@ -205,6 +205,7 @@ Row Measure(const Group& g, Case& c, const BatchArgs& a) {
 }
 
 int RunRank(const BatchArgs& a) {
+  ReserveStdoutForJson(a.json);
   Group g = Group::FromEnv();
   std::vector<Row> rows;
   for (bool mixed : {false, true}) {
@@ -241,10 +242,10 @@ int RunRank(const BatchArgs& a) {
           r.separate_us / r.batch_us, r.wrong);
     }
     j += "]}\n";
-    if (a.json == "-") {
-      fmt::print("{}", j);
-    } else {
-      std::ofstream(a.json) << j;
+    const std::string err = WriteOutputFile(a.json, j);
+    if (!err.empty()) {
+      fmt::print(stderr, "mc2 bench batch: cannot write --json {}: {}\n", a.json, err);
+      ok = false;
     }
   }
   return ok ? 0 : 1;

@@ -35,7 +35,8 @@ struct BenchArgs {
   std::string min_bytes = "8", max_bytes = "256M";
   int factor = 2;
   std::string dtype = "f32", op = "sum", algo = "auto";
-  int iters = 20, warmup = 5, check = 1;
+  int iters = 20, warmup = 5;
+  bool no_check = false;
   std::string buffers = "symmetric";
   int root = 0;
   std::string json;
@@ -114,7 +115,7 @@ bench::Config Validate(const BenchArgs& a) {
     Usage("--algo does not apply to send_recv");
   cfg.iters = a.iters;
   cfg.warmup = a.warmup;
-  cfg.check = a.check == 1;
+  cfg.check = !a.no_check;
   cfg.symmetric = a.buffers == "symmetric";
   // Inside a job the job's size is checked by the ranks.
   // Inside a job started by `mc2 run` or by mpirun (across hosts).
@@ -149,7 +150,11 @@ void RunCallback(const BenchArgs& a) {
     if (status != 0) throw CLI::RuntimeError(status);
     return;
   }
-  if (!a.output.empty()) Usage("--output goes with --tune (use --json for a sweep's rows)");
+  if (!a.output.empty())
+    Usage(
+        fmt::format("-o/--output {} goes with --tune (a sweep's rows: --json FILE; the "
+                    "reduction: --op)",
+                    a.output));
   bench::Config cfg = Validate(a);
   // Rank 0 writes the rows; inside a job the other ranks leave the check to it.
   const bool in_job = Group::LaunchedByMc2() || Group::LaunchedByMpi();
@@ -204,7 +209,7 @@ void RegisterBench(CLI::App& app) {
       ->check(CLI::Range(2, 1 << 20));
   cmd->add_option("-d,--dtype", a->dtype, "f32, f64, f16, bf16, i8, u8, i32 or i64")
       ->capture_default_str();
-  cmd->add_option("-o,--op", a->op, "sum, prod, min, max, avg, band, bor or bxor")
+  cmd->add_option("--op", a->op, "sum, prod, min, max, avg, band, bor or bxor")
       ->capture_default_str();
   cmd->add_option("--algo", a->algo,
                   "auto, ring, recursive_doubling, rabenseifner, tree or direct; across hosts "
@@ -216,9 +221,8 @@ void RegisterBench(CLI::App& app) {
   cmd->add_option("-w,--warmup", a->warmup, "Untimed iterations per size")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 30));
-  cmd->add_option("-c,--check", a->check, "1: check every result (exit 1 if any is wrong)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({0, 1}));
+  cmd->add_flag("--no-check", a->no_check,
+                "Do not check the results (they are checked by default: exit 1 if any is wrong)");
   cmd->add_option("--buffers", a->buffers,
                   "symmetric (Group::AllocSymmetric) or private (heap memory)")
       ->capture_default_str()
@@ -231,7 +235,7 @@ void RegisterBench(CLI::App& app) {
                 "Time every algorithm of all_reduce, all_gather, reduce_scatter, broadcast and "
                 "reduce from 8 B to 64 MiB and write the selector's tuning table (in an mpirun "
                 "job across hosts: also hierarchical vs flat across hosts, docs/multi-host.md)");
-  cmd->add_option("--output", a->output,
+  cmd->add_option("-o,--output", a->output,
                   "--tune: the table to write (default ~/.cache/mc2/tuning.json)");
   cmd->add_option("--tune-result", a->tune_result)->group("");  // internal
   // `mc2 bench ops ...` (tools/bench_ops.cc) has its own options and callback.

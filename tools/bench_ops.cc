@@ -4,7 +4,7 @@
 //
 //   mc2 bench ops [-n N] --operator all_gather_matmul|matmul_reduce_scatter|
 //       matmul_all_reduce|all_gather_batch_matmul|moe|moe_mlp [-m M -k K -N N]
-//       [-d f32|bf16] [--pipeline serial|chunked|fused|auto|all] [--splits s|LIST|sweep]
+//       [-d f32|bf16] [--pipelines LIST|all] [--splits s|LIST|sweep]
 //       [--link SPEC|auto|none] [-i I] [-w W] [--confirm C] [--json FILE]
 //   mc2 bench ops [-n N] --tune [--output FILE] [-m M -k K -N N]
 //
@@ -77,7 +77,7 @@ struct OpsArgs {
   int nranks = 0;
   std::string dtype = "f32";
   size_t m = 2048, k = 2048, n = 1024;
-  std::string pipeline = "all";
+  std::string pipelines = "all";
   std::string splits = "4";
   std::string link = "none";
   int iters = 5, warmup = 2;
@@ -130,6 +130,41 @@ const CLI::Validator kSplitsValidator(
     },
     "1-16|LIST|sweep");
 
+// "all" (chunked, fused and auto) or a comma-separated list of pipelines,
+// each once; serial, which always runs as the baseline, is dropped from a
+// longer list. Sets *error and returns {} when malformed.
+std::vector<Pipeline> ParsePipelineList(const std::string& text, std::string* error = nullptr) {
+  if (text == "all") return {Pipeline::kChunked, Pipeline::kFused, Pipeline::kAuto};
+  std::vector<Pipeline> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    const auto p = ParsePipeline(item);
+    std::string why;
+    if (!p)
+      why =
+          fmt::format("'{}' is not a pipeline: expected serial, chunked, fused, auto or all", item);
+    else if (std::find(out.begin(), out.end(), *p) != out.end())
+      why = fmt::format("'{}' is listed twice", item);
+    if (!why.empty()) {
+      if (error) *error = why;
+      return {};
+    }
+    out.push_back(*p);
+  }
+  if (out.empty() && error)
+    *error = "expected serial, chunked, fused, auto or a list of them, or all";
+  if (out.size() > 1) std::erase(out, Pipeline::kSerial);
+  return out;
+}
+
+const CLI::Validator kPipelinesValidator(
+    [](std::string& text) -> std::string {
+      std::string error;
+      ParsePipelineList(text, &error);
+      return error;
+    },
+    "LIST|all");
+
 const CLI::Validator kLinkValidator(
     [](std::string& text) -> std::string {
       if (text == "auto" || text == "none") return "";
@@ -170,10 +205,7 @@ OpsConfig Validate(const OpsArgs& a) {
   c.m = a.m;
   c.k = a.k;
   c.n = a.n;
-  if (a.pipeline == "all")
-    c.pipelines = {Pipeline::kChunked, Pipeline::kFused, Pipeline::kAuto};
-  else
-    c.pipelines = {*ParsePipeline(a.pipeline)};
+  c.pipelines = ParsePipelineList(a.pipelines);
   c.splits = *ParseSplits(a.splits);
   c.link = a.link;
   c.iters = a.iters;
@@ -202,7 +234,9 @@ std::vector<std::string> JobArgs(const OpsConfig& c, const std::string& link, bo
   add("--iters", std::to_string(c.iters));
   add("--warmup", std::to_string(c.warmup));
   add("--confirm", std::to_string(c.confirm));
-  add("--pipeline", c.pipelines.size() > 1 ? "all" : PipelineName(c.pipelines[0]));
+  std::vector<std::string> names;
+  for (Pipeline p : c.pipelines) names.push_back(PipelineName(p));
+  add("--pipelines", fmt::format("{}", fmt::join(names, ",")));
   add("--splits", fmt::format("{}", fmt::join(c.splits, ",")));
   if (!c.json_path.empty()) v.insert(v.end(), {"--json", c.json_path});
   if (!c.trace_ab.empty()) v.insert(v.end(), {"--trace-ab", c.trace_ab});
@@ -333,6 +367,7 @@ void RunOpsCallback(const OpsArgs& a, bool link_was_auto) {
     if (cfg.link == "auto")
       Usage("--link auto needs to start its own ranks (run `mc2 bench ops` outside `mc2 run`)");
     cfg.link_auto = link_was_auto;
+    ReserveStdoutForJson(cfg.json_path);
     const int status = bench_ops::RunOpsRank(cfg);
     if (status != 0) throw CLI::RuntimeError(status);
     return;
@@ -393,8 +428,10 @@ void RegisterBenchOps(CLI::App& bench) {
   cmd->add_option("-N", a->n, "Columns N of the per-rank GEMM (an element count)")
       ->check(kDimValidator)
       ->capture_default_str();
-  cmd->add_option("--pipeline", a->pipeline, "Pipelines to time besides serial")
-      ->check(CLI::IsMember({"serial", "chunked", "fused", "auto", "all"}))
+  cmd->add_option("--pipelines", a->pipelines,
+                  "Pipelines to time besides serial, comma-separated: chunked, fused, auto "
+                  "(serial alone: only serial); all: chunked,fused,auto")
+      ->check(kPipelinesValidator)
       ->capture_default_str();
   cmd->add_option("--splits", a->splits, "Chunks per block, 1-16, a list (2,4,8), or sweep")
       ->check(kSplitsValidator)
@@ -423,7 +460,7 @@ void RegisterBenchOps(CLI::App& bench) {
   cmd->add_flag("--tune", a->tune,
                 "Measure the cost model's parameters (GEMM rate, collectives, per-step costs, "
                 "raw-shm overlap) and write the operator tuning file");
-  cmd->add_option("--output", a->output,
+  cmd->add_option("-o,--output", a->output,
                   "--tune: the file to write (default MC2_OPS_TUNING_FILE, else "
                   "~/.cache/mc2/ops_tuning.json; checked writable before the run)");
   cmd->add_option("--calibrate-out", a->calibrate_out)->group("");  // internal

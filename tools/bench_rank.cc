@@ -449,7 +449,7 @@ int Sweep::Run() {
     if (cfg_.check)
       fmt::print("# Out of bounds values : {} {}\n", wrong, wrong == 0 ? "OK" : "FAILED");
     else
-      fmt::print("# Out of bounds values : N/A (not checked, -c 0)\n");
+      fmt::print("# Out of bounds values : N/A (not checked, --no-check)\n");
     fmt::print("# Avg bus bandwidth    : {:.4f} \n", avg_bw);
     fmt::print("#\n");
     fmt::print("# {}\n", wrong == 0 ? "OK" : fmt::format("FAILED: {} wrong values", wrong));
@@ -462,6 +462,7 @@ int Sweep::Run() {
 }  // namespace
 
 int RunBenchRank(const Config& cfg) {
+  ReserveStdoutForJson(cfg.json_path);
   Group g;
   try {
     g = Group::FromEnv();

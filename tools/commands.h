@@ -7,12 +7,16 @@
 // status without printing anything more (the command prints its own
 // diagnostics). Command-line parse errors exit with status 2.
 //
-// One vocabulary across the subcommands: -n/--nranks ranks, -d/--dtype the
-// element type, -o/--op the reduction (in `mc2 trace`, which reduces
-// nothing, -o/--output is the file written), -i/--iters and -w/--warmup
-// timed and untimed iterations; sizes and durations take core::ParseBytes'
-// and core::ParseDuration's forms (cli_validators.h); outputs are checked
-// before any work and directories are never emptied (output_paths.h).
+// One vocabulary across the subcommands (docs/cli.md lists every option):
+// -n/--nranks the number of ranks launched, -d/--dtype the element type,
+// --op the reduction, -i/--iters and -w/--warmup timed and untimed
+// iterations (warm-up may be 0), -o/--output what a command writes (a file,
+// or a demo's directory), --json FILE the results as JSON ("-": standard
+// output), --pipelines the fused operators' pipelines, --splits their chunk
+// count, --seq-len tokens per sequence, --check a flag that turns failed
+// checks into exit status 1; sizes and durations take core::ParseBytes' and
+// core::ParseDuration's forms (cli_validators.h); outputs are checked before
+// any work and directories are never emptied (output_paths.h).
 #ifndef MC2_TOOLS_COMMANDS_H_
 #define MC2_TOOLS_COMMANDS_H_
 
@@ -31,8 +35,8 @@ void RegisterBenchOps(CLI::App& bench);
 // `mc2 bench batch [-n N] [--entries E] [--bytes B] ...`: a batch of
 // collectives against separate calls, a subcommand of `bench` (tools/bench_batch.cc)
 void RegisterBenchBatch(CLI::App& bench);
-// `mc2 trace merge DIR -o FILE`, `mc2 trace report DIR [--json]`,
-// `mc2 trace plot DIR -o FILE.svg`
+// `mc2 trace merge DIR -o FILE`, `mc2 trace report DIR [--json FILE] [--check]`,
+// `mc2 trace plot DIR [-o FILE.svg]`
 void RegisterTrace(CLI::App& app);
 // `mc2 soak -n N -t DURATION [--faults] [--seed X]` (soak.h)
 void RegisterSoak(CLI::App& app);
@@ -44,13 +48,13 @@ void RegisterDemoInfer(CLI::App& demo);
 // `mc2 demo fsdp [-n N] [--prefetch 0,1,2] [--link auto] ...`, a subcommand of
 // `demo` (demo_fsdp.cc)
 void RegisterDemoFsdp(CLI::App& demo);
-// `mc2 demo pp [--pp P] [--tp T] [--dp D] [-m M] [--schedules 1f1b,interleaved] ...`,
+// `mc2 demo pp [-n N] [--pp P] [--tp T] [--dp D] [--micro-batches M] [--schedules ...] ...`,
 // a subcommand of `demo` (demo_pp.cc)
 void RegisterDemoPp(CLI::App& demo);
-// `mc2 demo cp [--cp C] [--tp T] [--seq S] [--overlap on|off|both] ...`, a
+// `mc2 demo cp [-n N] [--cp C] [--tp T] [--seq-len S] [--overlap on|off|both] ...`, a
 // subcommand of `demo` (demo_cp.cc)
 void RegisterDemoCp(CLI::App& demo);
-// `mc2 topo [-n N] [--json]`: hosts, ranks, cores and links (topo_command.cc)
+// `mc2 topo [-n N] [--json FILE]`: hosts, ranks, cores and links (topo_command.cc)
 void RegisterTopo(CLI::App& app);
 
 }  // namespace mc2::tools

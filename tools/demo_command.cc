@@ -51,6 +51,13 @@ using json = nlohmann::json;
 
 constexpr int kExitFailed = 1;
 
+// The split count of the chunked and fused pipelines when --splits is not
+// given: the smallest that keeps both the speedup and the uncovered
+// communication targets on the default model (docs/benchmarks.md). The
+// demo's GEMMs are large enough that finer chunks hide more of the link
+// than the fused operators' default (4) does.
+constexpr int kModelSplits = 16;
+
 struct DemoArgs {
   // Two ranks by default: one per core here, so that what overlaps is the
   // link and the compute, not two ranks time-sharing a core.
@@ -60,12 +67,10 @@ struct DemoArgs {
   std::string link = "auto";
   double comm_ratio = 0.75;  // --link auto: communication / compute per step
   std::string pipelines = "serial,chunked,fused,auto";
-  // The smallest split count that keeps both the speedup and the uncovered
-  // communication targets on the default model (docs/benchmarks.md).
-  int splits = 16;
+  int splits = 0;  // 0: the model's own split count, kModelSplits
   int steps = 3;
   int warmup = 1;
-  int layers = 2, hidden = 1024, heads = 16, ffn = 2048, vocab = 64, seq = 256, batch = 4;
+  int layers = 2, hidden = 1024, heads = 16, ffn = 2048, vocab = 64, seq_len = 256, batch = 4;
   std::string dtype = "f32";                  // of the GEMM inputs: f32 or bf16
   int moe_experts = 0, moe_topk = 2, ep = 1;  // MoE MLPs (0: dense) and the EP size
   uint64_t seed = 1;
@@ -90,12 +95,12 @@ models::TransformerConfig ModelConfig(const DemoArgs& a) {
   c.heads = a.heads;
   c.ffn = a.ffn;
   c.vocab = a.vocab;
-  c.seq_len = a.seq;
+  c.seq_len = a.seq_len;
   c.batch = a.batch;
   c.seed = a.seed;
   c.lr = a.lr;
   c.gemm_dtype = a.dtype == "bf16" ? DType::kBF16 : DType::kF32;
-  c.fused.splits = a.splits;
+  c.fused.splits = a.splits ? a.splits : kModelSplits;
   c.moe_experts = a.moe_experts;
   c.moe_topk = a.moe_topk;
   return c;
@@ -118,6 +123,7 @@ int RunRankJob(const DemoArgs& a) {
     std::vector<double> block_ms;
     int64_t tokens = 0;
     auto t0 = std::chrono::steady_clock::now();
+    if (a.warmup == 0) trace::Enable(dir);  // no warm-up: every step is traced
     models::TrainSteps(world, c, tp, a.ep, total, [&](const models::StepStats& s) {
       losses.push_back(s.loss);
       // The warm-up steps pay for first-call set-up (GEMM primitives, heap):
@@ -161,17 +167,17 @@ std::vector<std::string> RankArgv(const DemoArgs& a, const std::string& pipeline
                                   int warmup, const std::string& out,
                                   const std::string& results) {
   JobArgv v(nullptr, results);
-  v.Add("--out", out);
+  v.Add("--output", out);
   v.Add("--pipelines", pipelines);
-  v.Add("--steps", std::to_string(steps));
+  v.Add("--iters", std::to_string(steps));
   v.Add("--warmup", std::to_string(warmup));
-  v.Add("--splits", std::to_string(a.splits));
+  v.Add("--splits", std::to_string(a.splits ? a.splits : kModelSplits));
   v.Add("--layers", std::to_string(a.layers));
   v.Add("--hidden", std::to_string(a.hidden));
   v.Add("--heads", std::to_string(a.heads));
   v.Add("--ffn", std::to_string(a.ffn));
   v.Add("--vocab", std::to_string(a.vocab));
-  v.Add("--seq", std::to_string(a.seq));
+  v.Add("--seq-len", std::to_string(a.seq_len));
   v.Add("--batch", std::to_string(a.batch));
   v.Add("--seed", std::to_string(a.seed));
   v.Add("--tp", std::to_string(a.tp));
@@ -247,9 +253,10 @@ void CheckArgs(const DemoArgs& a) {
        fmt::format("--tp {} must divide --heads {} (heads are split across the TP ranks)", tp,
                    a.heads));
   need(a.ffn % tp == 0, fmt::format("--tp {} must divide --ffn {}", tp, a.ffn));
-  need(a.seq % tp == 0,
-       fmt::format("--tp {} must divide --seq {} (the sequence is sharded across the TP ranks)", tp,
-                   a.seq));
+  need(a.seq_len % tp == 0,
+       fmt::format("--tp {} must divide --seq-len {} (the sequence is sharded across the TP "
+                   "ranks)",
+                   tp, a.seq_len));
   need(a.batch % dp == 0,
        fmt::format("the data-parallel size -n {} / --tp {} = {} must divide --batch {}", a.nranks,
                    tp, dp, a.batch));
@@ -270,7 +277,7 @@ void CheckArgs(const DemoArgs& a) {
     core::ParseLinkConfig(a.link, "--link");
 }
 
-// What a demo run writes into its --out directory (output_paths.h): only
+// What a demo run writes into its --output directory (output_paths.h): only
 // these are removed when a directory of an earlier run is reused.
 std::vector<std::string> OwnOutputs() {
   std::vector<std::string> names = {"results.json"};
@@ -294,7 +301,7 @@ void Conduct(const DemoArgs& a) {
   // rank starts before both.
   CheckArgs(a);
   if (!a.json_path.empty()) CheckWritableFile(a.json_path, "--json");
-  PrepareOutputDir(a.out, "--out");
+  PrepareOutputDir(a.out, "--output");
   const fs::path out = fs::absolute(a.out);
   RemoveOwnOutputs(out.string(), OwnOutputs());
   const int tp = a.tp ? a.tp : a.nranks;
@@ -355,7 +362,7 @@ void Conduct(const DemoArgs& a) {
   fmt::print(
       "\nmc2 demo: {} layers, hidden {}, {} heads, ffn {}, {} x {} tokens per step, {} "
       "GEMMs, {} ranks (tp {}, dp {})\n{}; {} timed steps after {} warm-up, medians\n\n",
-      a.layers, a.hidden, a.heads, a.ffn, a.batch, a.seq, a.dtype, a.nranks, tp, a.nranks / tp,
+      a.layers, a.hidden, a.heads, a.ffn, a.batch, a.seq_len, a.dtype, a.nranks, tp, a.nranks / tp,
       link_label, a.steps, a.warmup);
   row("", [](const RunSummary& r) { return r.pipeline; });
   row("step time (ms)", [](const RunSummary& r) { return fmt::format("{:.1f}", r.step_ms); });
@@ -450,14 +457,18 @@ void RegisterDemo(CLI::App& app) {
                   "Pipelines to compare, comma-separated: serial, chunked, fused, auto (serial "
                   "always runs first, as the baseline)")
       ->capture_default_str();
-  cmd->add_option("--splits", a->splits, "Chunks of the chunked pipeline (1-16)")
-      ->capture_default_str()->check(CLI::Range(1, 16));
-  cmd->add_option("-i,--iters,--steps", a->steps, "Timed training steps per pipeline")
+  cmd->add_option("--splits", a->splits,
+                  fmt::format("Chunks of the chunked and fused pipelines (1-16; default: the "
+                              "model's own, {})",
+                              kModelSplits))
+      ->check(CLI::Range(1, 16));
+  cmd->add_option("-i,--iters", a->steps, "Timed training steps per pipeline")
       ->capture_default_str()
       ->check(CLI::Range(1, 10000));
-  cmd->add_option("-w,--warmup", a->warmup, "Untimed steps first (first-call set-up)")
+  cmd->add_option("-w,--warmup", a->warmup,
+                  "Untimed steps first (first-call set-up; 0: every step is timed and traced)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 100));
+      ->check(CLI::Range(0, 100));
   cmd->add_option("--layers", a->layers, "Transformer blocks")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
@@ -473,7 +484,7 @@ void RegisterDemo(CLI::App& app) {
   cmd->add_option("--vocab", a->vocab, "Vocabulary")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--seq", a->seq, "Sequence length")
+  cmd->add_option("--seq-len", a->seq_len, "Tokens per sequence")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--batch", a->batch, "Sequences per step (global)")
@@ -494,7 +505,7 @@ void RegisterDemo(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "Seed of the weights and the data")->capture_default_str();
   cmd->add_option("--lr", a->lr, "AdamW learning rate")->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--out", a->out,
+  cmd->add_option("-o,--output", a->out,
                   "Directory for traces, timelines and results: a new or empty one, or one "
                   "an earlier `mc2 demo` wrote (only the files it writes are replaced)")
       ->capture_default_str();
@@ -524,6 +535,7 @@ void RegisterDemo(CLI::App& app) {
         if (a->tp * a->dp != a->nranks)
           Usage(fmt::format("--tp {} x --dp {} must be -n {}", a->tp, a->dp, a->nranks));
       }
+      ReserveStdoutForJson(a->json_path);
       Conduct(*a);
     } catch (const Error& e) {
       // A usage error speaks for itself; other failures say what kind they are.

@@ -48,8 +48,10 @@ constexpr int kExitFailed = 1;
 constexpr const char* kCommand = "mc2 demo cp";
 
 struct CpArgs {
-  int cp = 2, tp = 1;
-  int seq = 2048, heads = 8, head_dim = 64, batch = 1;
+  int nranks = 0;  // 0: cp x tp
+  int cp = 0;      // 0: -n / --tp, or 2
+  int tp = 1;
+  int seq_len = 2048, heads = 8, head_dim = 64, batch = 1;
   bool no_causal = false;
   std::string overlap = "both";  // off, on, both
   std::string link = "auto";
@@ -75,7 +77,7 @@ std::vector<bool> Modes(const std::string& overlap) {
 models::RingAttentionConfig RingConfig(const CpArgs& a, bool overlap) {
   models::RingAttentionConfig c;
   c.batch = a.batch;
-  c.seq_len = a.seq;
+  c.seq_len = a.seq_len;
   c.heads = a.heads / a.tp;
   c.head_dim = a.head_dim;
   c.causal = !a.no_causal;
@@ -205,13 +207,13 @@ int RunRankJob(const CpArgs& a) {
 std::vector<std::string> RankArgv(const CpArgs& a, const std::string& overlap, int iters,
                                   int warmup, const std::string& out, const std::string& results) {
   JobArgv v("cp", results);
-  v.Add("--out", out);
+  v.Add("--output", out);
   v.Add("--overlap", overlap);
   v.Add("--iters", std::to_string(iters));
   v.Add("--warmup", std::to_string(warmup));
   v.Add("--cp", std::to_string(a.cp));
   v.Add("--tp", std::to_string(a.tp));
-  v.Add("--seq", std::to_string(a.seq));
+  v.Add("--seq-len", std::to_string(a.seq_len));
   v.Add("--heads", std::to_string(a.heads));
   v.Add("--head-dim", std::to_string(a.head_dim));
   v.Add("--batch", std::to_string(a.batch));
@@ -251,7 +253,7 @@ std::string Calibrate(const CpArgs& a, const fs::path& out) {
                               "spec or none",
                               kCommand, recorded));
     // One block: K and V of this rank's positions and heads.
-    const double block = 2.0 * (a.seq / a.cp) * a.batch * (a.heads / a.tp) * a.head_dim *
+    const double block = 2.0 * (a.seq_len / a.cp) * a.batch * (a.heads / a.tp) * a.head_dim *
                          static_cast<double>(sizeof(float));
     const double per_block = 2.0 * (2.0 * a.cp) * block;  // 2N blocks, sent and received
     m.comm_s *= per_block / recorded;
@@ -268,16 +270,30 @@ struct RunSummary {
   std::string fingerprint, trace_json, svg;
 };
 
+// -n fixes the rank count, cp x tp: the CP size follows from it unless --cp
+// is given too, when the two must agree.
+void ResolveRanks(CpArgs& a) {
+  if (a.nranks == 0) {
+    if (a.cp == 0) a.cp = 2;
+    return;
+  }
+  if (a.nranks % a.tp != 0)
+    Usage(fmt::format("--tp {} must divide -n {} (the ranks are cp x tp)", a.tp, a.nranks));
+  if (a.cp == 0) a.cp = a.nranks / a.tp;
+  if (a.cp * a.tp != a.nranks)
+    Usage(fmt::format("--cp {} x --tp {} must be -n {}", a.cp, a.tp, a.nranks));
+}
+
 void CheckArgs(const CpArgs& a) {
   auto need = [](bool ok, const std::string& what) {
     if (!ok) Usage(what);
   };
   need(a.heads % a.tp == 0,
        fmt::format("--tp {} must divide --heads {} (each TP rank holds its heads)", a.tp, a.heads));
-  need(a.seq % (2 * a.cp) == 0,
-       fmt::format("--seq {} must be divisible by 2 x --cp = {} (every CP rank holds two of "
+  need(a.seq_len % (2 * a.cp) == 0,
+       fmt::format("--seq-len {} must be divisible by 2 x --cp = {} (every CP rank holds two of "
                    "2 x cp equal chunks)",
-                   a.seq, 2 * a.cp));
+                   a.seq_len, 2 * a.cp));
   need(a.overlap == "on" || a.overlap == "off" || a.overlap == "both",
        fmt::format("--overlap {}: expected on, off or both", a.overlap));
   if (a.link != "auto" && a.link != "none" && a.link != "off")
@@ -306,7 +322,7 @@ void Conduct(const CpArgs& a) {
   const auto t_start = std::chrono::steady_clock::now();
   CheckArgs(a);
   if (!a.json_path.empty()) CheckWritableFile(a.json_path, "--json");
-  PrepareOutputDir(a.out, "--out");
+  PrepareOutputDir(a.out, "--output");
   const fs::path out = fs::absolute(a.out);
   RemoveOwnOutputs(out.string(), OwnOutputs());
   const int nranks = a.cp * a.tp;
@@ -351,7 +367,7 @@ void Conduct(const CpArgs& a) {
       "\n{}: ring attention forward + backward, sequence {} over cp {} (chunks of {}), {} heads "
       "over tp {}, head_dim {}, batch {}, {}\n{}; {} timed steps after {} warm-up, medians of "
       "the slowest rank\n\n",
-      kCommand, a.seq, a.cp, a.seq / (2 * a.cp), a.heads, a.tp, a.head_dim, a.batch,
+      kCommand, a.seq_len, a.cp, a.seq_len / (2 * a.cp), a.heads, a.tp, a.head_dim, a.batch,
       a.no_causal ? "no mask" : "causal (load-balanced)", dl.label, a.iters, a.warmup);
   row("", [](const RunSummary& r) { return std::string(ModeName(r.overlap)); });
   row("step time (ms)", [](const RunSummary& r) { return fmt::format("{:.2f}", r.step_ms); });
@@ -383,7 +399,7 @@ void Conduct(const CpArgs& a) {
               {"ranks", nranks},
               {"cp", a.cp},
               {"tp", a.tp},
-              {"seq", a.seq},
+              {"seq", a.seq_len},
               {"heads", a.heads},
               {"head_dim", a.head_dim},
               {"batch", a.batch},
@@ -415,13 +431,14 @@ void RegisterDemoCp(CLI::App& demo) {
       "cp",
       "Context parallelism: ring attention forward and backward over cp ranks (x tp for the "
       "heads), the ring's transfers overlapped with its compute or not");
-  cmd->add_option("--cp", a->cp, "Context-parallel ranks (the ring)")
-      ->capture_default_str()
+  cmd->add_option("-n,--nranks", a->nranks, "Ranks to launch, cp x tp (default: --cp x --tp)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--cp", a->cp, "Context-parallel ranks, the ring (default: -n / --tp, or 2)")
       ->check(CLI::Range(1, 64));
   cmd->add_option("--tp", a->tp, "Tensor-parallel ranks (heads split over them); cp x tp ranks")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
-  cmd->add_option("--seq", a->seq, "Sequence length (2 x cp must divide it)")
+  cmd->add_option("--seq-len", a->seq_len, "Tokens per sequence (2 x cp must divide it)")
       ->capture_default_str()
       ->check(CLI::Range(2, 1 << 22));
   cmd->add_option("--heads", a->heads, "Attention heads (tp must divide it)")
@@ -455,7 +472,10 @@ void RegisterDemoCp(CLI::App& demo) {
   cmd->add_option("--seed", a->seed, "Seed of the inputs")->capture_default_str();
   AddDemoEntry(cmd, kCommand,
                {&a->out, &a->json_path, &a->rank_job, &a->results, [a] { return RunRankJob(*a); },
-                [a] { Conduct(*a); }});
+                [a] {
+                  ResolveRanks(*a);
+                  Conduct(*a);
+                }});
 }
 
 }  // namespace mc2::tools

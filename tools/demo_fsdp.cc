@@ -52,7 +52,7 @@ constexpr int kExitFailed = 1;
 constexpr const char* kCommand = "mc2 demo fsdp";
 
 struct FsdpArgs {
-  int nranks = 2;  // the data-parallel ranks
+  int nranks = 2;  // ranks launched: dp x tp
   int tp = 1;      // x the tensor-parallel ones: ranks launched
   std::string link = "auto";
   double comm_ratio = 1.0;
@@ -73,7 +73,9 @@ struct FsdpArgs {
 
 [[noreturn]] void Usage(const std::string& message) { DemoUsage(kCommand, message); }
 
-int Ranks(const FsdpArgs& a) { return a.nranks * a.tp; }
+int Ranks(const FsdpArgs& a) { return a.nranks; }
+// The data-parallel size, over which the model is sharded.
+int Dp(const FsdpArgs& a) { return a.nranks / a.tp; }
 
 models::TransformerConfig ModelConfig(const FsdpArgs& a) {
   models::TransformerConfig c;
@@ -112,7 +114,7 @@ std::string ColumnName(const std::string& col) {
 // Bytes a forward all-gathers on a rank: every unit (a block: its TP
 // rank's slices), padded to N shards.
 double GatherBytes(const FsdpArgs& a) {
-  const double h = a.hidden, f = a.ffn, V = a.vocab, N = a.nranks, p = a.tp;
+  const double h = a.hidden, f = a.ffn, V = a.vocab, N = Dp(a), p = a.tp;
   auto padded = [&](double n) { return std::ceil(n / N) * N * 4; };
   return padded(V * h) + a.layers * padded(2 * h + (4 * h * h + 3 * h * f) / p) +
          padded(h + h * V);
@@ -203,7 +205,7 @@ int RunRankJob(const FsdpArgs& a) {
 std::vector<std::string> RankArgv(const FsdpArgs& a, const std::string& columns, int iters,
                                   int warmup, const std::string& out, const std::string& results) {
   JobArgv v("fsdp", results);
-  v.Add("--out", out);
+  v.Add("--output", out);
   v.Add("--columns", columns);
   v.Add("--iters", std::to_string(iters));
   v.Add("--warmup", std::to_string(warmup));
@@ -247,7 +249,7 @@ std::string Calibrate(const FsdpArgs& a, const fs::path& out) {
     m.comm_s = Median(wait);
     return m;
   };
-  return tools::CalibrateLink(a.comm_ratio, a.nranks, measure, kCommand);
+  return tools::CalibrateLink(a.comm_ratio, Dp(a), measure, kCommand);
 }
 
 struct RunSummary {
@@ -269,10 +271,14 @@ void CheckArgs(const FsdpArgs& a) {
   need((a.hidden / a.heads) % 2 == 0,
        fmt::format("--hidden {} / --heads {} = {} must be even (rotary embeddings rotate pairs)",
                    a.hidden, a.heads, a.hidden / a.heads));
-  need(a.batch % a.nranks == 0,
-       fmt::format("-n {} must divide --batch {} (each rank trains on its sequences)",
-                   a.nranks, a.batch));
-  models::ValidateConfig(ModelConfig(a), a.tp, a.nranks);
+  need(a.nranks % a.tp == 0,
+       fmt::format("--tp {} must divide -n {} (the data-parallel size is -n / --tp)", a.tp,
+                   a.nranks));
+  need(a.batch % Dp(a) == 0,
+       fmt::format("the data-parallel size -n {} / --tp {} = {} must divide --batch {} (each "
+                   "replica trains on its sequences)",
+                   a.nranks, a.tp, Dp(a), a.batch));
+  models::ValidateConfig(ModelConfig(a), a.tp, Dp(a));
   ParseColumns(a.prefetch);
   if (a.link != "auto" && a.link != "none" && a.link != "off")
     core::ParseLinkConfig(a.link, "--link");
@@ -300,7 +306,7 @@ void Conduct(const FsdpArgs& a) {
   const auto t_start = std::chrono::steady_clock::now();
   CheckArgs(a);
   if (!a.json_path.empty()) CheckWritableFile(a.json_path, "--json");
-  PrepareOutputDir(a.out, "--out");
+  PrepareOutputDir(a.out, "--output");
   const fs::path out = fs::absolute(a.out);
   RemoveOwnOutputs(out.string(), OwnOutputs());
   std::string columns = a.no_dp ? "" : "dp";
@@ -311,8 +317,8 @@ void Conduct(const FsdpArgs& a) {
       "the forward's all-gathers without prefetch (a unit's all-gather ~ its forward)",
       a.comm_ratio);
   const std::string& link = dl.spec;
-  fmt::print(stderr, "sharded data parallelism on {} ranks (dp {} x tp {}), {}\n", Ranks(a),
-             a.nranks, a.tp, dl.label);
+  fmt::print(stderr, "sharded data parallelism on {} ranks (dp {} x tp {}), {}\n", Ranks(a), Dp(a),
+             a.tp, dl.label);
 
   const std::string results = (out / "results.json").string();
   json res = RunDemoJob(Ranks(a), RankArgv(a, columns, a.iters, a.warmup, out.string(), results),
@@ -342,7 +348,7 @@ void Conduct(const FsdpArgs& a) {
     s.trace_json = (out / fmt::format("trace-{}.json", name)).string();
     trace::WriteChromeTrace(s.trace_json, t);
     trace::PlotOptions po;
-    po.title = fmt::format("mc2 demo fsdp: {}, dp {} x tp {}, {}", name, a.nranks, a.tp,
+    po.title = fmt::format("mc2 demo fsdp: {}, dp {} x tp {}, {}", name, Dp(a), a.tp,
                            link.empty() ? "raw shm" : "emulated link " + link);
     s.svg = (out / fmt::format("timeline-{}.svg", name)).string();
     std::ofstream(s.svg) << trace::RenderTimelineSvg(t, po);
@@ -363,9 +369,8 @@ void Conduct(const FsdpArgs& a) {
       "\nmc2 demo fsdp: {} layers, hidden {}, {} heads, ffn {}, vocab {}, f32; {} sequences of "
       "{} tokens per step over {} ranks (dp {} x tp {}); {}; {} timed steps after {} warm-up, "
       "medians\n\n",
-      a.layers, a.hidden, a.heads, a.ffn, a.vocab, a.batch, a.seq_len, Ranks(a), a.nranks, a.tp,
-      dl.label,
-      a.iters, a.warmup);
+      a.layers, a.hidden, a.heads, a.ffn, a.vocab, a.batch, a.seq_len, Ranks(a), Dp(a), a.tp,
+      dl.label, a.iters, a.warmup);
   row("", [](const RunSummary& r) { return r.config == "dp" ? "plain DP" : ColumnName(r.config); });
   row("step time (ms)", [](const RunSummary& r) { return fmt::format("{:.1f}", r.step_ms); });
   row("  forward (ms)", [](const RunSummary& r) { return fmt::format("{:.1f}", r.fwd_ms); });
@@ -431,7 +436,7 @@ void Conduct(const FsdpArgs& a) {
   if (!a.json_path.empty()) {
     json j = {{"mode", "fsdp"},
               {"ranks", Ranks(a)},
-              {"dp", a.nranks},
+              {"dp", Dp(a)},
               {"tp", a.tp},
               {"link", link},
               {"layers", a.layers},
@@ -477,7 +482,7 @@ void RegisterDemoFsdp(CLI::App& demo) {
       "sharded over the ranks, all-gathered per layer with prefetch 0, 1, 2, beside plain data "
       "parallelism; step time, overlap and memory per rank");
   cmd->add_option("-n,--nranks", a->nranks,
-                  "Data-parallel ranks, over which the model is sharded (launched: n x tp)")
+                  "Ranks to launch: the model is sharded over the -n / --tp data-parallel ranks")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   cmd->add_option("--tp", a->tp,
@@ -518,7 +523,8 @@ void RegisterDemoFsdp(CLI::App& demo) {
   cmd->add_option("--vocab", a->vocab, "Vocabulary")
       ->capture_default_str()
       ->check(CLI::Range(2, 1 << 20));
-  cmd->add_option("--batch", a->batch, "Sequences per step (global; -n must divide it)")
+  cmd->add_option("--batch", a->batch,
+                  "Sequences per step (global; the data-parallel size -n / --tp must divide it)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--seq-len", a->seq_len, "Tokens per sequence")

@@ -207,7 +207,7 @@ int RunRankJob(const InferArgs& a) {
 std::vector<std::string> RankArgv(const InferArgs& a, const std::string& pipelines, int iters,
                                   int warmup, const std::string& out, const std::string& results) {
   JobArgv v("infer", results);
-  v.Add("--out", out);
+  v.Add("--output", out);
   v.Add("--pipelines", pipelines);
   v.Add("--iters", std::to_string(iters));
   v.Add("--warmup", std::to_string(warmup));
@@ -335,7 +335,7 @@ void Conduct(const InferArgs& a) {
   const auto t_start = std::chrono::steady_clock::now();
   CheckArgs(a);
   if (!a.json_path.empty()) CheckWritableFile(a.json_path, "--json");
-  PrepareOutputDir(a.out, "--out");
+  PrepareOutputDir(a.out, "--output");
   const fs::path out = fs::absolute(a.out);
   RemoveOwnOutputs(out.string(), OwnOutputs());
   const int tp = TpOf(a);

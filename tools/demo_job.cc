@@ -167,7 +167,7 @@ void WriteJsonOption(const std::string& path, const nlohmann::json& j, const cha
 
 void AddDemoEntry(CLI::App* cmd, const char* command, DemoEntry e) {
   cmd->add_option(
-         "--out", *e.out,
+         "-o,--output", *e.out,
          fmt::format("Directory for traces, timelines and results: a new or empty one, or one an "
                      "earlier `{}` wrote (only the files it writes are replaced)",
                      command))
@@ -185,6 +185,7 @@ void AddDemoEntry(CLI::App* cmd, const char* command, DemoEntry e) {
         if (status != 0) throw CLI::RuntimeError(status);
         return;
       }
+      ReserveStdoutForJson(*e.json_path);
       e.conduct();
     } catch (const Error& err) {
       const bool usage = err.code() == ErrorCode::kInvalidArgument;

@@ -111,7 +111,7 @@ int WriteJobResults(const std::string& path, const nlohmann::json& results, cons
 // --json FILE: WHY" and ends the command with exit status 1.
 void WriteJsonOption(const std::string& path, const nlohmann::json& j, const char* command);
 
-// What every demo mode's command line ends with: --out DIR and --json FILE
+// What every demo mode's command line ends with: -o/--output DIR and --json FILE
 // (into `out` and `json_path`), the internal --rank-job and --results
 // (into `rank_job` and `results`), and the callback. Inside the mode's
 // rank job (only under `mc2 run`, else a usage error) the callback runs

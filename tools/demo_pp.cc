@@ -47,7 +47,9 @@ using json = nlohmann::json;
 constexpr int kExitFailed = 1;
 
 struct PpArgs {
-  int pp = 2, tp = 1, dp = 1, cp = 1;
+  int nranks = 0;  // 0: pp x dp x cp x tp
+  int pp = 2, tp = 1, cp = 1;
+  int dp = 0;                                 // 0: -n / (pp x cp x tp), or 1
   int moe_experts = 0, moe_topk = 2, ep = 1;  // MoE MLPs (0: dense), EP groups inside each stage
   int micro_batches = 8;
   std::string schedules = "1f1b,eager-1f1b,interleaved";
@@ -58,7 +60,7 @@ struct PpArgs {
   int layers = 8, hidden = 256, heads = 8, ffn = 512, vocab = 64, seq_len = 64, batch = 16;
   std::string dtype = "f32";
   int splits = 4;
-  std::string pipeline = "auto";  // the fused operators' (TP > 1)
+  std::string pipeline = "auto";  // the fused operators' (TP > 1): one pipeline
   uint64_t seed = 1;
   std::string out = "mc2-demo-pp";
   std::string json_path;
@@ -222,7 +224,7 @@ int RunRankJob(const PpArgs& a) {
 std::vector<std::string> RankArgv(const PpArgs& a, const std::string& schedules, int iters,
                                   int warmup, const std::string& out, const std::string& results) {
   JobArgv v("pp", results);
-  v.Add("--out", out);
+  v.Add("--output", out);
   v.Add("--schedules", schedules);
   v.Add("--iters", std::to_string(iters));
   v.Add("--warmup", std::to_string(warmup));
@@ -246,7 +248,7 @@ std::vector<std::string> RankArgv(const PpArgs& a, const std::string& schedules,
   v.Add("--batch", std::to_string(a.batch));
   v.Add("--dtype", a.dtype);
   v.Add("--splits", std::to_string(a.splits));
-  v.Add("--pipeline", a.pipeline);
+  v.Add("--pipelines", a.pipeline);
   v.Add("--seed", std::to_string(a.seed));
   return v.Take();
 }
@@ -276,8 +278,30 @@ std::string CalibrateLink(const PpArgs& a, const fs::path& out) {
   return fmt::format("bw={:.6g}MB/s,lat=5us", bw / 1e6);
 }
 
+// -n fixes the rank count, pp x dp x cp x tp: the DP size follows from it
+// unless --dp is given too, when the two must agree.
+void ResolveRanks(PpArgs& a) {
+  if (a.nranks == 0) {
+    if (a.dp == 0) a.dp = 1;
+    return;
+  }
+  const int others = a.pp * a.cp * a.tp;
+  if (a.nranks % others != 0)
+    Usage(
+        fmt::format("--pp {} x --cp {} x --tp {} = {} must divide -n {} (the ranks are pp x dp "
+                    "x cp x tp)",
+                    a.pp, a.cp, a.tp, others, a.nranks));
+  if (a.dp == 0) a.dp = a.nranks / others;
+  if (a.dp * others != a.nranks)
+    Usage(fmt::format("--pp {} x --dp {} x --cp {} x --tp {} must be -n {}", a.pp, a.dp, a.cp, a.tp,
+                      a.nranks));
+}
+
 void CheckArgs(const PpArgs& a) {
-  if (!ParsePipeline(a.pipeline)) Usage(fmt::format("--pipeline: unknown '{}'", a.pipeline));
+  if (a.pipeline.find(',') != std::string::npos)
+    Usage(fmt::format("--pipelines {}: demo pp runs one pipeline: serial, chunked, fused or auto",
+                      a.pipeline));
+  if (!ParsePipeline(a.pipeline)) Usage(fmt::format("--pipelines: unknown '{}'", a.pipeline));
   const auto schedules = Schedules(a.schedules);
   if (a.pp < 2) Usage(fmt::format("--pp {} must be >= 2 (a pipeline has stages)", a.pp));
   // The EP grid inside each stage: named here, in the demo's own options.
@@ -332,7 +356,7 @@ void Conduct(const PpArgs& a) {
   const auto t_start = std::chrono::steady_clock::now();
   CheckArgs(a);
   if (!a.json_path.empty()) CheckWritableFile(a.json_path, "--json");
-  PrepareOutputDir(a.out, "--out");
+  PrepareOutputDir(a.out, "--output");
   const fs::path out = fs::absolute(a.out);
   RemoveOwnOutputs(out.string(), OwnOutputs());
   const int n = Ranks(a);
@@ -511,12 +535,14 @@ void RegisterDemoPp(CLI::App& demo) {
       "schedules side by side: step time, bubble measured against its formula, uncovered "
       "send/recv and micro-batches in flight per stage");
   auto range = [](int lo, int hi) { return CLI::Range(lo, hi); };
+  cmd->add_option("-n,--nranks", a->nranks,
+                  "Ranks to launch, pp x dp x cp x tp (default: --pp x --dp x --cp x --tp)")
+      ->check(range(1, 64));
   cmd->add_option("--pp", a->pp, "Pipeline stages")->capture_default_str()->check(range(1, 64));
   cmd->add_option("--tp", a->tp, "Tensor-parallel group size of each stage")
       ->capture_default_str()
       ->check(range(1, 64));
-  cmd->add_option("--dp", a->dp, "Data-parallel replicas (ranks: pp x dp x cp x tp)")
-      ->capture_default_str()
+  cmd->add_option("--dp", a->dp, "Data-parallel replicas (default: -n / (pp x cp x tp), or 1)")
       ->check(range(1, 64));
   cmd->add_option("--cp", a->cp,
                   "Context-parallel group size of each stage (ring attention over the sequence)")
@@ -533,7 +559,7 @@ void RegisterDemoPp(CLI::App& demo) {
                   "MoE: expert-parallel group size inside each stage (divides --dp)")
       ->capture_default_str()
       ->check(range(1, 64));
-  cmd->add_option("-m,--micro-batches", a->micro_batches, "Micro-batches per step")
+  cmd->add_option("--micro-batches", a->micro_batches, "Micro-batches per step")
       ->capture_default_str()
       ->check(range(1, 1 << 16));
   cmd->add_option("--schedules", a->schedules,
@@ -576,13 +602,16 @@ void RegisterDemoPp(CLI::App& demo) {
   cmd->add_option("--splits", a->splits, "Chunks of the fused operators' pipelines (1-16)")
       ->capture_default_str()
       ->check(range(1, 16));
-  cmd->add_option("--pipeline", a->pipeline,
-                  "The fused operators' pipeline (tp > 1): serial, chunked, fused, auto")
+  cmd->add_option("--pipelines", a->pipeline,
+                  "The fused operators' pipeline (tp > 1), one of serial, chunked, fused, auto")
       ->capture_default_str();
   cmd->add_option("--seed", a->seed, "Seed of the weights and the data")->capture_default_str();
   AddDemoEntry(cmd, "mc2 demo pp",
                {&a->out, &a->json_path, &a->rank_job, &a->results, [a] { return RunRankJob(*a); },
-                [a] { Conduct(*a); }});
+                [a] {
+                  ResolveRanks(*a);
+                  Conduct(*a);
+                }});
 }
 
 }  // namespace mc2::tools

@@ -62,6 +62,23 @@ bool HasArg(int argc, char** argv, std::string_view arg) {
   return false;
 }
 
+// Options that other tools spell differently, and mc2's name for each
+// (docs/cli.md): printed after a parse error that one of them caused.
+struct Spelling {
+  const char* other;
+  const char* mc2;
+};
+constexpr Spelling kSpellings[] = {
+    {"--seq", "--seq-len"},    {"--pipeline", "--pipelines"},  {"--out", "-o/--output"},
+    {"--steps", "-i/--iters"}, {"--seconds", "-t/--duration"},
+};
+
+void HintSpellings(int argc, char** argv) {
+  for (const Spelling& s : kSpellings)
+    if (HasArg(argc, argv, s.other))
+      fmt::print(stderr, "hint: mc2 spells {} as {} (docs/cli.md)\n", s.other, s.mc2);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,6 +105,7 @@ int main(int argc, char** argv) {
       fmt::print(stderr,
                  "hint: mc2 takes -n N (or --nranks N) for the number of ranks, not "
                  "mpirun's -np\n");
+    if (status != 0) HintSpellings(argc, argv);
     return status == 0 ? 0 : 2;
   }
   return 0;

@@ -61,9 +61,27 @@ void CheckWritableFile(const std::string& path, std::string_view flag) {
   unlink(path.c_str());
 }
 
+namespace {
+// The original standard output, once ReserveStdoutForJson moved it.
+std::FILE* g_json_stdout = nullptr;
+}  // namespace
+
+void ReserveStdoutForJson(const std::string& json_path) {
+  if (json_path != "-" || g_json_stdout != nullptr) return;
+  std::fflush(stdout);
+  const int fd = dup(STDOUT_FILENO);
+  if (fd < 0) return;  // then the JSON follows the table on standard output
+  g_json_stdout = fdopen(fd, "w");
+  if (g_json_stdout == nullptr) {
+    close(fd);
+    return;
+  }
+  dup2(STDERR_FILENO, STDOUT_FILENO);
+}
+
 std::string WriteOutputFile(const std::string& path, std::string_view text) {
   const bool out = path == "-";
-  std::FILE* f = out ? stdout : std::fopen(path.c_str(), "w");
+  std::FILE* f = out ? (g_json_stdout ? g_json_stdout : stdout) : std::fopen(path.c_str(), "w");
   int err = f != nullptr ? 0 : errno;
   if (f != nullptr) {
     if (std::fwrite(text.data(), 1, text.size(), f) != text.size()) err = errno != 0 ? errno : EIO;

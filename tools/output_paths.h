@@ -4,7 +4,7 @@
 // work, so that an unwritable path fails at once (with the operating
 // system's reason) instead of after a long run; and no command deletes or
 // overwrites anything it did not create. A file the user names explicitly
-// (--json FILE, --output FILE) is written as asked. A directory (--out DIR)
+// (--json FILE, --output FILE) is written as asked. A directory (a demo's --output DIR)
 // must be new, empty, or one that mc2 created before, which it marks with
 // kOutputMarker; in a reused directory a command removes only the files it
 // writes itself.
@@ -29,9 +29,16 @@ inline constexpr const char* kOutputMarker = ".mc2-output";
 void CheckWritableFile(const std::string& path, std::string_view flag);
 
 // Writes `text` to the file `path` (replacing what it held), or to
-// standard output when `path` is "-". Returns "" on success, else the
-// operating system's reason.
+// standard output when `path` is "-" (the one ReserveStdoutForJson kept). Returns "" on success,
+// else the operating system's reason.
 std::string WriteOutputFile(const std::string& path, std::string_view text);
+
+// With `--json -` standard output carries the JSON alone: when `json_path`
+// is "-", points standard output at standard error for everything else a
+// command prints (its table, and the output of ranks it launches), keeping
+// the original standard output for WriteOutputFile("-"). Call it before the
+// command prints anything; other paths change nothing.
+void ReserveStdoutForJson(const std::string& json_path);
 
 // Makes `dir` ready to receive a command's output: creates it (and its
 // parents) when missing, and accepts an existing directory only when it is

@@ -20,6 +20,7 @@ void RegisterRun(CLI::App& app) {
   struct State {
     LaunchOptions options;
     std::string heap;
+    bool no_prefix = false;  // a plain flag: its help shows no default value
     HostsLaunch hosts;
   };
   auto state = std::make_shared<State>();
@@ -36,7 +37,7 @@ void RegisterRun(CLI::App& app) {
                   "With --hosts: more mpirun options, e.g. \"--mca btl_tcp_if_include eth0\"");
   run->add_flag("--dry-run", state->hosts.dry_run,
                 "With --hosts: print the mpirun line instead of running it");
-  run->add_flag("!--no-prefix", state->options.prefix_output,
+  run->add_flag("--no-prefix", state->no_prefix,
                 "Pass the ranks' output through unchanged instead of "
                 "prefixing each line with \"[rank] \"");
   run->add_option("--bind", state->options.bind,
@@ -57,6 +58,7 @@ void RegisterRun(CLI::App& app) {
   run->positionals_at_end();
   run->callback([state, run] {
     LaunchOptions& options = state->options;
+    options.prefix_output = !state->no_prefix;
     if (!state->hosts.hosts.empty()) {
       HostsLaunch& h = state->hosts;
       h.nranks = options.nranks;

@@ -270,7 +270,7 @@ void SoakPlain(const SoakArgs& a, const fs::path& root, Totals& t, bool* keep) {
   const auto shm_before = ShmNames(shm_dir);
   const Job job = RunJob(
       a, dir,
-      {"--rank-dir", dir.string(), "--seed", std::to_string(a.seed), "--seconds",
+      {"--rank-dir", dir.string(), "--seed", std::to_string(a.seed), "--duration",
        fmt::format("{}", a.seconds), "--test-corrupt-every", std::to_string(a.rank.corrupt_every)},
       timeout, a.seconds + 300, ProgressInterval(a.seconds));
   ++t.jobs;
@@ -477,8 +477,7 @@ void RegisterSoak(CLI::App& app) {
   cmd->add_option("-n,--nranks", a->nranks, "Ranks per job")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
-  cmd->add_option("-t,--duration,--seconds", a->duration,
-                  "How long to run: 30 (seconds), 90s, 5m, 1.5h")
+  cmd->add_option("-t,--duration", a->duration, "How long to run: 30 (seconds), 90s, 5m, 1.5h")
       ->capture_default_str()
       ->check(DurationValidator());
   cmd->add_flag("--faults", a->faults,

@@ -37,6 +37,7 @@
 #include "core/topology.h"
 #include "launcher.h"
 #include "mc2/mc2.h"
+#include "output_paths.h"
 
 namespace mc2::tools {
 namespace {
@@ -46,7 +47,7 @@ constexpr int kExitFailed = 1;
 
 struct TopoArgs {
   int nranks = 0;
-  bool json = false;
+  std::string json;  // --json FILE ("-": standard output)
   std::string bytes = "16M";
   int iters = 200;
 };
@@ -270,6 +271,7 @@ nlohmann::json Json(const std::vector<RankInfo>& all, const std::vector<Link>& l
 }
 
 int RunRank(const TopoArgs& args) {
+  ReserveStdoutForJson(args.json);
   Group g = Group::FromEnv();
   const RankInfo mine = Describe(g);
   std::vector<RankInfo> all(g.size());
@@ -277,10 +279,15 @@ int RunRank(const TopoArgs& args) {
   const std::vector<Link> links = MeasureLinks(g, all, args);
   const size_t bytes = core::ParseBytes(args.bytes, "--bytes");
   if (g.rank() == 0) {
-    if (args.json)
-      fmt::print("{}\n", Json(all, links, bytes).dump(2));
-    else
-      Print(all, links, bytes);
+    Print(all, links, bytes);
+    if (!args.json.empty()) {
+      const std::string err = WriteOutputFile(args.json, Json(all, links, bytes).dump(2) + "\n");
+      if (!err.empty()) {
+        fmt::print(stderr, "mc2 topo: cannot write --json {}: {}\n", args.json, err);
+        Barrier(g).Wait();
+        return kExitFailed;
+      }
+    }
   }
   Barrier(g).Wait();
   return 0;
@@ -298,12 +305,20 @@ void Callback(const TopoArgs& args) {
   // several hosts).
   if (Group::LaunchedByMc2() || Group::LaunchedByMpi()) {
     try {
-      RunRank(args);
+      if (RunRank(args) != 0) throw CLI::RuntimeError(kExitFailed);
     } catch (const Error& e) {
       fmt::print(stderr, "mc2 topo: {}\n", e.what());
       throw CLI::RuntimeError(kExitFailed);
     }
     return;
+  }
+  if (!args.json.empty()) {
+    try {
+      CheckWritableFile(args.json, "--json");
+    } catch (const Error& e) {
+      fmt::print(stderr, "mc2 topo: {}\n", e.message());
+      throw CLI::RuntimeError(2);  // a usage error, checked before any work
+    }
   }
   LaunchOptions lo;
   lo.nranks = args.nranks ? args.nranks : 2;
@@ -330,7 +345,9 @@ void RegisterTopo(CLI::App& app) {
   cmd->add_option("-n,--nranks", args->nranks,
                   "Ranks to start on this host (default 2; inside a job, the job's)")
       ->check(CLI::Range(1, 256));
-  cmd->add_flag("--json", args->json, "Print JSON instead of the table");
+  cmd->add_option("--json", args->json,
+                  "Also write the map and the links to this JSON file (- for standard output, "
+                  "the table then going to standard error)");
   cmd->add_option("--bytes", args->bytes, "Message size of the bandwidth measurement")
       ->check(BytesValidator(8))
       ->default_str("16M");

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -20,6 +21,8 @@
 
 namespace mc2::tools {
 namespace {
+
+namespace fs = std::filesystem;
 
 // Writes `text` to `path` ("-" = stdout); exits 1 with a message on failure.
 void WriteOut(const std::string& what, const std::string& path, const std::string& text) {
@@ -64,13 +67,52 @@ std::optional<int64_t> ParseTime(const std::string& s, const std::string& what) 
 }
 
 // Fails before any work when the output file cannot be written.
-void CheckOutput(const std::string& what, const std::string& path) {
+void CheckOutput(const std::string& what, const std::string& path, const char* flag = "--output") {
   try {
-    CheckWritableFile(path, "--output");
+    CheckWritableFile(path, flag);
   } catch (const Error& e) {
     fmt::print(stderr, "mc2 trace {}: {}\n", what, e.message());
     throw CLI::RuntimeError(1);
   }
+}
+
+// `mc2 trace plot` without -o: this file in the trace directory, or beside
+// a trace file.
+constexpr const char* kDefaultPlot = "timeline.svg";
+// The comment that marks an SVG as written by `mc2 trace plot`: the default
+// output replaces only a file that carries it.
+constexpr std::string_view kPlotMark = "<!-- written by mc2 trace plot -->";
+
+std::string DefaultPlotPath(const std::string& input) {
+  std::error_code ec;
+  const fs::path in(input);
+  const fs::path dir = fs::is_directory(in, ec) ? in : in.parent_path();
+  return (dir / kDefaultPlot).string();
+}
+
+// The SVG with kPlotMark after its XML declaration.
+std::string MarkSvg(std::string svg) {
+  const size_t eol = svg.rfind("<?xml", 0) == 0 ? svg.find('\n') : std::string::npos;
+  const size_t at = eol == std::string::npos ? 0 : eol + 1;
+  svg.insert(at, std::string(kPlotMark) + "\n");
+  return svg;
+}
+
+// The default output may replace only a file that `mc2 trace plot` wrote
+// (output_paths.h); any other file there is left alone, with a message.
+void CheckDefaultPlot(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return;
+  std::ifstream in(path, std::ios::binary);
+  std::string head(256, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  if (head.find(kPlotMark) != std::string::npos) return;
+  fmt::print(stderr,
+             "mc2 trace plot: {} exists and was not written by mc2 trace plot; it is left "
+             "alone: name the output with -o FILE (-o {} replaces it)\n",
+             path, path);
+  throw CLI::RuntimeError(2);
 }
 
 }  // namespace
@@ -83,7 +125,7 @@ void RegisterTrace(CLI::App& app) {
   struct State {
     std::string input;
     std::string output;
-    bool json = false;
+    std::string json;  // report: --json FILE ("-": standard output)
     bool check = false;
     int width = 1400;
     int64_t step = -1;
@@ -113,18 +155,25 @@ void RegisterTrace(CLI::App& app) {
   CLI::App* report = trace->add_subcommand(
       "report", "Compute, communication, overlap, uncovered communication and free time");
   report->add_option("trace", st->input, "Trace directory or trace file")->required();
-  report->add_flag("--json", st->json, "Print the report as JSON");
+  report->add_option("--json", st->json,
+                     "Also write the report as JSON to this file (- for standard output, the "
+                     "text then going to standard error)");
   report->add_flag("--check", st->check,
                    "Exit with status 1 when a health criterion FAILs (mean of ranks)");
   report->callback([st] {
+    if (!st->json.empty()) CheckOutput("report", st->json, "--json");
     trace::Report r;
     Guard("report", [&] {
       trace::TraceData t = trace::LoadTrace(st->input);
       r = trace::Analyze(t);
-      if (st->json)
-        WriteOut("report", "-", trace::ReportToJson(r).dump(2) + "\n");
-      else
-        WriteOut("report", "-", trace::FormatReport(r, st->input));
+      ReserveStdoutForJson(st->json);
+      WriteOut("report", "-", trace::FormatReport(r, st->input));
+      if (!st->json.empty()) {
+        const std::string err = WriteOutputFile(st->json, trace::ReportToJson(r).dump(2) + "\n");
+        if (!err.empty())
+          throw Error(ErrorCode::kInvalidArgument,
+                      fmt::format("cannot write --json {}: {}", st->json, err));
+      }
     });
     if (st->check && (r.overall.UncoveredVerdict() == trace::Verdict::kFail ||
                       r.overall.FreeVerdict() == trace::Verdict::kFail))
@@ -136,7 +185,10 @@ void RegisterTrace(CLI::App& app) {
                             "Draw the timeline as SVG: a lane per rank and category, uncovered "
                             "communication hatched in red");
   plot->add_option("trace", st->input, "Trace directory or trace file")->required();
-  plot->add_option("-o,--output", st->output, "SVG file to write ('-' = stdout)")->required();
+  plot->add_option("-o,--output", st->output,
+                   fmt::format("SVG file to write ('-' = stdout; default: {} in the trace "
+                               "directory, or beside the trace file)",
+                               kDefaultPlot));
   plot->add_option("--width", st->width, "Width in pixels")
       ->capture_default_str()
       ->check(CLI::Range(200, 100000));
@@ -153,11 +205,15 @@ void RegisterTrace(CLI::App& app) {
     o.from_ns = ParseTime(st->from, "--from");
     o.to_ns = ParseTime(st->to, "--to");
     o.title = st->title;
-    CheckOutput("plot", st->output);
+    const bool named = !st->output.empty();
+    const std::string path = named ? st->output : DefaultPlotPath(st->input);
+    if (!named) CheckDefaultPlot(path);
+    CheckOutput("plot", path);
     Guard("plot", [&] {
       trace::TraceData t = trace::LoadTrace(st->input);
-      WriteOut("plot", st->output, trace::RenderTimelineSvg(t, o));
+      WriteOut("plot", path, MarkSvg(trace::RenderTimelineSvg(t, o)));
     });
+    if (!named) fmt::print("mc2 trace plot: {}\n", path);
   });
 }
 

@@ -3,7 +3,7 @@
 Every rank records three marked steps, each a Python span around a sleep
 (whose length this test measures itself, the reference) and an
 mc2.all_reduce; the files must hold exactly those spans with their names,
-categories, flops and steps, and `mc2 trace report --json` must read them
+categories, flops and steps, and `mc2 trace report --json -` must read them
 (the report's tool is the one the test was built with: MC2PY_TEST_CLI).
 """
 import glob
@@ -77,7 +77,7 @@ def test_spans_steps_and_report(world):
 
         if r == 0:
             report = json.loads(subprocess.run(
-                [os.environ["MC2PY_TEST_CLI"], "trace", "report", "--json", out],
+                [os.environ["MC2PY_TEST_CLI"], "trace", "report", "--json", "-", out],
                 check=True, capture_output=True, text=True).stdout)
             assert sorted(x["rank"] for x in report["ranks"]) == list(range(p))
             for rank in report["ranks"]:

@@ -51,7 +51,7 @@ read -r _ sent0 _ recv0 < <("${cluster[@]}" counters | head -1 | awk '{print $1,
 log=$(mktemp)
 # shellcheck disable=SC2046
 if ! timeout 120 mpirun $("${cluster[@]}" mpirun-args) -np 4 -H "$("${cluster[@]}" hosts 2)" \
-    "$bench" all_reduce -b 4M -e 4M -i 3 -w 1 -c 1 >"$log" 2>&1; then
+    "$bench" all_reduce -b 4M -e 4M -i 3 -w 1 >"$log" 2>&1; then
   cat "$log"
   fail "mpirun across the box failed"
 fi

@@ -205,18 +205,18 @@ TEST(BenchOpsOneRank, FloorIsComputeOnlyAndNothingIsHidden) {
 }
 
 TEST(BenchOpsLink, EmulatedLinkIsLabelledAndResultsStayExact) {
-  Result r = RunMc2({"bench",      "ops",
-                     "-n",         "2",
-                     "--operator", "matmul_all_reduce",
-                     "-m",         "64",
-                     "-k",         "32",
-                     "-N",         "48",
-                     "-d",         "bf16",
-                     "--pipeline", "fused",
-                     "--splits",   "sweep",
-                     "--link",     "bw=2GB/s,lat=10us",
-                     "--iters",    "1",
-                     "--warmup",   "0"},
+  Result r = RunMc2({"bench",       "ops",
+                     "-n",          "2",
+                     "--operator",  "matmul_all_reduce",
+                     "-m",          "64",
+                     "-k",          "32",
+                     "-N",          "48",
+                     "-d",          "bf16",
+                     "--pipelines", "fused",
+                     "--splits",    "sweep",
+                     "--link",      "bw=2GB/s,lat=10us",
+                     "--iters",     "1",
+                     "--warmup",    "0"},
                     {{"MC2_HEAP_BYTES", "64M"}}, 120);
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("# emulated link: bw=2 GB/s, lat=10 us"));
@@ -230,8 +230,8 @@ TEST(BenchOpsLink, LinkAutoCalibratesAgainstCompute) {
   // of 2 MiB, also under sanitizers and parallel tests, so a balancing
   // link exists.
   Result r = RunMc2(
-      {"bench",   "ops",  "-n",       "2",    "--operator", "all_gather_matmul", "-m",     "512",
-       "-k",      "1024", "-N",       "2048", "--pipeline", "chunked",           "--link", "auto",
+      {"bench",   "ops",  "-n",       "2",    "--operator",  "all_gather_matmul", "-m",     "512",
+       "-k",      "1024", "-N",       "2048", "--pipelines", "chunked",           "--link", "auto",
        "--iters", "2",    "--warmup", "1"},
       {{"MC2_HEAP_BYTES", "64M"}}, 180);
   ASSERT_EQ(r.status, 0) << r.out << r.err;
@@ -267,7 +267,7 @@ TEST(BenchOpsUsage, BadArgumentsExitTwoNamingTheOption) {
       {{"--operator", "bogus"}, "--operator: bogus not in"},
       {{"--splits", "17"}, "--splits"},
       {{"--splits", "2,x"}, "--splits"},
-      {{"--pipeline", "ring"}, "--pipeline: ring not in"},
+      {{"--pipelines", "ring"}, "--pipelines: 'ring' is not a pipeline"},
       {{"--link", "bw=fast"}, "--link"},
       {{"-d", "f64"}, "--dtype: f64 not in"},
       {{"--confirm", "-2"}, "--confirm"},

@@ -48,7 +48,7 @@ std::vector<std::string> DataRows(const std::string& text) {
 
 // 8 B .. 64 KiB by 4: 8, 32, 128, 512, 2K, 8K, 32K.
 constexpr int kRows = 7;
-const char* kSweep = "-n 2 -b 8 -e 64K -f 4 -c 1 -i 3 -w 1";
+const char* kSweep = "-n 2 -b 8 -e 64K -f 4 -i 3 -w 1";
 
 TEST(BenchTest, CheckedAllReduceSweep) {
   Result r = RunMc2(std::string("bench all_reduce ") + kSweep);
@@ -108,9 +108,9 @@ TEST(BenchTest, JsonRowsParse) {
 
 TEST(BenchTest, OtherCollectivesCheckOut) {
   for (const char* args :
-       {"reduce_scatter -o max", "all_to_all -d i32", "broadcast --root 1 -d bf16",
-        "reduce -o prod -d f16", "send_recv -d u8", "all_reduce -d i8 -o bxor"}) {
-    Result r = RunMc2(std::string("bench ") + args + " -n 2 -b 8 -e 4K -f 8 -c 1 -i 2 -w 1");
+       {"reduce_scatter --op max", "all_to_all -d i32", "broadcast --root 1 -d bf16",
+        "reduce --op prod -d f16", "send_recv -d u8", "all_reduce -d i8 --op bxor"}) {
+    Result r = RunMc2(std::string("bench ") + args + " -n 2 -b 8 -e 4K -f 8 -i 2 -w 1");
     EXPECT_EQ(r.status, 0) << args << "\n" << r.out;
     EXPECT_THAT(r.out, HasSubstr("# Out of bounds values : 0 OK")) << args;
   }
@@ -120,7 +120,7 @@ TEST(BenchTest, UsageErrorsExit2) {
   EXPECT_EQ(RunMc2("bench all_reduz -n 2 2>/dev/null").status, 2);
   EXPECT_EQ(RunMc2("bench all_reduce -n 2 -b 8X 2>/dev/null").status, 2);
   EXPECT_EQ(RunMc2("bench all_reduce -n 2 -b 1M -e 1K 2>/dev/null").status, 2);
-  EXPECT_EQ(RunMc2("bench all_reduce -n 2 -d f32 -o band 2>/dev/null").status, 2);
+  EXPECT_EQ(RunMc2("bench all_reduce -n 2 -d f32 --op band 2>/dev/null").status, 2);
   EXPECT_EQ(RunMc2("bench all_reduce -n 2 -d f99 2>/dev/null").status, 2);
   EXPECT_EQ(RunMc2("bench all_reduce -n 2 --buffers shared 2>/dev/null").status, 2);
   EXPECT_EQ(RunMc2("bench broadcast -n 2 --root 2 2>/dev/null").status, 2);

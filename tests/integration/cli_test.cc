@@ -37,10 +37,10 @@ void WriteFile(const fs::path& p, const std::string& text) { std::ofstream(p) <<
 
 // A demo small enough to take about a second, for the runs that must work.
 std::vector<std::string> TinyDemo(const std::string& out) {
-  return {"demo", "-n",    "2",   "--link",   "none", "--pipelines", "serial", "-i",
-          "1",    "-w",    "1",   "--layers", "1",    "--hidden",    "64",     "--heads",
-          "4",    "--ffn", "128", "--vocab",  "16",   "--seq",       "16",     "--batch",
-          "2",    "--out", out};
+  return {"demo", "-n",       "2",   "--link",   "none", "--pipelines", "serial", "-i",
+          "1",    "-w",       "1",   "--layers", "1",    "--hidden",    "64",     "--heads",
+          "4",    "--ffn",    "128", "--vocab",  "16",   "--seq-len",   "16",     "--batch",
+          "2",    "--output", out};
 }
 
 class CliTest : public LeakCheckedTest {
@@ -67,7 +67,7 @@ TEST_F(CliTest, DemoWithABadArgumentLeavesTheOutputDirectoryAlone) {
   const fs::path out = dir_ / "results";
   fs::create_directory(out);
   WriteFile(out / "user.txt", "precious");
-  const Result r = RunMc2({"demo", "--out", out.string(), "--tp", "3"});
+  const Result r = RunMc2({"demo", "--output", out.string(), "--tp", "3"});
   EXPECT_EQ(r.status, 2) << r.err;
   EXPECT_THAT(r.err, HasSubstr("--tp 3 must divide -n 2"));
   EXPECT_EQ(ReadFile(out / "user.txt"), "precious");
@@ -81,7 +81,7 @@ TEST_F(CliTest, DemoRefusesADirectoryItDidNotCreate) {
   std::vector<std::string> args = TinyDemo(out.string());
   const Result r = RunMc2(args);
   EXPECT_EQ(r.status, 2) << r.err;
-  EXPECT_THAT(r.err, HasSubstr("--out " + out.string()));
+  EXPECT_THAT(r.err, HasSubstr("--output " + out.string()));
   EXPECT_THAT(r.err, HasSubstr("not created by mc2"));
   EXPECT_EQ(ReadFile(out / "user.txt"), "precious");
   EXPECT_EQ(std::distance(fs::directory_iterator(out), fs::directory_iterator()), 1);
@@ -150,7 +150,8 @@ TEST_F(CliTest, DemoDpReportsTheGradientAllReducesAndTheirOverlap) {
   EXPECT_LE(run["grad_hidden_pct"].get<double>(), 100);
   // --dp and --tp that do not multiply to -n are refused before anything runs.
   const fs::path out = dir_ / "refused";
-  const Result bad = RunMc2({"demo", "-n", "2", "--tp", "2", "--dp", "2", "--out", out.string()});
+  const Result bad =
+      RunMc2({"demo", "-n", "2", "--tp", "2", "--dp", "2", "--output", out.string()});
   EXPECT_EQ(bad.status, 2);
   EXPECT_THAT(bad.err, HasSubstr("--tp 2 x --dp 2 must be -n 2"));
   EXPECT_FALSE(fs::exists(out));
@@ -186,19 +187,42 @@ TEST_F(CliTest, BenchJsonCheckLeavesAnExistingFileUntilWritten) {
 }
 
 TEST_F(CliTest, JsonToADashGoesToStandardOutput) {
-  // "-" is standard output, as for every other output option; no file of
+  // "-" is standard output, as for every other output option, which then
+  // carries the JSON alone (the table goes to standard error); no file of
   // that name appears in the working directory.
   ASSERT_FALSE(fs::exists("-"));
   const Result r = RunMc2({"bench", "all_reduce", "-n", "2", "-b", "8", "-e", "8", "-i", "1", "-w",
                            "0", "--json", "-"});
   ASSERT_EQ(r.status, 0) << r.err;
-  const size_t open = r.out.find("{\n");
-  ASSERT_NE(open, std::string::npos) << r.out;
-  const auto j = nlohmann::json::parse(r.out.substr(open, r.out.rfind('}') - open + 1),
-                                       nullptr, /*allow_exceptions=*/false);
+  const auto j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
   EXPECT_EQ(j["wrong_total"], 0);
+  EXPECT_THAT(r.err, HasSubstr("# Avg bus bandwidth"));
   EXPECT_FALSE(fs::exists("-"));
+}
+
+TEST_F(CliTest, BenchChecksUnlessToldNotTo) {
+  const Result off = RunMc2(
+      {"bench", "all_reduce", "-n", "2", "-b", "8", "-e", "8", "-i", "1", "-w", "0", "--no-check"});
+  ASSERT_EQ(off.status, 0) << off.err;
+  EXPECT_THAT(off.out, HasSubstr("not checked, --no-check"));
+  // -o is the output everywhere: as the reduction it is refused, naming --op.
+  const Result o = RunMc2({"bench", "all_reduce", "-o", "sum"});
+  EXPECT_EQ(o.status, 2);
+  EXPECT_THAT(o.err, HasSubstr("the reduction: --op"));
+}
+
+TEST_F(CliTest, HelpShowsFlagsWithoutValues) {
+  const Result r = RunMc2({"run", "--help"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("--no-prefix"));
+  EXPECT_THAT(r.out, Not(HasSubstr("{false}")));
+}
+
+TEST_F(CliTest, OtherToolsSpellingsGetMc2sName) {
+  const Result r = RunMc2({"demo", "--seq", "64"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("hint: mc2 spells --seq as --seq-len"));
 }
 
 TEST_F(CliTest, BenchFailsFastOnAReadOnlyDirectory) {

@@ -40,11 +40,12 @@ class DemoFsdpTest : public LeakCheckedTest {
 
 TEST_F(DemoFsdpTest, EveryConfigurationTrainsTheSameLossesAndReportsItsMemory) {
   const fs::path out = dir_ / "out", js = dir_ / "result.json";
-  const Result r = RunMc2({"demo", "fsdp", "-n", "3", "--link", "none", "-i", "2", "-w", "1",
-                           "--layers", "2", "--hidden", "32", "--heads", "4", "--ffn", "64",
-                           "--vocab", "17", "--batch", "3", "--seq-len", "8", "--out",
-                           out.string(), "--json", js.string()},
-                          {}, 120);
+  const Result r =
+      RunMc2({"demo",    "fsdp",      "-n",    "3",        "--link",     "none",     "-i",
+              "2",       "-w",        "1",     "--layers", "2",          "--hidden", "32",
+              "--heads", "4",         "--ffn", "64",       "--vocab",    "17",       "--batch",
+              "3",       "--seq-len", "8",     "--output", out.string(), "--json",   js.string()},
+             {}, 120);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("step time (ms)"));
   EXPECT_THAT(r.out, HasSubstr("uncovered comm (%)"));
@@ -87,11 +88,12 @@ TEST_F(DemoFsdpTest, TensorParallelShards) {
   // losses, and a rank's state is its TP rank's model (the blocks' matrices
   // split over tp) sharded over the 2 DP ranks.
   const fs::path out = dir_ / "out", js = dir_ / "result.json";
-  const Result r = RunMc2({"demo", "fsdp", "-n", "2", "--tp", "2", "--link", "none", "-i", "1",
-                           "-w", "0", "--prefetch", "0,1", "--layers", "2", "--hidden", "32",
-                           "--heads", "4", "--ffn", "64", "--vocab", "16", "--batch", "4",
-                           "--seq-len", "8", "--out", out.string(), "--json", js.string()},
-                          {}, 120);
+  const Result r = RunMc2(
+      {"demo",     "fsdp", "-n",        "4", "--tp",       "2",          "--link",   "none",
+       "-i",       "1",    "-w",        "0", "--prefetch", "0,1",        "--layers", "2",
+       "--hidden", "32",   "--heads",   "4", "--ffn",      "64",         "--vocab",  "16",
+       "--batch",  "4",    "--seq-len", "8", "--output",   out.string(), "--json",   js.string()},
+      {}, 120);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("over 4 ranks (dp 2 x tp 2)"));
   EXPECT_THAT(r.out, HasSubstr("losses bitwise identical across the columns (every step, 1 of "
@@ -105,23 +107,26 @@ TEST_F(DemoFsdpTest, TensorParallelShards) {
   ASSERT_EQ(j["runs"].size(), 3u);
   for (const auto& run : j["runs"]) EXPECT_EQ(run["unsharded_bytes"].get<double>(), 16 * P);
   // --tp that does not divide the heads is refused before anything runs.
-  const Result bad = RunMc2({"demo", "fsdp", "--tp", "3", "--out", (dir_ / "bad").string()}, {},
-                            60);
+  const Result bad =
+      RunMc2({"demo", "fsdp", "-n", "3", "--tp", "3", "--output", (dir_ / "bad").string()}, {}, 60);
   EXPECT_EQ(bad.status, 2);
   EXPECT_THAT(bad.err, HasSubstr("tp (3)"));
 }
 
 TEST_F(DemoFsdpTest, BadOptionsAreNamedBeforeAnythingRuns) {
   const fs::path out = dir_ / "never";
-  Result r = RunMc2({"demo", "fsdp", "--prefetch", "0,3", "--out", out.string()}, {}, 60);
+  Result r = RunMc2({"demo", "fsdp", "--prefetch", "0,3", "--output", out.string()}, {}, 60);
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("--prefetch: '3' is not a depth (0, 1 or 2)"));
-  r = RunMc2({"demo", "fsdp", "-n", "3", "--batch", "8", "--out", out.string()}, {}, 60);
+  r = RunMc2({"demo", "fsdp", "-n", "3", "--batch", "8", "--output", out.string()}, {}, 60);
   EXPECT_EQ(r.status, 2);
-  EXPECT_THAT(r.err, HasSubstr("-n 3 must divide --batch 8"));
-  r = RunMc2({"demo", "fsdp", "--hidden", "30", "--heads", "4", "--out", out.string()}, {}, 60);
+  EXPECT_THAT(r.err, HasSubstr("-n 3 / --tp 1 = 3 must divide --batch 8"));
+  r = RunMc2({"demo", "fsdp", "--hidden", "30", "--heads", "4", "--output", out.string()}, {}, 60);
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("--heads 4 must divide --hidden 30"));
+  r = RunMc2({"demo", "fsdp", "-n", "3", "--tp", "2", "--output", out.string()}, {}, 60);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("--tp 2 must divide -n 3"));
   EXPECT_FALSE(fs::exists(out));
 }
 

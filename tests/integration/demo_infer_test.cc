@@ -45,7 +45,7 @@ TEST_F(DemoInferTest, EveryPipelineGeneratesTheSameTokensAndEachPhaseSaysWhatRan
               "-i",           "2",        "-w",       "1", "--layers",     "1",
               "--hidden",     "32",       "--heads",  "4", "--ffn",        "64",
               "--vocab",      "16",       "--batch",  "2", "--prompt-len", "6",
-              "--new-tokens", "5",        "--splits", "2", "--out",        out.string(),
+              "--new-tokens", "5",        "--splits", "2", "--output",     out.string(),
               "--json",       js.string()},
              {}, 120);
   ASSERT_EQ(r.status, 0) << r.err;
@@ -85,7 +85,7 @@ TEST_F(DemoInferTest, ATrainedModelContinuesItsTask) {
               "--pipelines",   "serial", "-i",           "1",          "--hidden",     "64",
               "--heads",       "4",      "--ffn",        "128",        "--vocab",      "32",
               "--batch",       "8",      "--prompt-len", "8",          "--new-tokens", "16",
-              "--train-steps", "200",    "--out",        out.string(), "--json",       js.string()},
+              "--train-steps", "200",    "--output",     out.string(), "--json",       js.string()},
              {}, 120);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("continue the task (modadd) correctly"));
@@ -97,17 +97,17 @@ TEST_F(DemoInferTest, ATrainedModelContinuesItsTask) {
 
 TEST_F(DemoInferTest, NamesTheOptionsAsTypedBeforeWritingAnything) {
   const fs::path out = dir_ / "out";
-  Result r =
-      RunMc2({"demo", "infer", "-n", "2", "--heads", "3", "--hidden", "12", "--out", out.string()});
+  Result r = RunMc2(
+      {"demo", "infer", "-n", "2", "--heads", "3", "--hidden", "12", "--output", out.string()});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("--tp 2 must divide --heads 3"));
-  r = RunMc2({"demo", "infer", "-n", "4", "--tp", "2", "--batch", "3", "--out", out.string()});
+  r = RunMc2({"demo", "infer", "-n", "4", "--tp", "2", "--batch", "3", "--output", out.string()});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("-n 4 / --tp 2 = 2 must divide --batch 3"));
-  r = RunMc2({"demo", "infer", "--new-tokens", "0", "--out", out.string()});
+  r = RunMc2({"demo", "infer", "--new-tokens", "0", "--output", out.string()});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("--new-tokens"));
-  r = RunMc2({"demo", "infer", "--link", "bw=fast", "--out", out.string()});
+  r = RunMc2({"demo", "infer", "--link", "bw=fast", "--output", out.string()});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("--link='bw=fast' is invalid"));
   EXPECT_FALSE(fs::exists(out));

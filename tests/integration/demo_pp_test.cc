@@ -43,10 +43,12 @@ class DemoPpTest : public LeakCheckedTest {
 
 TEST_F(DemoPpTest, EveryScheduleTrainsTheSameLossesAndReportsItsBubble) {
   const fs::path out = dir_ / "out", js = dir_ / "result.json";
-  const Result r = RunMc2({"demo", "pp", "--pp", "2", "-m", "4", "--link", "none", "-i", "1",
-                           "-w", "1", "--layers", "4", "--hidden", "32", "--heads", "4", "--ffn",
-                           "64", "--vocab", "16", "--seq-len", "8", "--batch", "8", "--out",
-                           out.string(), "--json", js.string()},
+  const Result r = RunMc2({"demo",    "pp",       "--pp",       "2",      "--micro-batches",
+                           "4",       "--link",   "none",       "-i",     "1",
+                           "-w",      "1",        "--layers",   "4",      "--hidden",
+                           "32",      "--heads",  "4",          "--ffn",  "64",
+                           "--vocab", "16",       "--seq-len",  "8",      "--batch",
+                           "8",       "--output", out.string(), "--json", js.string()},
                           {}, 120);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("bubble: formula (%)"));
@@ -87,11 +89,13 @@ TEST_F(DemoPpTest, StagesWithContextParallelism) {
   // pp 2 x cp 2 on 4 ranks: each stage's attention is ring attention over
   // its CP pair; both schedules still train bitwise the same losses.
   const fs::path out = dir_ / "out", js = dir_ / "result.json";
-  const Result r = RunMc2({"demo", "pp", "--pp", "2", "--cp", "2", "-m", "2", "--link", "none",
-                           "-i", "1", "-w", "0", "--layers", "4", "--hidden", "32", "--heads",
-                           "4", "--ffn", "64", "--vocab", "16", "--seq-len", "16", "--batch", "4",
-                           "--out", out.string(), "--json", js.string()},
-                          {}, 120);
+  const Result r = RunMc2(
+      {"demo",     "pp",         "--pp",     "2",         "--cp",    "2",       "--micro-batches",
+       "2",        "--link",     "none",     "-i",        "1",       "-w",      "0",
+       "--layers", "4",          "--hidden", "32",        "--heads", "4",       "--ffn",
+       "64",       "--vocab",    "16",       "--seq-len", "16",      "--batch", "4",
+       "--output", out.string(), "--json",   js.string()},
+      {}, 120);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("pp 2 x dp 1 x cp 2 x tp 1 (4 ranks)"));
   EXPECT_THAT(r.out, HasSubstr("losses identical across schedules (bitwise): yes"));
@@ -102,7 +106,7 @@ TEST_F(DemoPpTest, StagesWithContextParallelism) {
   EXPECT_EQ(j["losses_identical"], true);
   EXPECT_TRUE(fs::exists(out / "1f1b" / "rank-3.trace.json"));
   // seq_len 10 cannot be cut into 2 * cp chunks: refused before the job.
-  const Result bad = RunMc2({"demo", "pp", "--pp", "2", "--cp", "2", "--seq-len", "10", "--out",
+  const Result bad = RunMc2({"demo", "pp", "--pp", "2", "--cp", "2", "--seq-len", "10", "--output",
                              (dir_ / "bad").string()});
   EXPECT_EQ(bad.status, 2);
   EXPECT_THAT(bad.err, HasSubstr("must be divisible by 2 * cp (4)"));
@@ -112,10 +116,41 @@ TEST_F(DemoPpTest, StagesWithMoeAndExpertParallelism) {
   // pp 2 x dp 2 on 4 ranks, every block MoE with its experts over each
   // stage's EP pair; both schedules still train bitwise the same losses.
   const fs::path out = dir_ / "out", js = dir_ / "result.json";
-  const Result r = RunMc2({"demo", "pp", "--pp", "2", "--dp", "2", "--ep", "2", "--moe-experts",
-                           "4", "-m", "2", "--link", "none", "-i", "1", "-w", "0", "--layers",
-                           "4", "--hidden", "32", "--heads", "4", "--ffn", "64", "--vocab", "16",
-                           "--seq-len", "8", "--batch", "8", "--out", out.string(), "--json",
+  const Result r = RunMc2({"demo",
+                           "pp",
+                           "--pp",
+                           "2",
+                           "--dp",
+                           "2",
+                           "--ep",
+                           "2",
+                           "--moe-experts",
+                           "4",
+                           "--micro-batches",
+                           "2",
+                           "--link",
+                           "none",
+                           "-i",
+                           "1",
+                           "-w",
+                           "0",
+                           "--layers",
+                           "4",
+                           "--hidden",
+                           "32",
+                           "--heads",
+                           "4",
+                           "--ffn",
+                           "64",
+                           "--vocab",
+                           "16",
+                           "--seq-len",
+                           "8",
+                           "--batch",
+                           "8",
+                           "--output",
+                           out.string(),
+                           "--json",
                            js.string()},
                           {}, 120);
   ASSERT_EQ(r.status, 0) << r.err;
@@ -135,7 +170,8 @@ TEST_F(DemoPpTest, StagesWithMoeAndExpertParallelism) {
        "not combined with context parallelism"},
   };
   for (const auto& [args, message] : bad) {
-    std::vector<std::string> argv = {"demo", "pp", "--pp", "2", "--out", (dir_ / "bad").string()};
+    std::vector<std::string> argv = {"demo", "pp",       "--pp",
+                                     "2",    "--output", (dir_ / "bad").string()};
     argv.insert(argv.end(), args.begin(), args.end());
     const Result b = RunMc2(argv);
     EXPECT_EQ(b.status, 2) << message;
@@ -146,19 +182,29 @@ TEST_F(DemoPpTest, StagesWithMoeAndExpertParallelism) {
 
 TEST_F(DemoPpTest, RefusesInvalidSettingsBeforeWritingAnything) {
   const fs::path out = dir_ / "out";
-  Result r = RunMc2({"demo", "pp", "--pp", "2", "--layers", "3", "--out", out.string()});
+  Result r = RunMc2({"demo", "pp", "--pp", "2", "--layers", "3", "--output", out.string()});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("layers (3) must be divisible by pp * virtual_stages"));
-  r = RunMc2({"demo", "pp", "--pp", "4", "-m", "6", "--schedules", "interleaved", "--out",
-              out.string()});
+  r = RunMc2({"demo", "pp", "--pp", "4", "--micro-batches", "6", "--schedules", "interleaved",
+              "--output", out.string()});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("micro_batches (6) must be a multiple of pp (4)"));
-  r = RunMc2({"demo", "pp", "--schedules", "gpipe", "--out", out.string()});
+  r = RunMc2({"demo", "pp", "--schedules", "gpipe", "--output", out.string()});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("unknown schedule 'gpipe'"));
-  r = RunMc2({"demo", "pp", "--link", "bw=fast", "--out", out.string()});
+  r = RunMc2({"demo", "pp", "--link", "bw=fast", "--output", out.string()});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("--link='bw=fast' is invalid"));
+  // -n is the rank count, pp x dp x cp x tp: the DP size follows from it.
+  r = RunMc2({"demo", "pp", "-n", "3", "--pp", "2", "--output", out.string()});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("--pp 2 x --cp 1 x --tp 1 = 2 must divide -n 3"));
+  r = RunMc2({"demo", "pp", "-n", "4", "--pp", "2", "--dp", "1", "--output", out.string()});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("--pp 2 x --dp 1 x --cp 1 x --tp 1 must be -n 4"));
+  r = RunMc2({"demo", "pp", "--pipelines", "fused,auto", "--output", out.string()});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("demo pp runs one pipeline"));
   EXPECT_FALSE(fs::exists(out));
 }
 

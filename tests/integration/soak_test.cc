@@ -73,7 +73,7 @@ TEST_F(SoakTest, ShortRunChecksEveryResult) {
 
 TEST_F(SoakTest, ShortFaultRunReportsEveryFault) {
   const Result r =
-      RunMc2({"soak", "-n", "3", "--seconds", "15", "--faults", "--seed", "42"}, {}, 400);
+      RunMc2({"soak", "-n", "3", "--duration", "15", "--faults", "--seed", "42"}, {}, 400);
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   const Summary s = ParseSummary(r.out);
@@ -91,7 +91,7 @@ TEST_F(SoakTest, ShortFaultRunReportsEveryFault) {
 
 TEST_F(SoakTest, CorruptedResultsAreCaughtAndFailTheRun) {
   const Result r = RunMc2(
-      {"soak", "-n", "2", "--seconds", "4", "--seed", "7", "--test-corrupt-every", "5"}, {}, 200);
+      {"soak", "-n", "2", "--duration", "4", "--seed", "7", "--test-corrupt-every", "5"}, {}, 200);
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.status, 1) << r.out << r.err;
   const Summary s = ParseSummary(r.out);
@@ -106,7 +106,7 @@ TEST_F(SoakTest, CorruptedResultsAreCaughtAndFailTheRun) {
 }
 
 TEST_F(SoakTest, BadOptionsAreUsageErrors) {
-  Result r = RunMc2({"soak", "-n", "0", "--seconds", "1"});
+  Result r = RunMc2({"soak", "-n", "0", "--duration", "1"});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("--nranks: Value 0 not in range 1 to 64"));
   r = RunMc2({"soak", "-n", "2", "--duration", "5x"});
@@ -120,7 +120,7 @@ TEST_F(SoakTest, BadOptionsAreUsageErrors) {
   EXPECT_EQ(r.status, 2);
   EXPECT_LT(r.seconds, 5);
   EXPECT_THAT(r.err, HasSubstr("MC2_TRACE='/proc/mc2-no-dir' is invalid"));
-  r = RunMc2({"soak", "-n", "1", "--faults", "--seconds", "1"});
+  r = RunMc2({"soak", "-n", "1", "--faults", "--duration", "1"});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("--faults needs at least 2 ranks"));
   r = RunMc2({"soak", "-n", "2", "--faults", "--fault-timeout", "soon"});

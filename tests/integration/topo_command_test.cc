@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -45,7 +46,7 @@ int SysfsCores(const std::set<int>& cpus) {
 class TopoCommandTest : public LeakCheckedTest {};
 
 TEST_F(TopoCommandTest, JsonMapsEveryRankAndMeasuresTheLink) {
-  Result r = RunMc2({"topo", "-n", "2", "--json", "-i", "20", "--bytes", "1M"}, {}, 30);
+  Result r = RunMc2({"topo", "-n", "2", "--json", "-", "-i", "20", "--bytes", "1M"}, {}, 30);
   ASSERT_EQ(r.status, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   char host[HOST_NAME_MAX + 1] = {};
@@ -96,10 +97,27 @@ TEST_F(TopoCommandTest, InsideALaunchTheTableShowsRanksSharingACore) {
   EXPECT_THAT(r.out, HasSubstr("(hwloc)"));
 }
 
+TEST_F(TopoCommandTest, JsonToAFileKeepsTheTable) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("mc2-topo-" + std::to_string(getpid()) + ".json"))
+          .string();
+  Result r = RunMc2({"topo", "-n", "2", "--json", path, "-i", "10", "--bytes", "64K"}, {}, 30);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("# 2 rank(s) on 1 host(s)"));
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  std::filesystem::remove(path);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["ranks"].size(), 2u);
+}
+
 TEST_F(TopoCommandTest, BadOptionsAreUsageErrors) {
   Result r = RunMc2({"topo", "--bytes", "4"});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("--bytes"));
+  r = RunMc2({"topo", "--json", "/nonexistent-mc2-dir/t.json"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("/nonexistent-mc2-dir/t.json"));
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Tracing real processes: `MC2_TRACE=DIR mc2 run -n N trace_demo` writes one
-// valid file per rank, and `mc2 trace merge`, `report` (text and --json)
+// valid file per rank, and `mc2 trace merge`, `report` (text and --json -)
 // and `plot` work on it. Also: a bad MC2_TRACE fails the job up front, and
 // the overhead of tracing on small all_reduces across processes.
 #include <fmt/format.h>
@@ -87,8 +87,8 @@ TEST_F(TraceRunTest, TracesMergesReportsAndPlotsAThreeRankRun) {
     if (e["ph"] == "M" && e["name"] == "process_name") pids.insert(e["pid"].get<int>());
   EXPECT_EQ(pids, (std::set<int>{0, 1, 2}));
 
-  // report --json, on the directory and on the merged file: same answer.
-  Result rj = RunMc2({"trace", "report", traces.string(), "--json"});
+  // report --json -, on the directory and on the merged file: same answer.
+  Result rj = RunMc2({"trace", "report", traces.string(), "--json", "-"});
   ASSERT_EQ(rj.status, 0) << rj.err;
   Json rep = Json::parse(rj.out);
   EXPECT_TRUE(rep["steps_marked"]);
@@ -115,7 +115,7 @@ TEST_F(TraceRunTest, TracesMergesReportsAndPlotsAThreeRankRun) {
   EXPECT_TRUE(reduce_seen);
   EXPECT_FALSE(rep["top_uncovered"].empty());  // the serial all_gathers at least
   EXPECT_LE(rep["top_uncovered"].size(), 10u);
-  Result rm = RunMc2({"trace", "report", merged.string(), "--json"});
+  Result rm = RunMc2({"trace", "report", merged.string(), "--json", "-"});
   ASSERT_EQ(rm.status, 0) << rm.err;
   EXPECT_EQ(Json::parse(rm.out)["overall"], rep["overall"]);
 
@@ -135,6 +135,34 @@ TEST_F(TraceRunTest, TracesMergesReportsAndPlotsAThreeRankRun) {
   EXPECT_THAT(text, HasSubstr("<svg"));
   EXPECT_THAT(text, HasSubstr("rank 2 communication"));
   EXPECT_THAT(text, HasSubstr("</svg>"));
+
+  // report --json FILE: the JSON in the file, the text still on stdout;
+  // with --json - the text went to stderr.
+  EXPECT_THAT(rj.err, HasSubstr("per step"));
+  const fs::path report_json = dir_ / "report.json";
+  Result rf = RunMc2({"trace", "report", traces.string(), "--json", report_json.string()});
+  ASSERT_EQ(rf.status, 0) << rf.err;
+  EXPECT_THAT(rf.out, HasSubstr("per step"));
+  std::ifstream jf(report_json);
+  EXPECT_EQ(Json::parse(jf)["overall"], rep["overall"]);
+
+  // plot without -o: timeline.svg in the trace directory, which a later
+  // plot replaces; a file plot did not write there is left alone.
+  const fs::path def = traces / "timeline.svg";
+  Result d = RunMc2({"trace", "plot", traces.string()});
+  ASSERT_EQ(d.status, 0) << d.err;
+  EXPECT_THAT(d.out, HasSubstr(def.string()));
+  ASSERT_TRUE(fs::exists(def));
+  d = RunMc2({"trace", "plot", traces.string()});
+  EXPECT_EQ(d.status, 0) << d.err;
+  std::ofstream(def) << "mine\n";
+  d = RunMc2({"trace", "plot", traces.string()});
+  EXPECT_EQ(d.status, 2);
+  EXPECT_THAT(d.err, HasSubstr("was not written by mc2 trace plot"));
+  std::ifstream kept_in(def);
+  std::string kept;
+  std::getline(kept_in, kept);
+  EXPECT_EQ(kept, "mine");
 }
 
 TEST_F(TraceRunTest, CommandErrorsAreReported) {
