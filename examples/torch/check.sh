@@ -20,7 +20,7 @@ steps=6
   "$python" "$here/train_tp_dp.py" --tp 2 --steps $steps --check --trace "$tmp/trace"
 "$build/tools/mc2" trace report "$tmp/trace" > "$tmp/report.txt"
 cat "$tmp/report.txt"
-"$build/tools/mc2" trace report --json "$tmp/trace" > "$tmp/report.json"
+"$build/tools/mc2" trace report --json "$tmp/report.json" "$tmp/trace" > /dev/null
 # The report's numbers, rank by rank: every rank recorded every step, spent
 # compute time in each, and recorded its own optimizer steps and the fused
 # operators of its layers (a rank that recorded under another's number, or

@@ -6,7 +6,7 @@ Every rank makes one group per rank (dist.new_group([q]) for each q, as
 every rank must), starts tracing, and runs marked steps of a Python span
 around a measured sleep plus an all_reduce on its own one-rank group and
 one on the default group. Then each rank's file must name its own rank and
-the job's world size, hold its own spans, and `mc2 trace report --json`
+the job's world size, hold its own spans, and `mc2 trace report --json -`
 must give every rank the compute time it slept (the reference is the sleep
 this test measures).
 """
@@ -76,7 +76,7 @@ def test_subgroup_keeps_the_process_identity(job):
 
         if r == 0:
             report = json.loads(subprocess.run(
-                [os.environ["MC2PY_TEST_CLI"], "trace", "report", "--json", out],
+                [os.environ["MC2PY_TEST_CLI"], "trace", "report", "--json", "-", out],
                 check=True, capture_output=True, text=True).stdout)
             assert sorted(x["rank"] for x in report["ranks"]) == list(range(p))
             for rank in report["ranks"]:
