@@ -141,10 +141,21 @@ void Completer::Stop() {
   if (t.joinable()) t.join();
 }
 
+// Waits (call without the GIL) until no callback is queued or running, at
+// most `limit`: a callback still running when the interpreter finalizes may
+// ask for the GIL (a future's Python callback, or dropping a Python object)
+// and would be ended on the spot, which aborts the process.
+void DrainCallbacks(std::chrono::milliseconds limit);
+
 void Completer::StopAllAtExit() {
   pybind11::gil_scoped_release no_gil;
-  std::lock_guard<std::mutex> lock(g_completers_mu);
-  for (Completer* c : Completers()) c->Stop();
+  {
+    std::lock_guard<std::mutex> lock(g_completers_mu);
+    for (Completer* c : Completers()) c->Stop();
+  }
+  // The completed works' futures run their callbacks on the callback
+  // threads: let those finish while the interpreter still runs.
+  DrainCallbacks(std::chrono::seconds(10));
 }
 
 void Completer::Push(c10::intrusive_ptr<AsyncWork> w) {
@@ -190,9 +201,16 @@ namespace {
 struct CallbackPool {
   std::mutex mu;
   std::condition_variable cv;
+  std::condition_variable quiet;  // tasks empty and none running (DrainCallbacks)
   std::deque<std::function<void()>> tasks;
   int idle = 0;
+  int running = 0;
 };
+
+std::shared_ptr<CallbackPool> Pool() {
+  static auto* pool = new std::shared_ptr<CallbackPool>(std::make_shared<CallbackPool>());
+  return *pool;
+}
 
 void CallbackThread(std::shared_ptr<CallbackPool> pool) {
   std::unique_lock<std::mutex> lock(pool->mu);
@@ -202,18 +220,25 @@ void CallbackThread(std::shared_ptr<CallbackPool> pool) {
     --pool->idle;
     std::function<void()> fn = std::move(pool->tasks.front());
     pool->tasks.pop_front();
+    ++pool->running;
     lock.unlock();
     fn();  // marking a future: never throws (callbacks' errors go to their futures)
     fn = nullptr;
     lock.lock();
+    if (--pool->running == 0 && pool->tasks.empty()) pool->quiet.notify_all();
   }
 }
 
 }  // namespace
 
+void DrainCallbacks(std::chrono::milliseconds limit) {
+  std::shared_ptr<CallbackPool> p = Pool();
+  std::unique_lock<std::mutex> lock(p->mu);
+  p->quiet.wait_for(lock, limit, [&] { return p->tasks.empty() && p->running == 0; });
+}
+
 void RunOnCallbackThread(std::function<void()> fn) {
-  static auto* pool = new std::shared_ptr<CallbackPool>(std::make_shared<CallbackPool>());
-  std::shared_ptr<CallbackPool> p = *pool;
+  std::shared_ptr<CallbackPool> p = Pool();
   std::lock_guard<std::mutex> lock(p->mu);
   p->tasks.push_back(std::move(fn));
   if (p->idle < static_cast<int>(p->tasks.size())) {
