@@ -201,13 +201,16 @@ COMMAND = re.compile(r"(?:^|\s)(?:\S*/)?mc2((?: +[^\s`|;&]+)+)")
 
 
 def code_segments(text):
-    """(line number, text) of each code block line and inline code span."""
-    in_block = False
+    """(line number, text) of each line of a command block (```sh or
+    unlabelled: not a program, whose comments may say "mc2 ...") and of each
+    inline code span."""
+    block = None
     for n, line in enumerate(text.split("\n"), 1):
         if line.startswith("```"):
-            in_block = not in_block
-        elif in_block:
-            yield n, line
+            block = line[3:].strip() if block is None else None
+        elif block is not None:
+            if block in ("", "sh", "bash", "console"):
+                yield n, line
         else:
             for span in re.findall(r"`([^`]+)`", line):
                 yield n, span
