@@ -17,12 +17,18 @@ namespace mc2::tools {
 
 namespace {
 
-// Sets the rank variables of `mc2 run` from Open MPI's, then runs the
+constexpr int kTorchDefaultPort = 29500;  // torch.distributed's MASTER_PORT default
+
+// Sets the rank variables of `mc2 run` from Open MPI's, and torch's env://
+// rendezvous on the first host at torch's default port, then runs the
 // program: "$0" is PROGRAM, "$@" its arguments.
-constexpr const char* kRankVariables =
-    "RANK=$OMPI_COMM_WORLD_RANK WORLD_SIZE=$OMPI_COMM_WORLD_SIZE "
-    "LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK LOCAL_WORLD_SIZE=$OMPI_COMM_WORLD_LOCAL_SIZE "
-    "exec \"$0\" \"$@\"";
+std::string RankVariables(const std::string& first_host) {
+  return fmt::format(
+      "RANK=$OMPI_COMM_WORLD_RANK WORLD_SIZE=$OMPI_COMM_WORLD_SIZE "
+      "LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK LOCAL_WORLD_SIZE=$OMPI_COMM_WORLD_LOCAL_SIZE "
+      "MASTER_ADDR={} MASTER_PORT={} exec \"$0\" \"$@\"",
+      first_host, kTorchDefaultPort);
+}
 
 int CountRanks(const std::string& hosts) {
   int total = 0;
@@ -79,7 +85,8 @@ std::vector<std::string> MpirunLine(const HostsLaunch& h) {
   if (h.heap_bytes) line.insert(line.end(), {"-x", fmt::format("MC2_HEAP_BYTES={}", h.heap_bytes)});
   std::stringstream extra(h.mpirun_args);
   for (std::string word; extra >> word;) line.push_back(word);
-  line.insert(line.end(), {"sh", "-c", kRankVariables});
+  const std::string first_host = h.hosts.substr(0, h.hosts.find_first_of(":,"));
+  line.insert(line.end(), {"sh", "-c", RankVariables(first_host)});
   line.insert(line.end(), h.argv.begin(), h.argv.end());
   return line;
 }

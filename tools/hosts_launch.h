@@ -4,7 +4,8 @@
 // Open MPI command line that does (docs/multi-host.md) and replaces itself
 // with it. The ranks then find their world with Group::FromEnv, as under
 // mpirun directly, and get the rank variables `mc2 run` gives on one host
-// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) from Open MPI's.
+// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) from Open MPI's, with
+// MASTER_ADDR the first host and MASTER_PORT 29500 (torch's default).
 #ifndef MC2_TOOLS_HOSTS_LAUNCH_H_
 #define MC2_TOOLS_HOSTS_LAUNCH_H_
 

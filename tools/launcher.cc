@@ -33,6 +33,7 @@
 #include <utility>
 
 #include "core/env.h"
+#include "launch_support.h"
 #include "mc2/error.h"
 #include "transport/shm/job.h"
 
@@ -89,42 +90,6 @@ std::string SignalName(int sig) {
   return abbrev != nullptr ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", sig);
 }
 
-// Returns 0 if execvp would find an executable file for `program`, else the
-// errno it would fail with. Checked before anything is created so that a
-// typo gives one clean message instead of one per rank.
-int CheckExecutable(const std::string& program) {
-  auto usable = [](const std::string& path, int* err) {
-    struct stat st;
-    if (stat(path.c_str(), &st) != 0) {
-      if (errno == EACCES) *err = EACCES;
-      return false;
-    }
-    if (!S_ISREG(st.st_mode) || access(path.c_str(), X_OK) != 0) {
-      *err = EACCES;
-      return false;
-    }
-    return true;
-  };
-  if (program.empty()) return ENOENT;
-  int err = ENOENT;
-  if (program.find('/') != std::string::npos) {
-    return usable(program, &err) ? 0 : err;
-  }
-  const char* path_env = std::getenv("PATH");
-  const std::string_view path = path_env != nullptr ? path_env : "/bin:/usr/bin";
-  size_t start = 0;
-  while (true) {
-    const size_t end = std::min(path.find(':', start), path.size());
-    const std::string_view dir = path.substr(start, end - start);
-    std::string candidate(dir.empty() ? std::string_view(".") : dir);
-    candidate += '/';
-    candidate += program;
-    if (usable(candidate, &err)) return 0;
-    if (end == path.size()) return err;
-    start = end + 1;
-  }
-}
-
 // The ranks inherit descriptors by number, so 0, 1 and 2 must be taken
 // before the segments are created: otherwise a launcher started with a
 // closed stdin would hand out fd 0 as a segment and then clobber it.
@@ -153,6 +118,7 @@ struct OutputStream {
   int target = STDOUT_FILENO;
   std::string prefix;
   std::string pending;  // incomplete last line (prefix mode only)
+  ImportFailureScan imports;  // stderr only: a failed `import torch` or `import mc2`
 };
 
 // Everything the child needs between fork and exec, prepared beforehand so
@@ -249,6 +215,7 @@ class Launcher {
   void CloseStream(OutputStream& stream);
   void Output(int target, std::string_view data);
   void PrintSummary();
+  void PrintImportHint();
   std::string Describe(const RankProcess& rank) const;
   bool AnyRunning() const;
   std::vector<std::string> ChildEnvironment(int rank) const;
@@ -260,6 +227,7 @@ class Launcher {
   const size_t heap_bytes_;
   const std::string dir_;
   std::string job_id_;
+  int master_port_ = -1;  // MASTER_PORT of the ranks
   shm::JobSegments segments_;
   std::vector<RankProcess> ranks_;
   std::vector<OutputStream> streams_;
@@ -299,12 +267,19 @@ int Launcher::Run() {
   }
   std::random_device device;
   job_id_ = fmt::format("{}-{:08x}", getpid(), device());
+  std::string port_error;
+  master_port_ = FreeLoopbackPort(&port_error);
+  if (master_port_ < 0) {
+    Say("cannot pick a free port for MASTER_PORT: {}", port_error);
+    return kExitLaunchFailed;
+  }
   if (!SetUpSignals()) return kExitLaunchFailed;
   StartRanks();
   Loop();
   if (first_failed_rank_ >= 0 || interrupt_signal_ != 0 || launch_error_) {
     PrintSummary();
   }
+  if (exit_code_.value_or(0) != 0) PrintImportHint();
   return exit_code_.value_or(0);
 }
 
@@ -352,7 +327,8 @@ std::vector<std::string> Launcher::ChildEnvironment(int rank) const {
   static constexpr std::string_view kOwned[] = {
       "MC2_RANK=",   "MC2_WORLD_SIZE=", "MC2_LOCAL_RANK=",  "MC2_LOCAL_SIZE=",
       "MC2_JOB_ID=", "MC2_SHM_FDS=",    "MC2_HEAP_BYTES=",  "RANK=",
-      "WORLD_SIZE=", "LOCAL_RANK=",     "LOCAL_WORLD_SIZE="};
+      "WORLD_SIZE=", "LOCAL_RANK=",     "LOCAL_WORLD_SIZE=", "MASTER_ADDR=",
+      "MASTER_PORT="};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string_view entry(*e);
@@ -377,6 +353,10 @@ std::vector<std::string> Launcher::ChildEnvironment(int rank) const {
   env.push_back(fmt::format("WORLD_SIZE={}", options_.nranks));
   env.push_back(fmt::format("LOCAL_RANK={}", rank));
   env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", options_.nranks));
+  // torch.distributed's env:// rendezvous (init_process_group's default):
+  // rank 0 opens its store on this port.
+  env.push_back("MASTER_ADDR=127.0.0.1");
+  env.push_back(fmt::format("MASTER_PORT={}", master_port_));
   return env;
 }
 
@@ -635,6 +615,7 @@ void Launcher::ReadStream(OutputStream& stream) {
 }
 
 void Launcher::Emit(OutputStream& stream, const char* data, size_t size) {
+  if (stream.target == STDERR_FILENO) stream.imports.Feed(std::string_view(data, size));
   if (!options_.prefix_output) {
     Output(stream.target, std::string_view(data, size));
     return;
@@ -694,6 +675,18 @@ void Launcher::PrintSummary() {
   Say("summary of the {} ranks:", ranks_.size());
   for (const auto& [state, members] : groups) {
     Say("  {} {}: {}", members.size() == 1 ? "rank" : "ranks", FormatRanks(members), state);
+  }
+}
+
+// A Python program that could not import torch or mc2 most often ran
+// another interpreter than the one mc2 is built for (the first python3 on
+// PATH): say which one ran.
+void Launcher::PrintImportHint() {
+  for (const auto& stream : streams_) {
+    if (!stream.imports.module()) continue;
+    Say("{}", ImportFailureHint(stream.rank, *stream.imports.module(), options_.argv[0],
+                                options_.nranks));
+    return;
   }
 }
 
@@ -758,7 +751,7 @@ int RunLaunch(const LaunchOptions& options) {
     return kExitUsage;
   }
 
-  if (const int err = CheckExecutable(options.argv[0]); err != 0) {
+  if (int err = 0; ResolveProgram(options.argv[0], &err).empty()) {
     Say("cannot execute '{}': {}", options.argv[0], std::strerror(err));
     return kExitCannotExecute;
   }

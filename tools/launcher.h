@@ -1,8 +1,11 @@
 // `mc2 run`: starts the ranks of a single-host job and supervises them.
 //
 // The launcher creates the job's shared-memory segments (transport/shm/job.h),
-// forks and execs N copies of the program with the MC2_* environment, relays
-// their output (prefixed "[rank] " per line by default), and tears the whole
+// forks and execs N copies of the program with the MC2_* environment and
+// torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// MASTER_ADDR=127.0.0.1 and a free MASTER_PORT), relays their output
+// (prefixed "[rank] " per line by default; a Python rank's failed import of
+// torch or mc2 makes it name the interpreter that ran), and tears the whole
 // job down as soon as any rank fails or the launcher is interrupted. It never
 // leaves processes or /dev/shm files behind: the segments are unlinked at
 // creation, every rank has PR_SET_PDEATHSIG(SIGKILL) so that it dies with the

@@ -93,7 +93,7 @@ bool Reducing(Kind k) {
          k == Kind::kReduceScatterV;
 }
 
-// The algorithms that implement each collective (README, MC2_ALGO), besides
+// The algorithms that implement each collective (docs/running.md, MC2_ALGO), besides
 // kAuto. Asking for one of these must never be rejected.
 std::vector<Algorithm> Implementations(Kind k) {
   using A = Algorithm;

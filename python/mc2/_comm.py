@@ -125,7 +125,8 @@ def resolve(group=None):
         if dist.is_available() and dist.is_initialized():
             group = dist.distributed_c10d._get_default_group()
         else:
-            return Comm(_extension().world(), fused=True)
+            from ._world import world
+            return Comm(world(), fused=True)
     if _is_process_group(group):
         _C = _extension()
         if isinstance(group, _C.ProcessGroupMC2):

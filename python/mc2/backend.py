@@ -3,16 +3,16 @@
 torch.distributed.init_process_group("mc2") joins the world of `mc2 run`
 when the program runs under it, and otherwise makes a shared-memory world
 among the ranks through torch's store (torchrun, or RANK, WORLD_SIZE,
-MASTER_ADDR and MASTER_PORT with init_method="env://"): all ranks must be on
-one host. new_group() gives a group of its own among its members.
+MASTER_ADDR and MASTER_PORT with init_method="env://", which `mc2 run` sets
+too): all ranks must be on one host. new_group() gives a group of its own
+among its members.
 """
 import datetime
 import os
 
-import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, _world
 
 ProcessGroupMC2 = _C.ProcessGroupMC2
 
@@ -34,33 +34,19 @@ def _create(opts, pg_options=None):
 
 
 def init_process_group(timeout=None):
-    """torch.distributed.init_process_group("mc2") with what the launcher
-    gives: under torchrun (MASTER_ADDR set) its env:// rendezvous; under
-    `mc2 run`, the rank and size of mc2's world and a TCP store that rank 0
-    opens on a free port of 127.0.0.1 (the port reaches the other ranks
-    through mc2 itself). timeout: seconds (torch's default otherwise).
-    Does nothing if torch.distributed is initialised already."""
+    """torch.distributed.init_process_group("mc2") through the launcher's
+    env:// rendezvous (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: `mc2 run`
+    and torchrun set them). timeout: seconds (torch's default otherwise).
+    Does nothing if torch.distributed is initialised already; without a
+    launcher, raises mc2.Error saying how to start the program."""
     if dist.is_initialized():
         return
+    if not all(os.environ.get(v) for v in _world.TORCHRUN_VARIABLES):
+        raise _world.no_launcher_error("init_process_group")
     kwargs = {}
     if timeout is not None:
         kwargs["timeout"] = datetime.timedelta(seconds=timeout)
-    if "MASTER_ADDR" in os.environ or not _C.launched_by_mc2():
-        dist.init_process_group("mc2", **kwargs)
-        return
-    from .collectives import broadcast
-    w = _C.world()
-    rank, size = w.rank(), w.size()
-    store_timeout = kwargs.get("timeout", datetime.timedelta(seconds=300))
-    store = None
-    port = torch.zeros(1, dtype=torch.int64)
-    if rank == 0:
-        store = dist.TCPStore("127.0.0.1", 0, size, True, store_timeout, wait_for_workers=False)
-        port[0] = store.port
-    broadcast(port, src=0)
-    if rank != 0:
-        store = dist.TCPStore("127.0.0.1", int(port.item()), size, False, store_timeout)
-    dist.init_process_group("mc2", store=store, rank=rank, world_size=size, **kwargs)
+    dist.init_process_group("mc2", **kwargs)
 
 
 def _register():

@@ -23,7 +23,7 @@ import threading
 import torch.distributed as dist
 
 from . import _C
-from ._C import world
+from ._world import world
 
 _OPS = {
     "sum": dist.ReduceOp.SUM,

@@ -18,7 +18,7 @@ for the whole run instead, from the world's start.
 """
 import contextlib
 
-from . import _C
+from . import _C, _world
 
 __all__ = ["start", "stop", "flush", "enabled", "mark_step", "end_step", "span",
            "set_thread_name"]
@@ -27,9 +27,8 @@ __all__ = ["start", "stop", "flush", "enabled", "mark_step", "end_step", "span",
 def start(directory):
     """Starts recording into `directory` (created if missing), dropping what
     an earlier start recorded. The process's mc2 world must exist (it gives
-    the spans their rank): under `mc2 run` it is made now; under another
-    launcher call init_process_group first (mc2.Error otherwise)."""
-    _C.world()
+    the spans their rank): it is made now if needed, as by mc2.world()."""
+    _world.world()
     _C.trace_enable(str(directory))
 
 

@@ -105,6 +105,23 @@ void BindBackend(py::module_& m) {
       py::arg("global_ranks"), py::arg("job_rank"), py::arg("job_size"));
 
   m.def(
+      "_join_world",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s) {
+        mc2::WorldOptions options;
+        if (timeout_s > 0) {
+          options.timeout = std::chrono::nanoseconds(static_cast<int64_t>(timeout_s * 1e9));
+        }
+        py::gil_scoped_release nogil;
+        SetWorld(PyGroup(
+            mc2::Group::FromRendezvous(rank, size, StoreAllGather(store, rank, size), options)));
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+      "Makes this process's mc2 world among `size` ranks meeting through `store` (collective; "
+      "mc2.world() under torchrun when torch.distributed runs on another backend).");
+  m.def("_has_world", []() { return ExistingWorld().has_value(); },
+        "Whether this process's mc2 world exists.");
+
+  m.def(
       "_all_reduce",
       [](ProcessGroupMC2& pg, const at::Tensor& t, const std::string& op,
          const std::string& algorithm, bool async_op) {

@@ -18,9 +18,9 @@ PyGroup World(const mc2::WorldOptions& options) {
   if (g_world) return *g_world;
   if (!mc2::Group::LaunchedByMc2()) {
     throw mc2::Error(mc2::ErrorCode::kInvalidArgument,
-                     "no mc2 world: start the program with `mc2 run -n N python3 prog.py`, or "
-                     "call torch.distributed.init_process_group(\"mc2\") first (torchrun, or "
-                     "RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT)",
+                     "no mc2 world: start the program with `mc2 run -n N /usr/bin/python3 "
+                     "prog.py` or torchrun, or call torch.distributed.init_process_group(\"mc2\") "
+                     "first (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set)",
                      -1, "world");
   }
   g_world = PyGroup(mc2::Group::FromEnv(options));

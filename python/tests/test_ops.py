@@ -301,12 +301,17 @@ def test_bad_dtype_raises_on_every_rank(world):
 
 
 def test_mismatched_shapes_raise_on_every_rank(world):
-    """k differs across ranks (only the shard's rows may): mc2.Error everywhere."""
+    """k differs across ranks (only the shard's rows may): mc2.Error('mismatch')
+    everywhere, before any data moves, and the group stays usable
+    (docs/python-ops.md, "Errors")."""
     if world.size() == 1:
         pytest.skip("needs two ranks")
     k = 4 if world.rank() == 0 else 5
-    with pytest.raises(mc2.Error):
+    with pytest.raises(mc2.Error) as e:
         mc2.all_gather_matmul(torch.ones(2, k), torch.ones(k, 3))
+    assert e.value.code == "mismatch", e.value
+    out, _ = mc2.all_gather_matmul(torch.ones(1, 3), torch.ones(3, 2))
+    close(out, torch.full((world.size(), 2), 3.0))
 
 
 BAD_ADDENDS = [

@@ -76,6 +76,39 @@ set_tests_properties(python.torchrun/2 PROPERTIES
   ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;MC2_TIMEOUT=60s;OMP_NUM_THREADS=1"
   RESOURCE_LOCK mc2_jobs)
 
+# A program written for torchrun runs under `mc2 run` unchanged: the
+# launcher gives it torchrun's variables, MASTER_ADDR and MASTER_PORT
+# included, for gloo as for mc2.
+foreach(backend gloo mc2)
+  add_test(NAME python.torchrun_script_${backend}/2
+           COMMAND $<TARGET_FILE:mc2_cli> run -n 2 ${MC2_PYTHON}
+                   ${CMAKE_CURRENT_SOURCE_DIR}/tests/torchrun_script.py ${backend})
+  set_tests_properties(python.torchrun_script_${backend}/2 PROPERTIES
+    LABELS python TIMEOUT 120
+    ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;MC2_TIMEOUT=60s;OMP_NUM_THREADS=1"
+    RESOURCE_LOCK mc2_jobs)
+endforeach()
+
+# Under torchrun, mc2's own calls join the world on first use, with
+# torch.distributed uninitialised (it then runs on mc2) or on gloo.
+foreach(mode mc2 gloo)
+  add_test(NAME python.torchrun_first_use_${mode}/2
+           COMMAND ${MC2_PYTHON} -m torch.distributed.run --standalone --nproc_per_node 2
+                   -r 1 -t 1 ${CMAKE_CURRENT_SOURCE_DIR}/tests/first_use.py ${mode})
+  set_tests_properties(python.torchrun_first_use_${mode}/2 PROPERTIES
+    LABELS python TIMEOUT 120
+    ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;MC2_TIMEOUT=60s;OMP_NUM_THREADS=1"
+    RESOURCE_LOCK mc2_jobs)
+endforeach()
+
+# Without a launcher: mc2's error says how to start the program.
+add_test(NAME python.no_launcher
+         COMMAND ${MC2_PYTHON} -m pytest -x -q -p no:cacheprovider
+                 ${CMAKE_CURRENT_SOURCE_DIR}/tests/test_no_launcher.py)
+set_tests_properties(python.no_launcher PROPERTIES
+  LABELS python TIMEOUT 120
+  ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python")
+
 # `cmake --install` of the package alone (component mc2_python) into a
 # temporary prefix, imported from there by a job of 2 ranks that runs a
 # fused operator; the prefix is removed afterwards.

@@ -122,20 +122,86 @@ class LauncherTest : public ::testing::Test {
 };
 
 TEST_F(LauncherTest, SetsTorchrunsVariablesForEachRank) {
-  // Programs written for torchrun read these; stale values must be replaced.
+  // Programs written for torchrun read these (torch's env:// rendezvous
+  // needs MASTER_ADDR and MASTER_PORT); stale values must be replaced.
   const Result r = RunMc2(
       {"run", "-n", "3", "sh", "-c",
-       "echo \"R=$RANK W=$WORLD_SIZE LR=$LOCAL_RANK LW=$LOCAL_WORLD_SIZE\""},
-      {{"RANK", "99"}, {"WORLD_SIZE", "99"}, {"LOCAL_RANK", "99"}, {"LOCAL_WORLD_SIZE", "99"}});
+       "echo \"R=$RANK W=$WORLD_SIZE LR=$LOCAL_RANK LW=$LOCAL_WORLD_SIZE A=$MASTER_ADDR "
+       "P=$MASTER_PORT\""},
+      {{"RANK", "99"},
+       {"WORLD_SIZE", "99"},
+       {"LOCAL_RANK", "99"},
+       {"LOCAL_WORLD_SIZE", "99"},
+       {"MASTER_ADDR", "example.invalid"},
+       {"MASTER_PORT", "1"}});
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.status, 0) << r.err;
+  std::set<std::string> ports;
   for (int rank = 0; rank < 3; ++rank) {
     const std::string prefix = "[" + std::to_string(rank) + "] ";
-    EXPECT_THAT(LinesWithPrefix(r.out, prefix),
-                ElementsAre(prefix + "R=" + std::to_string(rank) +
-                            " W=3 LR=" + std::to_string(rank) + " LW=3"))
-        << r.out;
+    const auto lines = LinesWithPrefix(r.out, prefix);
+    ASSERT_EQ(lines.size(), 1u) << r.out;
+    const std::string expected = prefix + "R=" + std::to_string(rank) +
+                                 " W=3 LR=" + std::to_string(rank) + " LW=3 A=127.0.0.1 P=";
+    ASSERT_EQ(lines[0].substr(0, expected.size()), expected) << lines[0];
+    ports.insert(lines[0].substr(expected.size()));
   }
+  // One port for the job, a real one, not the stale value.
+  ASSERT_EQ(ports.size(), 1u);
+  const int port = std::stoi(*ports.begin());
+  EXPECT_GT(port, 1);
+  EXPECT_LT(port, 65536);
+}
+
+TEST_F(LauncherTest, HostsLaunchSetsTorchrunsVariablesFromOpenMpis) {
+  // --dry-run prints the mpirun line without running it.
+  const Result r = RunMc2({"run", "--hosts", "h0:2,h1:2", "--dry-run", "./prog", "arg"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("mpirun -np 4 -H h0:2,h1:2 ")) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("RANK=$OMPI_COMM_WORLD_RANK WORLD_SIZE=$OMPI_COMM_WORLD_SIZE "))
+      << r.out;
+  EXPECT_THAT(r.out, HasSubstr("MASTER_ADDR=h0 MASTER_PORT=29500 exec")) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("' ./prog arg")) << r.out;
+}
+
+// A fake `python3` on PATH, first, that fails as an interpreter without
+// torch does; `mc2 run python3 ...` must say which interpreter ran.
+TEST_F(LauncherTest, NamesTheInterpreterThatCouldNotImportTorch) {
+  const std::string bin = dir_ + "/bin";
+  ASSERT_TRUE(std::filesystem::create_directory(bin));
+  const std::string fake = bin + "/python3";
+  {
+    std::ofstream script(fake);
+    script << "#!/bin/sh\n"
+              "echo 'Traceback (most recent call last):' >&2\n"
+              "echo '  File \"prog.py\", line 1, in <module>' >&2\n"
+              "echo \"ModuleNotFoundError: No module named '$FAKE_MODULE'\" >&2\n"
+              "exit \"$FAKE_STATUS\"\n";
+  }
+  ASSERT_EQ(chmod(fake.c_str(), 0755), 0);
+  const std::string path = bin + ":" + std::getenv("PATH");
+  Result r = RunMc2({"run", "-n", "2", "python3", "prog.py"},
+                    {{"PATH", path}, {"FAKE_MODULE", "torch"}, {"FAKE_STATUS", "1"}});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("could not import torch; it ran 'python3', which is " + fake))
+      << r.err;
+  EXPECT_THAT(r.err, HasSubstr("mc2 run -n 2 /usr/bin/python3")) << r.err;
+
+  r = RunMc2({"run", "-n", "1", "python3", "prog.py"},
+             {{"PATH", path}, {"FAKE_MODULE", "mc2"}, {"FAKE_STATUS", "1"}});
+  EXPECT_THAT(r.err, HasSubstr("could not import mc2")) << r.err;
+
+  // Another module, or a job that succeeds: no hint.
+  r = RunMc2({"run", "-n", "1", "python3", "prog.py"},
+             {{"PATH", path}, {"FAKE_MODULE", "numpyx"}, {"FAKE_STATUS", "1"}});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, Not(HasSubstr("could not import"))) << r.err;
+  r = RunMc2({"run", "-n", "1", "python3", "prog.py"},
+             {{"PATH", path}, {"FAKE_MODULE", "torch"}, {"FAKE_STATUS", "0"}});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_THAT(r.err, Not(HasSubstr("could not import"))) << r.err;
 }
 
 TEST_F(LauncherTest, SetsTheEnvironmentOfEachRank) {

@@ -2,7 +2,7 @@
 // a short run must check its results and find none wrong, a short fault run
 // must see every injected fault reported, and a run whose results are
 // corrupted on purpose must say so and fail (the checking can fail). The
-// long runs (10 minutes at 4 ranks) are done by hand: see README, "Tools".
+// long runs (10 minutes at 4 ranks) are done by hand: see docs/testing.md.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
