@@ -32,8 +32,9 @@
 #include <vector>
 
 #include "commands.h"
-#include "core/link_config.h"
 #include "demo_job.h"
+#include "demo_model.h"
+#include "demo_results.h"
 #include "launcher.h"
 #include "mc2/mc2.h"
 #include "mc2/models.h"
@@ -48,8 +49,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-constexpr int kExitFailed = 1;
 
 // The split count of the chunked and fused pipelines when --splits is not
 // given: the smallest that keeps both the speedup and the uncovered
@@ -70,10 +69,9 @@ struct DemoArgs {
   int splits = 0;  // 0: the model's own split count, kModelSplits
   int steps = 3;
   int warmup = 1;
-  int layers = 2, hidden = 1024, heads = 16, ffn = 2048, vocab = 64, seq_len = 256, batch = 4;
+  ModelDims model;  // its defaults are the demo's
   std::string dtype = "f32";                  // of the GEMM inputs: f32 or bf16
   int moe_experts = 0, moe_topk = 2, ep = 1;  // MoE MLPs (0: dense) and the EP size
-  uint64_t seed = 1;
   // AdamW's learning rate. Lower than the library's default (tuned on small
   // models): Adam's first steps move every weight by about lr at once, a
   // large fraction of its scale at hidden 1024, and the loss then jumps
@@ -89,15 +87,7 @@ struct DemoArgs {
 [[noreturn]] void Usage(const std::string& message) { DemoUsage("mc2 demo", message); }
 
 models::TransformerConfig ModelConfig(const DemoArgs& a) {
-  models::TransformerConfig c;
-  c.layers = a.layers;
-  c.hidden = a.hidden;
-  c.heads = a.heads;
-  c.ffn = a.ffn;
-  c.vocab = a.vocab;
-  c.seq_len = a.seq_len;
-  c.batch = a.batch;
-  c.seed = a.seed;
+  models::TransformerConfig c = TransformerShape(a.model);
   c.lr = a.lr;
   c.gemm_dtype = a.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   c.fused.splits = a.splits ? a.splits : kModelSplits;
@@ -166,20 +156,9 @@ int RunRankJob(const DemoArgs& a) {
 std::vector<std::string> RankArgv(const DemoArgs& a, const std::string& pipelines, int steps,
                                   int warmup, const std::string& out,
                                   const std::string& results) {
-  JobArgv v(nullptr, results);
-  v.Add("--output", out);
+  JobArgv v(nullptr, results, out, steps, warmup);
   v.Add("--pipelines", pipelines);
-  v.Add("--iters", std::to_string(steps));
-  v.Add("--warmup", std::to_string(warmup));
   v.Add("--splits", std::to_string(a.splits ? a.splits : kModelSplits));
-  v.Add("--layers", std::to_string(a.layers));
-  v.Add("--hidden", std::to_string(a.hidden));
-  v.Add("--heads", std::to_string(a.heads));
-  v.Add("--ffn", std::to_string(a.ffn));
-  v.Add("--vocab", std::to_string(a.vocab));
-  v.Add("--seq-len", std::to_string(a.seq_len));
-  v.Add("--batch", std::to_string(a.batch));
-  v.Add("--seed", std::to_string(a.seed));
   v.Add("--tp", std::to_string(a.tp));
   v.Add("--lr", fmt::format("{:.9g}", a.lr));
   v.Add("--dtype", a.dtype);
@@ -188,11 +167,9 @@ std::vector<std::string> RankArgv(const DemoArgs& a, const std::string& pipeline
     v.Add("--moe-topk", std::to_string(a.moe_topk));
     v.Add("--ep", std::to_string(a.ep));
   }
-  return v.Take();
-}
-
-int Launch(const DemoArgs& a, std::vector<std::string> argv, const std::string& link) {
-  return LaunchDemoJob(a.nranks, std::move(argv), link);
+  std::vector<std::string> argv = v.Take();
+  AppendModelArgs(a.model, argv);
+  return argv;
 }
 
 // Emulated link at which a step's communication takes `comm_ratio` times
@@ -202,7 +179,7 @@ std::string CalibrateLink(const DemoArgs& a, const fs::path& out) {
   auto measure = [&](const std::string& link, const char* name) {
     trace::Report r = CalibrationRun(
         out / "calibrate" / name, [&](const std::string& dir, const std::string& results) {
-          return Launch(a, RankArgv(a, "serial", 1, 1, dir, results), link);
+          return LaunchDemoJob(a.nranks, RankArgv(a, "serial", 1, 1, dir, results), link);
         });
     LinkSample m;
     m.bytes = CommBytesPerRank(r);
@@ -231,35 +208,36 @@ struct RunSummary {
   std::string ran;  // the pipelines the fused operators reported
   std::vector<double> losses;
   std::string trace_json, svg;
+
+  // The gradient all-reduces' time per step and rank.
+  double GradMs() const {
+    return grad.comm_ns / 1e6 / (std::max(1, grad.ranks) * std::max(1, timed_steps));
+  }
 };
 
 // Every relation between the options that the model needs, named as the
 // user typed them; models::ValidateConfig (which names the config fields)
 // stays the final word.
 void CheckArgs(const DemoArgs& a) {
+  const ModelDims& m = a.model;
   const int tp = a.tp ? a.tp : a.nranks;
   const int dp = a.nranks / tp;
   auto need = [](bool ok, const std::string& what) {
     if (!ok) Usage(what);
   };
   need(a.nranks % tp == 0, fmt::format("--tp {} must divide -n {}", tp, a.nranks));
-  need(a.hidden % a.heads == 0,
-       fmt::format("--heads {} must divide --hidden {}", a.heads, a.hidden));
-  need((a.hidden / a.heads) % 2 == 0,
-       fmt::format("--hidden {} / --heads {} = {} must be even (rotary embeddings rotate "
-                   "pairs)",
-                   a.hidden, a.heads, a.hidden / a.heads));
-  need(a.heads % tp == 0,
+  CheckHeads(m, "mc2 demo");
+  need(m.heads % tp == 0,
        fmt::format("--tp {} must divide --heads {} (heads are split across the TP ranks)", tp,
-                   a.heads));
-  need(a.ffn % tp == 0, fmt::format("--tp {} must divide --ffn {}", tp, a.ffn));
-  need(a.seq_len % tp == 0,
+                   m.heads));
+  need(m.ffn % tp == 0, fmt::format("--tp {} must divide --ffn {}", tp, m.ffn));
+  need(m.seq_len % tp == 0,
        fmt::format("--tp {} must divide --seq-len {} (the sequence is sharded across the TP "
                    "ranks)",
-                   tp, a.seq_len));
-  need(a.batch % dp == 0,
+                   tp, m.seq_len));
+  need(m.batch % dp == 0,
        fmt::format("the data-parallel size -n {} / --tp {} = {} must divide --batch {}", a.nranks,
-                   tp, dp, a.batch));
+                   tp, dp, m.batch));
   need(dp % a.ep == 0,
        fmt::format("--ep {} must divide the data-parallel size -n {} / --tp {} = {}", a.ep,
                    a.nranks, tp, dp));
@@ -273,124 +251,94 @@ void CheckArgs(const DemoArgs& a) {
   }
   models::ValidateConfig(ModelConfig(a), tp, dp, a.ep);
   ParsePipelines(a.pipelines, "mc2 demo");
-  if (a.link != "auto" && a.link != "none" && a.link != "off")
-    core::ParseLinkConfig(a.link, "--link");
+  CheckLinkOption(a.link);
 }
 
 // What a demo run writes into its --output directory (output_paths.h): only
 // these are removed when a directory of an earlier run is reused.
 std::vector<std::string> OwnOutputs() {
   std::vector<std::string> names = {"results.json"};
-  for (const char* p : {"serial", "chunked", "fused", "auto"}) {
-    names.push_back(fmt::format("trace-{}.json", p));
-    names.push_back(fmt::format("timeline-{}.svg", p));
-    names.push_back(fmt::format("{}/", p));
-  }
-  for (const char* run : {"raw", "paced"}) {
-    names.push_back(fmt::format("calibrate/{}/serial/", run));
-    names.push_back(fmt::format("calibrate/{}/results.json", run));
-    names.push_back(fmt::format("calibrate/{}/", run));
-  }
-  names.push_back("calibrate/");
+  AddRunOutputs(names, {"serial", "chunked", "fused", "auto"});
+  AddCalibrationOutputs(names, "serial");
   return names;
 }
 
-void Conduct(const DemoArgs& a) {
-  const auto t_start = std::chrono::steady_clock::now();
-  // Every argument is checked before the file system is touched, and no
-  // rank starts before both.
-  CheckArgs(a);
-  if (!a.json_path.empty()) CheckWritableFile(a.json_path, "--json");
-  PrepareOutputDir(a.out, "--output");
-  const fs::path out = fs::absolute(a.out);
-  RemoveOwnOutputs(out.string(), OwnOutputs());
+// One pipeline's run from the job's results and its trace (exported to
+// `out`).
+RunSummary Summarise(const DemoArgs& a, const json& run, const fs::path& out,
+                     const std::string& link) {
+  RunSummary s;
+  s.pipeline = run["pipeline"].get<std::string>();
+  s.losses = run["losses"].get<std::vector<double>>();
+  auto secs = run["step_seconds"].get<std::vector<double>>();
+  s.step_ms = Median(secs) * 1e3;
+  auto blocks = run["block_ms"].get<std::vector<double>>();
+  for (double b : blocks) s.block_ms += b / std::max<size_t>(blocks.size(), 1);
+  s.tokens_per_s = s.step_ms > 0 ? run["tokens"].get<double>() / (s.step_ms * 1e-3) : 0;
+  const RunTrace t = ExportRunTrace(
+      run["trace_dir"].get<std::string>(), out, s.pipeline,
+      fmt::format("mc2 demo: {} pipeline, {} ranks, {}", s.pipeline, a.nranks, LinkTitle(link)),
+      /*last_step_only=*/true);
+  s.b = t.report.overall;
+  s.grad = AnalyzeGradSync(t.data);
+  s.timed_steps = static_cast<int>(t.report.steps.size());
+  std::map<std::string, int64_t> ran;
+  for (const auto& op : t.report.operators)
+    for (const auto& [name, calls] : op.pipelines) ran[name] += calls;
+  for (const auto& [name, calls] : ran)
+    s.ran += fmt::format("{}{} ({} calls)", s.ran.empty() ? "" : ", ", name, calls);
+  if (s.ran.empty()) s.ran = "-";
+  s.trace_json = t.trace_json;
+  s.svg = t.svg;
+  return s;
+}
+
+// The table, one column per pipeline.
+void PrintTable(const DemoArgs& a, const std::vector<RunSummary>& runs,
+                const std::string& link_label) {
+  const ModelDims& m = a.model;
   const int tp = a.tp ? a.tp : a.nranks;
-  auto pipelines = ParsePipelines(a.pipelines, "mc2 demo");
-
-  const DemoLink dl = ResolveLink(
-      a.link, [&] { return CalibrateLink(a, out); }, "communication per serial step",
-      a.comm_ratio);
-  const std::string& link = dl.spec;
-  const std::string& link_label = dl.label;
-  fmt::print(stderr, "training on {} ranks (tp {}), {}\n", a.nranks, tp, link_label);
-
-  const std::string results = (out / "results.json").string();
-  json res = RunDemoJob(
-      a.nranks, RankArgv(a, PipelineList(pipelines), a.steps, a.warmup, out.string(), results),
-      link, results, "mc2 demo", "training");
-
-  std::vector<RunSummary> runs;
-  for (const auto& run : res["runs"]) {
-    RunSummary s;
-    s.pipeline = run["pipeline"].get<std::string>();
-    s.losses = run["losses"].get<std::vector<double>>();
-    auto secs = run["step_seconds"].get<std::vector<double>>();
-    s.step_ms = Median(secs) * 1e3;
-    auto blocks = run["block_ms"].get<std::vector<double>>();
-    for (double b : blocks) s.block_ms += b / std::max<size_t>(blocks.size(), 1);
-    s.tokens_per_s = s.step_ms > 0 ? run["tokens"].get<double>() / (s.step_ms * 1e-3) : 0;
-    const std::string dir = run["trace_dir"].get<std::string>();
-    trace::TraceData t = trace::LoadTrace(dir);
-    trace::Report r = trace::Analyze(t);
-    s.b = r.overall;
-    s.grad = AnalyzeGradSync(t);
-    s.timed_steps = static_cast<int>(r.steps.size());
-    std::map<std::string, int64_t> ran;
-    for (const auto& op : r.operators)
-      for (const auto& [name, calls] : op.pipelines) ran[name] += calls;
-    for (const auto& [name, calls] : ran)
-      s.ran += fmt::format("{}{} ({} calls)", s.ran.empty() ? "" : ", ", name, calls);
-    if (s.ran.empty()) s.ran = "-";
-    s.trace_json = (out / fmt::format("trace-{}.json", s.pipeline)).string();
-    trace::WriteChromeTrace(s.trace_json, t);
-    trace::PlotOptions po;
-    if (!r.steps.empty()) po.step = r.steps.back().step;
-    po.title = fmt::format("mc2 demo: {} pipeline, {} ranks, {}", s.pipeline, a.nranks,
-                           link.empty() ? "raw shm" : "emulated link " + link);
-    s.svg = (out / fmt::format("timeline-{}.svg", s.pipeline)).string();
-    std::ofstream(s.svg) << trace::RenderTimelineSvg(t, po);
-    runs.push_back(std::move(s));
-  }
-
-  // The table, one column per pipeline.
   const RunSummary& base = runs.front();
-  auto row = [&](const std::string& label, auto cell) {
-    std::string line = fmt::format("{:<30}", label);
-    for (const auto& r : runs) line += fmt::format("{:>14}", cell(r));
-    fmt::print("{}\n", line);
-  };
+  const RunTable<RunSummary> table(runs, 30, 14);
   fmt::print(
       "\nmc2 demo: {} layers, hidden {}, {} heads, ffn {}, {} x {} tokens per step, {} "
       "GEMMs, {} ranks (tp {}, dp {})\n{}; {} timed steps after {} warm-up, medians\n\n",
-      a.layers, a.hidden, a.heads, a.ffn, a.batch, a.seq_len, a.dtype, a.nranks, tp, a.nranks / tp,
+      m.layers, m.hidden, m.heads, m.ffn, m.batch, m.seq_len, a.dtype, a.nranks, tp, a.nranks / tp,
       link_label, a.steps, a.warmup);
-  row("", [](const RunSummary& r) { return r.pipeline; });
-  row("step time (ms)", [](const RunSummary& r) { return fmt::format("{:.1f}", r.step_ms); });
-  row("fwd+bwd per block (ms)", [](const RunSummary& r) { return fmt::format("{:.1f}", r.block_ms); });
-  row("communication (% of step)",
-      [](const RunSummary& r) { return fmt::format("{:.1f}", r.b.Pct(r.b.comm_ns)); });
-  row("uncovered comm (% of step)", [](const RunSummary& r) {
+  table.Row("", [](const RunSummary& r) { return r.pipeline; });
+  table.Row("step time (ms)", [](const RunSummary& r) { return fmt::format("{:.1f}", r.step_ms); });
+  table.Row("fwd+bwd per block (ms)",
+            [](const RunSummary& r) { return fmt::format("{:.1f}", r.block_ms); });
+  table.Row("communication (% of step)",
+            [](const RunSummary& r) { return fmt::format("{:.1f}", r.b.Pct(r.b.comm_ns)); });
+  table.Row("uncovered comm (% of step)", [](const RunSummary& r) {
     return fmt::format("{:.1f} {}", r.b.Pct(r.b.uncovered_ns),
                        trace::VerdictName(r.b.UncoveredVerdict()));
   });
-  row("free time (% of step)", [](const RunSummary& r) {
+  table.Row("free time (% of step)", [](const RunSummary& r) {
     return fmt::format("{:.1f} {}", r.b.Pct(r.b.free_ns), trace::VerdictName(r.b.FreeVerdict()));
   });
-  row("compute utilisation (%)",
-      [](const RunSummary& r) { return fmt::format("{:.1f}", r.b.Pct(r.b.compute_ns)); });
+  table.Row("compute utilisation (%)",
+            [](const RunSummary& r) { return fmt::format("{:.1f}", r.b.Pct(r.b.compute_ns)); });
   // The gradient all-reduces (GradSync): their time per step and rank, and
   // the share of it the backward's compute hid.
-  row("gradient all-reduce (ms)", [](const RunSummary& r) {
-    const int per = std::max(1, r.grad.ranks) * std::max(1, r.timed_steps);
-    return r.grad.calls ? fmt::format("{:.1f}", r.grad.comm_ns / 1e6 / per) : std::string("-");
+  table.Row("gradient all-reduce (ms)", [](const RunSummary& r) {
+    return r.grad.calls ? fmt::format("{:.1f}", r.GradMs()) : std::string("-");
   });
-  row("  hidden under compute (%)", [](const RunSummary& r) {
+  table.Row("  hidden under compute (%)", [](const RunSummary& r) {
     return r.grad.calls ? fmt::format("{:.1f}", r.grad.HiddenPct()) : std::string("-");
   });
-  row("tokens/s", [](const RunSummary& r) { return fmt::format("{:.0f}", r.tokens_per_s); });
-  row("speedup vs serial", [&](const RunSummary& r) {
+  table.Row("tokens/s", [](const RunSummary& r) { return fmt::format("{:.0f}", r.tokens_per_s); });
+  table.Row("speedup vs serial", [&](const RunSummary& r) {
     return fmt::format("{:.2f}x", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0);
   });
+}
+
+// Below the table: the losses, what the fused operators ran and where the
+// traces are. Returns whether every pipeline's losses are bitwise the
+// serial run's.
+bool PrintLossesAndFiles(const std::vector<RunSummary>& runs, const fs::path& out) {
+  const RunSummary& base = runs.front();
   bool identical = true;
   for (const auto& r : runs) identical = identical && r.losses == base.losses;
   fmt::print("\nlosses identical across pipelines (every step, bitwise): {}\n",
@@ -404,29 +352,64 @@ void Conduct(const DemoArgs& a) {
              (out / runs.back().pipeline).string());
   for (const auto& r : runs) fmt::print("{:>8}: trace {}\n          timeline {}\n", r.pipeline,
                                         r.trace_json, r.svg);
-  fmt::print("finished in {:.0f} s\n",
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+  return identical;
+}
 
-  if (!a.json_path.empty()) {
-    json j = {{"ranks", a.nranks}, {"tp", tp},     {"dp", a.nranks / tp},
-              {"link", link},      {"losses_identical", identical}};
-    for (const auto& r : runs)
-      j["runs"].push_back({{"pipeline", r.pipeline}, {"ran", r.ran}, {"step_ms", r.step_ms},
-                           {"block_ms", r.block_ms}, {"tokens_per_s", r.tokens_per_s},
-                           {"comm_pct", r.b.Pct(r.b.comm_ns)},
-                           {"uncovered_pct", r.b.Pct(r.b.uncovered_ns)},
-                           {"free_pct", r.b.Pct(r.b.free_ns)},
-                           {"compute_pct", r.b.Pct(r.b.compute_ns)},
-                           {"speedup", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0},
-                           {"grad_all_reduces", r.grad.calls},
-                           {"grad_all_reduce_ms",
-                            r.grad.comm_ns / 1e6 / (std::max(1, r.grad.ranks) *
-                                                    std::max(1, r.timed_steps))},
-                           {"grad_hidden_pct", r.grad.HiddenPct()},
-                           {"losses", r.losses}});
-    WriteJsonOption(a.json_path, j, "mc2 demo");
-  }
-  if (!identical) throw CLI::RuntimeError(kExitFailed);
+json ResultsJson(const DemoArgs& a, const std::vector<RunSummary>& runs, const std::string& link,
+                 bool identical) {
+  const int tp = a.tp ? a.tp : a.nranks;
+  const RunSummary& base = runs.front();
+  json j = {{"ranks", a.nranks}, {"tp", tp},     {"dp", a.nranks / tp},
+            {"link", link},      {"losses_identical", identical}};
+  for (const auto& r : runs)
+    j["runs"].push_back({{"pipeline", r.pipeline}, {"ran", r.ran}, {"step_ms", r.step_ms},
+                         {"block_ms", r.block_ms}, {"tokens_per_s", r.tokens_per_s},
+                         {"comm_pct", r.b.Pct(r.b.comm_ns)},
+                         {"uncovered_pct", r.b.Pct(r.b.uncovered_ns)},
+                         {"free_pct", r.b.Pct(r.b.free_ns)},
+                         {"compute_pct", r.b.Pct(r.b.compute_ns)},
+                         {"speedup", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0},
+                         {"grad_all_reduces", r.grad.calls},
+                         {"grad_all_reduce_ms", r.GradMs()},
+                         {"grad_hidden_pct", r.grad.HiddenPct()},
+                         {"losses", r.losses}});
+  return j;
+}
+
+void Conduct(const DemoArgs& a) {
+  const auto t_start = std::chrono::steady_clock::now();
+  // Every argument is checked before the file system is touched, and no
+  // rank starts before both.
+  CheckArgs(a);
+  const fs::path out = PrepareDemoOutput(a.out, a.json_path, OwnOutputs());
+  const int tp = a.tp ? a.tp : a.nranks;
+  auto pipelines = ParsePipelines(a.pipelines, "mc2 demo");
+
+  const DemoLink dl = ResolveLink(
+      a.link, [&] { return CalibrateLink(a, out); }, "communication per serial step",
+      a.comm_ratio);
+  fmt::print(stderr, "training on {} ranks (tp {}), {}\n", a.nranks, tp, dl.label);
+
+  const std::string results = (out / "results.json").string();
+  json res = RunDemoJob(
+      a.nranks, RankArgv(a, PipelineList(pipelines), a.steps, a.warmup, out.string(), results),
+      dl.spec, results, "mc2 demo", "training");
+
+  std::vector<RunSummary> runs;
+  for (const auto& run : res["runs"]) runs.push_back(Summarise(a, run, out, dl.spec));
+  PrintTable(a, runs, dl.label);
+  const bool identical = PrintLossesAndFiles(runs, out);
+  FinishDemo(t_start, a.json_path, ResultsJson(a, runs, dl.spec, identical), identical,
+             "mc2 demo");
+}
+
+// --dp: the TP size follows (or must agree).
+void ResolveDp(DemoArgs& a) {
+  if (a.dp == 0) return;
+  if (a.nranks % a.dp != 0) Usage(fmt::format("--dp {} must divide -n {}", a.dp, a.nranks));
+  if (a.tp == 0) a.tp = a.nranks / a.dp;
+  if (a.tp * a.dp != a.nranks)
+    Usage(fmt::format("--tp {} x --dp {} must be -n {}", a.tp, a.dp, a.nranks));
 }
 
 }  // namespace
@@ -469,27 +452,10 @@ void RegisterDemo(CLI::App& app) {
                   "Untimed steps first (first-call set-up; 0: every step is timed and traced)")
       ->capture_default_str()
       ->check(CLI::Range(0, 100));
-  cmd->add_option("--layers", a->layers, "Transformer blocks")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--hidden", a->hidden, "Hidden size")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--heads", a->heads, "Attention heads (the TP size must divide it)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--ffn", a->ffn, "SwiGLU inner width")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--vocab", a->vocab, "Vocabulary")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--seq-len", a->seq_len, "Tokens per sequence")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--batch", a->batch, "Sequences per step (global)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+  AddModelOptions(*cmd, a->model,
+                  {.heads = "Attention heads (the TP size must divide it)",
+                   .min_vocab = 1,
+                   .max_tokens = 1 << 20});
   cmd->add_option("-d,--dtype", a->dtype,
                   "GEMM inputs: f32, or bf16 (f32 accumulation and master weights)")
       ->capture_default_str()
@@ -502,48 +468,20 @@ void RegisterDemo(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--ep", a->ep, "MoE: expert-parallel group size (divides the DP size)")
       ->capture_default_str()->check(CLI::Range(1, 64));
-  cmd->add_option("--seed", a->seed, "Seed of the weights and the data")->capture_default_str();
+  AddSeedOption(*cmd, a->model, "Seed of the weights and the data");
   cmd->add_option("--lr", a->lr, "AdamW learning rate")->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("-o,--output", a->out,
-                  "Directory for traces, timelines and results: a new or empty one, or one "
-                  "an earlier `mc2 demo` wrote (only the files it writes are replaced)")
-      ->capture_default_str();
-  cmd->add_option("--json", a->json_path, "Also write the table to this JSON file (- for standard output)");
-  cmd->add_flag("--rank-job", a->rank_job)->group("");  // internal
-  cmd->add_option("--results", a->results)->group("");  // internal
+  // The modes below run their own; AddDemoEntry leaves the work to them.
+  AddDemoEntry(cmd, "mc2 demo",
+               {&a->out, &a->json_path, &a->rank_job, &a->results, [a] { return RunRankJob(*a); },
+                [a] {
+                  ResolveDp(*a);
+                  Conduct(*a);
+                }});
   RegisterDemoInfer(*cmd);
   RegisterDemoFsdp(*cmd);
   RegisterDemoPp(*cmd);
   RegisterDemoCp(*cmd);
-  cmd->callback([a, cmd] {
-    if (cmd->got_subcommand("infer")) return;  // `mc2 demo infer` ran its own
-    if (cmd->got_subcommand("pp")) return;     // and `mc2 demo pp`
-    if (cmd->got_subcommand("cp")) return;     // and `mc2 demo cp`
-    if (cmd->got_subcommand("fsdp")) return;   // and `mc2 demo fsdp`
-    try {
-      if (a->rank_job) {
-        if (!Group::LaunchedByMc2()) Usage("--rank-job is internal to `mc2 demo`");
-        int status = RunRankJob(*a);
-        if (status != 0) throw CLI::RuntimeError(status);
-        return;
-      }
-      if (a->dp > 0) {  // --dp: the TP size follows (or must agree)
-        if (a->nranks % a->dp != 0)
-          Usage(fmt::format("--dp {} must divide -n {}", a->dp, a->nranks));
-        if (a->tp == 0) a->tp = a->nranks / a->dp;
-        if (a->tp * a->dp != a->nranks)
-          Usage(fmt::format("--tp {} x --dp {} must be -n {}", a->tp, a->dp, a->nranks));
-      }
-      ReserveStdoutForJson(a->json_path);
-      Conduct(*a);
-    } catch (const Error& e) {
-      // A usage error speaks for itself; other failures say what kind they are.
-      const bool usage = e.code() == ErrorCode::kInvalidArgument;
-      fmt::print(stderr, "mc2 demo: {}\n", usage ? e.message() : std::string(e.what()));
-      throw CLI::RuntimeError(usage ? kExitUsageDemo : kExitFailed);
-    }
-  });
 }
 
 }  // namespace mc2::tools

@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "commands.h"
-#include "core/link_config.h"
 #include "demo_job.h"
+#include "demo_results.h"
 #include "launcher.h"
 #include "mc2/mc2.h"
 #include "mc2/models.h"
@@ -44,7 +44,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr int kExitFailed = 1;
 constexpr const char* kCommand = "mc2 demo cp";
 
 struct CpArgs {
@@ -159,8 +158,7 @@ int RunRankJob(const CpArgs& a) {
       const auto t2 = std::chrono::steady_clock::now();
       if (traced) {
         trace::EndStep();
-        trace::Flush();
-        trace::Disable();
+        StopTrace();
       }
       // The step's time is the slowest rank's.
       double t[3] = {std::chrono::duration<double>(t2 - t0).count(),
@@ -176,8 +174,7 @@ int RunRankJob(const CpArgs& a) {
       for (const auto* x : {&out, &dq, &dk, &dv}) h = Fnv(h, x->data(), x->size() * sizeof(float));
       acc[m].fingerprint = h;
     }
-    if (root)
-      fmt::print(stderr, "  round {}/{}{}\n", it + 1, rounds, it < a.warmup ? " (warm-up)" : "");
+    PrintRound(root, it, rounds, a.warmup);
   }
   // Same bits on every rank for both variants: combine the ranks' hashes.
   std::vector<uint64_t> fps(modes.size()), all(modes.size() * world.size());
@@ -206,11 +203,8 @@ int RunRankJob(const CpArgs& a) {
 
 std::vector<std::string> RankArgv(const CpArgs& a, const std::string& overlap, int iters,
                                   int warmup, const std::string& out, const std::string& results) {
-  JobArgv v("cp", results);
-  v.Add("--output", out);
+  JobArgv v("cp", results, out, iters, warmup);
   v.Add("--overlap", overlap);
-  v.Add("--iters", std::to_string(iters));
-  v.Add("--warmup", std::to_string(warmup));
   v.Add("--cp", std::to_string(a.cp));
   v.Add("--tp", std::to_string(a.tp));
   v.Add("--seq-len", std::to_string(a.seq_len));
@@ -296,35 +290,115 @@ void CheckArgs(const CpArgs& a) {
                    a.seq_len, 2 * a.cp));
   need(a.overlap == "on" || a.overlap == "off" || a.overlap == "both",
        fmt::format("--overlap {}: expected on, off or both", a.overlap));
-  if (a.link != "auto" && a.link != "none" && a.link != "off")
-    core::ParseLinkConfig(a.link, "--link");
+  CheckLinkOption(a.link);
   need(!(a.link == "auto" && a.cp < 2),
        "--link auto needs --cp >= 2 (a ring of one rank passes nothing to calibrate on)");
 }
 
 std::vector<std::string> OwnOutputs() {
   std::vector<std::string> names = {"results.json"};
-  for (const char* run : {"raw", "paced"}) {
-    names.push_back(fmt::format("calibrate/{}/serial/", run));
-    names.push_back(fmt::format("calibrate/{}/results.json", run));
-    names.push_back(fmt::format("calibrate/{}/", run));
-  }
-  names.push_back("calibrate/");
-  for (bool m : {false, true}) {
-    names.push_back(fmt::format("trace-{}.json", ModeName(m)));
-    names.push_back(fmt::format("timeline-{}.svg", ModeName(m)));
-    names.push_back(fmt::format("{}/", ModeName(m)));
-  }
+  AddCalibrationOutputs(names, "serial");
+  AddRunOutputs(names, {ModeName(false), ModeName(true)});
   return names;
+}
+
+// One variant's run from the job's results and its trace (exported to
+// `out`).
+RunSummary Summarise(const CpArgs& a, const json& run, const fs::path& out,
+                     const std::string& link) {
+  RunSummary s;
+  s.overlap = run["overlap"].get<bool>();
+  s.step_ms = Median(run["step_seconds"].get<std::vector<double>>()) * 1e3;
+  s.fwd_ms = Median(run["forward_seconds"].get<std::vector<double>>()) * 1e3;
+  s.bwd_ms = Median(run["backward_seconds"].get<std::vector<double>>()) * 1e3;
+  s.wait_ms = Median(run["wait_seconds"].get<std::vector<double>>()) * 1e3;
+  s.fingerprint = run["fingerprint"].get<std::string>();
+  const char* name = ModeName(s.overlap);
+  const RunTrace t = ExportRunTrace(run["trace_dir"].get<std::string>(), out, name,
+                                    fmt::format("{}: ring attention, {}, cp {} x tp {}, {}",
+                                                kCommand, name, a.cp, a.tp, LinkTitle(link)));
+  for (const auto& st : t.report.steps) s.b += st.b;
+  s.trace_json = t.trace_json;
+  s.svg = t.svg;
+  return s;
+}
+
+// The table, one column per variant.
+void PrintTable(const CpArgs& a, const std::vector<RunSummary>& runs,
+                const std::string& link_label) {
+  const RunSummary& base = runs.front();
+  const RunTable<RunSummary> table(runs, 34, 14);
+  auto pct = [](const RunSummary& r, int64_t ns) { return fmt::format("{:.1f}", r.b.Pct(ns)); };
+  fmt::print(
+      "\n{}: ring attention forward + backward, sequence {} over cp {} (chunks of {}), {} heads "
+      "over tp {}, head_dim {}, batch {}, {}\n{}; {} timed steps after {} warm-up, medians of "
+      "the slowest rank\n\n",
+      kCommand, a.seq_len, a.cp, a.seq_len / (2 * a.cp), a.heads, a.tp, a.head_dim, a.batch,
+      a.no_causal ? "no mask" : "causal (load-balanced)", link_label, a.iters, a.warmup);
+  table.Row("", [](const RunSummary& r) { return std::string(ModeName(r.overlap)); });
+  table.Row("step time (ms)", [](const RunSummary& r) { return fmt::format("{:.2f}", r.step_ms); });
+  table.Row("  forward (ms)", [](const RunSummary& r) { return fmt::format("{:.2f}", r.fwd_ms); });
+  table.Row("  backward (ms)", [](const RunSummary& r) { return fmt::format("{:.2f}", r.bwd_ms); });
+  table.Row("blocked on transfers (ms)",
+            [](const RunSummary& r) { return fmt::format("{:.2f}", r.wait_ms); });
+  table.Row("communication (%)", [&](const RunSummary& r) { return pct(r, r.b.comm_ns); });
+  table.Row("uncovered comm (%)", [&](const RunSummary& r) {
+    return fmt::format("{} {}", pct(r, r.b.uncovered_ns),
+                       trace::VerdictName(r.b.UncoveredVerdict()));
+  });
+  table.Row("free time (%)", [&](const RunSummary& r) { return pct(r, r.b.free_ns); });
+  table.Row("speedup vs no-overlap", [&](const RunSummary& r) {
+    return fmt::format("{:.2f}x", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0);
+  });
+}
+
+// Below the table: whether both variants gave the same bits, and where the
+// traces are. Returns that.
+bool PrintIdenticalAndFiles(const std::vector<RunSummary>& runs) {
+  bool identical = true;
+  for (const auto& r : runs) identical = identical && r.fingerprint == runs.front().fingerprint;
+  fmt::print("\noutput and dQ, dK, dV identical (bitwise) across variants: {}\n",
+             identical ? "yes" : "NO");
+  fmt::print("\nShares: of the traced step, mean over ranks.\n");
+  for (const auto& r : runs)
+    fmt::print("{:>10}: trace {}\n            timeline {}\n", ModeName(r.overlap), r.trace_json,
+               r.svg);
+  return identical;
+}
+
+json ResultsJson(const CpArgs& a, const std::vector<RunSummary>& runs, const std::string& link,
+                 bool identical) {
+  const RunSummary& base = runs.front();
+  json j = {{"mode", "cp"},
+            {"ranks", a.cp * a.tp},
+            {"cp", a.cp},
+            {"tp", a.tp},
+            {"seq", a.seq_len},
+            {"heads", a.heads},
+            {"head_dim", a.head_dim},
+            {"batch", a.batch},
+            {"causal", !a.no_causal},
+            {"link", link},
+            {"iters", a.iters},
+            {"identical", identical}};
+  for (const auto& r : runs) {
+    j["runs"].push_back({{"overlap", r.overlap},
+                         {"step_ms", r.step_ms},
+                         {"forward_ms", r.fwd_ms},
+                         {"backward_ms", r.bwd_ms},
+                         {"wait_ms", r.wait_ms},
+                         {"comm_pct", r.b.Pct(r.b.comm_ns)},
+                         {"uncovered_pct", r.b.Pct(r.b.uncovered_ns)},
+                         {"free_pct", r.b.Pct(r.b.free_ns)},
+                         {"speedup", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0}});
+  }
+  return j;
 }
 
 void Conduct(const CpArgs& a) {
   const auto t_start = std::chrono::steady_clock::now();
   CheckArgs(a);
-  if (!a.json_path.empty()) CheckWritableFile(a.json_path, "--json");
-  PrepareOutputDir(a.out, "--output");
-  const fs::path out = fs::absolute(a.out);
-  RemoveOwnOutputs(out.string(), OwnOutputs());
+  const fs::path out = PrepareDemoOutput(a.out, a.json_path, OwnOutputs());
   const int nranks = a.cp * a.tp;
   const DemoLink dl = ResolveLink(
       a.link, [&] { return Calibrate(a, out); }, "one block's transfer", a.comm_ratio);
@@ -335,92 +409,10 @@ void Conduct(const CpArgs& a) {
                         dl.spec, results, kCommand, "ring attention");
 
   std::vector<RunSummary> runs;
-  for (const auto& run : res["runs"]) {
-    RunSummary s;
-    s.overlap = run["overlap"].get<bool>();
-    s.step_ms = Median(run["step_seconds"].get<std::vector<double>>()) * 1e3;
-    s.fwd_ms = Median(run["forward_seconds"].get<std::vector<double>>()) * 1e3;
-    s.bwd_ms = Median(run["backward_seconds"].get<std::vector<double>>()) * 1e3;
-    s.wait_ms = Median(run["wait_seconds"].get<std::vector<double>>()) * 1e3;
-    s.fingerprint = run["fingerprint"].get<std::string>();
-    trace::TraceData t = trace::LoadTrace(run["trace_dir"].get<std::string>());
-    trace::Report r = trace::Analyze(t);
-    for (const auto& st : r.steps) s.b += st.b;
-    const char* name = ModeName(s.overlap);
-    s.trace_json = (out / fmt::format("trace-{}.json", name)).string();
-    trace::WriteChromeTrace(s.trace_json, t);
-    trace::PlotOptions po;
-    po.title = fmt::format("{}: ring attention, {}, cp {} x tp {}, {}", kCommand, name, a.cp, a.tp,
-                           dl.spec.empty() ? "raw shm" : "emulated link " + dl.spec);
-    s.svg = (out / fmt::format("timeline-{}.svg", name)).string();
-    std::ofstream(s.svg) << trace::RenderTimelineSvg(t, po);
-    runs.push_back(std::move(s));
-  }
-  const RunSummary& base = runs.front();
-  auto row = [&](const std::string& label, auto cell) {
-    std::string line = fmt::format("{:<34}", label);
-    for (const auto& r : runs) line += fmt::format("{:>14}", cell(r));
-    fmt::print("{}\n", line);
-  };
-  auto pct = [](const RunSummary& r, int64_t ns) { return fmt::format("{:.1f}", r.b.Pct(ns)); };
-  fmt::print(
-      "\n{}: ring attention forward + backward, sequence {} over cp {} (chunks of {}), {} heads "
-      "over tp {}, head_dim {}, batch {}, {}\n{}; {} timed steps after {} warm-up, medians of "
-      "the slowest rank\n\n",
-      kCommand, a.seq_len, a.cp, a.seq_len / (2 * a.cp), a.heads, a.tp, a.head_dim, a.batch,
-      a.no_causal ? "no mask" : "causal (load-balanced)", dl.label, a.iters, a.warmup);
-  row("", [](const RunSummary& r) { return std::string(ModeName(r.overlap)); });
-  row("step time (ms)", [](const RunSummary& r) { return fmt::format("{:.2f}", r.step_ms); });
-  row("  forward (ms)", [](const RunSummary& r) { return fmt::format("{:.2f}", r.fwd_ms); });
-  row("  backward (ms)", [](const RunSummary& r) { return fmt::format("{:.2f}", r.bwd_ms); });
-  row("blocked on transfers (ms)",
-      [](const RunSummary& r) { return fmt::format("{:.2f}", r.wait_ms); });
-  row("communication (%)", [&](const RunSummary& r) { return pct(r, r.b.comm_ns); });
-  row("uncovered comm (%)", [&](const RunSummary& r) {
-    return fmt::format("{} {}", pct(r, r.b.uncovered_ns),
-                       trace::VerdictName(r.b.UncoveredVerdict()));
-  });
-  row("free time (%)", [&](const RunSummary& r) { return pct(r, r.b.free_ns); });
-  row("speedup vs no-overlap", [&](const RunSummary& r) {
-    return fmt::format("{:.2f}x", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0);
-  });
-  bool identical = true;
-  for (const auto& r : runs) identical = identical && r.fingerprint == base.fingerprint;
-  fmt::print("\noutput and dQ, dK, dV identical (bitwise) across variants: {}\n",
-             identical ? "yes" : "NO");
-  fmt::print("\nShares: of the traced step, mean over ranks.\n");
-  for (const auto& r : runs)
-    fmt::print("{:>10}: trace {}\n            timeline {}\n", ModeName(r.overlap), r.trace_json,
-               r.svg);
-  fmt::print("finished in {:.0f} s\n",
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
-  if (!a.json_path.empty()) {
-    json j = {{"mode", "cp"},
-              {"ranks", nranks},
-              {"cp", a.cp},
-              {"tp", a.tp},
-              {"seq", a.seq_len},
-              {"heads", a.heads},
-              {"head_dim", a.head_dim},
-              {"batch", a.batch},
-              {"causal", !a.no_causal},
-              {"link", dl.spec},
-              {"iters", a.iters},
-              {"identical", identical}};
-    for (const auto& r : runs) {
-      j["runs"].push_back({{"overlap", r.overlap},
-                           {"step_ms", r.step_ms},
-                           {"forward_ms", r.fwd_ms},
-                           {"backward_ms", r.bwd_ms},
-                           {"wait_ms", r.wait_ms},
-                           {"comm_pct", r.b.Pct(r.b.comm_ns)},
-                           {"uncovered_pct", r.b.Pct(r.b.uncovered_ns)},
-                           {"free_pct", r.b.Pct(r.b.free_ns)},
-                           {"speedup", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0}});
-    }
-    WriteJsonOption(a.json_path, j, kCommand);
-  }
-  if (!identical) throw CLI::RuntimeError(kExitFailed);
+  for (const auto& run : res["runs"]) runs.push_back(Summarise(a, run, out, dl.spec));
+  PrintTable(a, runs, dl.label);
+  const bool identical = PrintIdenticalAndFiles(runs);
+  FinishDemo(t_start, a.json_path, ResultsJson(a, runs, dl.spec, identical), identical, kCommand);
 }
 
 }  // namespace

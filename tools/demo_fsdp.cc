@@ -32,8 +32,9 @@
 #include <vector>
 
 #include "commands.h"
-#include "core/link_config.h"
 #include "demo_job.h"
+#include "demo_model.h"
+#include "demo_results.h"
 #include "launcher.h"
 #include "mc2/mc2.h"
 #include "mc2/models.h"
@@ -48,7 +49,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr int kExitFailed = 1;
 constexpr const char* kCommand = "mc2 demo fsdp";
 
 struct FsdpArgs {
@@ -60,9 +60,7 @@ struct FsdpArgs {
   bool no_dp = false;
   int iters = 3;
   int warmup = 1;
-  int layers = 4, hidden = 512, heads = 8, ffn = 1536, vocab = 64;
-  int batch = 8, seq_len = 64;
-  uint64_t seed = 1;
+  ModelDims model{.layers = 4, .hidden = 512, .heads = 8, .ffn = 1536, .seq_len = 64, .batch = 8};
   float lr = 3e-3f;
   std::string out = "mc2-demo-fsdp";
   std::string json_path;
@@ -78,15 +76,7 @@ int Ranks(const FsdpArgs& a) { return a.nranks; }
 int Dp(const FsdpArgs& a) { return a.nranks / a.tp; }
 
 models::TransformerConfig ModelConfig(const FsdpArgs& a) {
-  models::TransformerConfig c;
-  c.layers = a.layers;
-  c.hidden = a.hidden;
-  c.heads = a.heads;
-  c.ffn = a.ffn;
-  c.vocab = a.vocab;
-  c.batch = a.batch;
-  c.seq_len = a.seq_len;
-  c.seed = a.seed;
+  models::TransformerConfig c = TransformerShape(a.model);
   c.lr = a.lr;
   return c;
 }
@@ -114,9 +104,10 @@ std::string ColumnName(const std::string& col) {
 // Bytes a forward all-gathers on a rank: every unit (a block: its TP
 // rank's slices), padded to N shards.
 double GatherBytes(const FsdpArgs& a) {
-  const double h = a.hidden, f = a.ffn, V = a.vocab, N = Dp(a), p = a.tp;
+  const ModelDims& m = a.model;
+  const double h = m.hidden, f = m.ffn, V = m.vocab, N = Dp(a), p = a.tp;
   auto padded = [&](double n) { return std::ceil(n / N) * N * 4; };
-  return padded(V * h) + a.layers * padded(2 * h + (4 * h * h + 3 * h * f) / p) +
+  return padded(V * h) + m.layers * padded(2 * h + (4 * h * h + 3 * h * f) / p) +
          padded(h + h * V);
 }
 
@@ -157,10 +148,7 @@ int RunRankJob(const FsdpArgs& a) {
       const bool traced = it == rounds - 1;
       if (traced) trace::Enable((fs::path(a.out) / ColumnName(cols[k])).string());
       const models::FsdpStepStats st = models[k]->TrainStep(it);
-      if (traced) {
-        trace::Flush();
-        trace::Disable();
-      }
+      if (traced) StopTrace();
       Acc& r = acc[k];
       r.losses.push_back(st.loss);
       if (it < a.warmup) continue;
@@ -171,8 +159,7 @@ int RunRankJob(const FsdpArgs& a) {
       r.gather_wait.push_back(st.gather_wait_seconds);
       r.reduce_wait.push_back(st.reduce_wait_seconds);
     }
-    if (root)
-      fmt::print(stderr, "  round {}/{}{}\n", it + 1, rounds, it < a.warmup ? " (warm-up)" : "");
+    PrintRound(root, it, rounds, a.warmup);
   }
   json runs = json::array();
   for (size_t k = 0; k < nc; ++k) {
@@ -204,23 +191,14 @@ int RunRankJob(const FsdpArgs& a) {
 
 std::vector<std::string> RankArgv(const FsdpArgs& a, const std::string& columns, int iters,
                                   int warmup, const std::string& out, const std::string& results) {
-  JobArgv v("fsdp", results);
-  v.Add("--output", out);
+  JobArgv v("fsdp", results, out, iters, warmup);
   v.Add("--columns", columns);
-  v.Add("--iters", std::to_string(iters));
-  v.Add("--warmup", std::to_string(warmup));
   v.Add("--nranks", std::to_string(a.nranks));
   v.Add("--tp", std::to_string(a.tp));
-  v.Add("--layers", std::to_string(a.layers));
-  v.Add("--hidden", std::to_string(a.hidden));
-  v.Add("--heads", std::to_string(a.heads));
-  v.Add("--ffn", std::to_string(a.ffn));
-  v.Add("--vocab", std::to_string(a.vocab));
-  v.Add("--batch", std::to_string(a.batch));
-  v.Add("--seq-len", std::to_string(a.seq_len));
-  v.Add("--seed", std::to_string(a.seed));
   v.Add("--lr", fmt::format("{:.9g}", a.lr));
-  return v.Take();
+  std::vector<std::string> argv = v.Take();
+  AppendModelArgs(a.model, argv);
+  return argv;
 }
 
 std::vector<double> Doubles(const json& j) { return j.get<std::vector<double>>(); }
@@ -266,49 +244,194 @@ void CheckArgs(const FsdpArgs& a) {
   auto need = [](bool ok, const std::string& what) {
     if (!ok) Usage(what);
   };
-  need(a.hidden % a.heads == 0,
-       fmt::format("--heads {} must divide --hidden {}", a.heads, a.hidden));
-  need((a.hidden / a.heads) % 2 == 0,
-       fmt::format("--hidden {} / --heads {} = {} must be even (rotary embeddings rotate pairs)",
-                   a.hidden, a.heads, a.hidden / a.heads));
+  CheckHeads(a.model, kCommand);
   need(a.nranks % a.tp == 0,
        fmt::format("--tp {} must divide -n {} (the data-parallel size is -n / --tp)", a.tp,
                    a.nranks));
-  need(a.batch % Dp(a) == 0,
+  need(a.model.batch % Dp(a) == 0,
        fmt::format("the data-parallel size -n {} / --tp {} = {} must divide --batch {} (each "
                    "replica trains on its sequences)",
-                   a.nranks, a.tp, Dp(a), a.batch));
+                   a.nranks, a.tp, Dp(a), a.model.batch));
   models::ValidateConfig(ModelConfig(a), a.tp, Dp(a));
   ParseColumns(a.prefetch);
-  if (a.link != "auto" && a.link != "none" && a.link != "off")
-    core::ParseLinkConfig(a.link, "--link");
+  CheckLinkOption(a.link);
 }
 
 std::vector<std::string> OwnOutputs() {
   std::vector<std::string> names = {"results.json"};
-  for (const char* run : {"raw", "paced"}) {
-    names.push_back(fmt::format("calibrate/{}/prefetch-0/", run));
-    names.push_back(fmt::format("calibrate/{}/results.json", run));
-    names.push_back(fmt::format("calibrate/{}/", run));
-  }
-  names.push_back("calibrate/");
-  for (const char* c : {"dp", "prefetch-0", "prefetch-1", "prefetch-2"}) {
-    names.push_back(fmt::format("trace-{}.json", c));
-    names.push_back(fmt::format("timeline-{}.svg", c));
-    names.push_back(fmt::format("{}/", c));
-  }
+  AddCalibrationOutputs(names, "prefetch-0");
+  AddRunOutputs(names, {"dp", "prefetch-0", "prefetch-1", "prefetch-2"});
   return names;
 }
 
 double MiB(double bytes) { return bytes / (1024.0 * 1024.0); }
 
+// One configuration's run from the job's results and its trace (exported
+// to `out`).
+RunSummary Summarise(const FsdpArgs& a, const json& run, const fs::path& out,
+                     const std::string& link) {
+  RunSummary s;
+  s.config = run["config"].get<std::string>();
+  s.step_ms = Median(Doubles(run["step_seconds"])) * 1e3;
+  s.fwd_ms = Median(Doubles(run["forward_seconds"])) * 1e3;
+  s.bwd_ms = Median(Doubles(run["backward_seconds"])) * 1e3;
+  s.gather_wait_ms = Median(Doubles(run["gather_wait_seconds"])) * 1e3;
+  s.fwd_wait_ms = Median(Doubles(run["forward_gather_wait_seconds"])) * 1e3;
+  s.reduce_wait_ms = Median(Doubles(run["reduce_wait_seconds"])) * 1e3;
+  s.losses = Doubles(run["losses"]);
+  s.persistent = run["persistent_bytes"].get<double>();
+  s.window_formula = run["window_formula_bytes"].get<double>();
+  s.peak_transient = run["peak_transient_bytes"].get<double>();
+  s.peak = run["peak_bytes"].get<double>();
+  s.unsharded = run["unsharded_bytes"].get<double>();
+  const std::string name = ColumnName(s.config);
+  const RunTrace t = ExportRunTrace(
+      run["trace_dir"].get<std::string>(), out, name,
+      fmt::format("mc2 demo fsdp: {}, dp {} x tp {}, {}", name, Dp(a), a.tp, LinkTitle(link)));
+  for (const auto& st : t.report.steps) s.b += st.b;
+  s.trace_json = t.trace_json;
+  s.svg = t.svg;
+  return s;
+}
+
+// The baseline of the speedups: prefetch 0 (sharded, no prefetch); null
+// when it did not run.
+const RunSummary* Baseline(const std::vector<RunSummary>& runs) {
+  for (const auto& r : runs)
+    if (r.config == "0") return &r;
+  return nullptr;
+}
+
+// The table, one column per configuration.
+void PrintTable(const FsdpArgs& a, const std::vector<RunSummary>& runs,
+                const std::string& link_label) {
+  const ModelDims& m = a.model;
+  const RunSummary* base = Baseline(runs);
+  const RunTable<RunSummary> table(runs, 36, 13);
+  auto pct = [](const trace::Breakdown& b, int64_t ns) { return fmt::format("{:.1f}", b.Pct(ns)); };
+  fmt::print(
+      "\nmc2 demo fsdp: {} layers, hidden {}, {} heads, ffn {}, vocab {}, f32; {} sequences of "
+      "{} tokens per step over {} ranks (dp {} x tp {}); {}; {} timed steps after {} warm-up, "
+      "medians\n\n",
+      m.layers, m.hidden, m.heads, m.ffn, m.vocab, m.batch, m.seq_len, Ranks(a), Dp(a), a.tp,
+      link_label, a.iters, a.warmup);
+  table.Row("", [](const RunSummary& r) {
+    return r.config == "dp" ? "plain DP" : ColumnName(r.config);
+  });
+  table.Row("step time (ms)", [](const RunSummary& r) { return fmt::format("{:.1f}", r.step_ms); });
+  table.Row("  forward (ms)", [](const RunSummary& r) { return fmt::format("{:.1f}", r.fwd_ms); });
+  table.Row("  backward (ms)", [](const RunSummary& r) { return fmt::format("{:.1f}", r.bwd_ms); });
+  table.Row("  waiting for all-gathers (ms)",
+            [](const RunSummary& r) { return fmt::format("{:.1f}", r.gather_wait_ms); });
+  table.Row("  waiting for grad reductions (ms)",
+            [](const RunSummary& r) { return fmt::format("{:.1f}", r.reduce_wait_ms); });
+  table.Row("communication (%)", [&](const RunSummary& r) { return pct(r.b, r.b.comm_ns); });
+  table.Row("uncovered comm (%)", [&](const RunSummary& r) {
+    return fmt::format("{} {}", pct(r.b, r.b.uncovered_ns),
+                       trace::VerdictName(r.b.UncoveredVerdict()));
+  });
+  table.Row("free time (%)", [&](const RunSummary& r) { return pct(r.b, r.b.free_ns); });
+  if (base != nullptr) {
+    table.Row("speedup vs prefetch 0", [&](const RunSummary& r) {
+      return fmt::format("{:.2f}x", r.step_ms > 0 ? base->step_ms / r.step_ms : 0.0);
+    });
+  }
+  table.Row("memory per rank, peak (MiB)",
+            [](const RunSummary& r) { return fmt::format("{:.1f}", MiB(r.peak)); });
+  table.Row("  sharded state (MiB)",
+            [](const RunSummary& r) { return fmt::format("{:.1f}", MiB(r.persistent)); });
+  table.Row("  gathered window, peak (MiB)",
+            [](const RunSummary& r) { return fmt::format("{:.1f}", MiB(r.peak_transient)); });
+  table.Row("  formula (MiB)", [](const RunSummary& r) {
+    return fmt::format("{:.1f}", MiB(r.persistent + r.window_formula));
+  });
+  table.Row("  vs unsharded (%)", [](const RunSummary& r) {
+    return fmt::format("{:.1f}", r.unsharded > 0 ? 100.0 * r.peak / r.unsharded : 0.0);
+  });
+}
+
+// What the link turned out to be: without prefetch every all-gather is
+// waited for whole, so the forward's waits are its all-gathers' time.
+// Printed, and returned (0 without a prefetch-0 run).
+double PrintLinkCheck(const std::vector<RunSummary>& runs) {
+  const RunSummary* base = Baseline(runs);
+  if (base == nullptr || base->fwd_ms <= base->fwd_wait_ms) return 0;
+  const double gather_over_compute = base->fwd_wait_ms / (base->fwd_ms - base->fwd_wait_ms);
+  fmt::print(
+      "\nlink check: without prefetch the forward waited {:.1f} ms for its all-gathers and "
+      "computed {:.1f} ms: all-gather / compute = {:.2f}\n",
+      base->fwd_wait_ms, base->fwd_ms - base->fwd_wait_ms, gather_over_compute);
+  return gather_over_compute;
+}
+
+// Below the table: what the memory rows count, the losses and where the
+// traces are. Returns whether every column's losses are bitwise the first's.
+bool PrintLossesAndFiles(const std::vector<RunSummary>& runs) {
+  const RunSummary& first = runs.front();
+  bool identical = true;
+  for (const auto& r : runs) identical = identical && r.losses == first.losses;
+  fmt::print(
+      "\nmemory: f32 parameters, gradients and AdamW moments (16 bytes per parameter, {:.1f} "
+      "MiB unsharded), counted while held; activations not included (the same in every "
+      "column). formula: 16 P / N (padded shards) + (1 + prefetch) gathered units + 2 unit "
+      "gradients, of the largest unit.\n",
+      MiB(first.unsharded));
+  fmt::print("losses bitwise identical across the columns (every step, {} of them): {}{}\n",
+             first.losses.size(), identical ? "yes" : "NO",
+             first.losses.empty() ? std::string()
+                                  : fmt::format(" (first {:.6f}, last {:.6f})",
+                                                first.losses.front(), first.losses.back()));
+  fmt::print("\nThe traced step: the last one of each column, mean over ranks.\n");
+  for (const auto& r : runs)
+    fmt::print("{:>11}: trace {}\n             timeline {}\n", ColumnName(r.config), r.trace_json,
+               r.svg);
+  return identical;
+}
+
+json ResultsJson(const FsdpArgs& a, const std::vector<RunSummary>& runs, const std::string& link,
+                 bool identical, double gather_over_compute) {
+  const ModelDims& m = a.model;
+  const RunSummary* base = Baseline(runs);
+  json j = {{"mode", "fsdp"},
+            {"ranks", Ranks(a)},
+            {"dp", Dp(a)},
+            {"tp", a.tp},
+            {"link", link},
+            {"layers", m.layers},
+            {"hidden", m.hidden},
+            {"heads", m.heads},
+            {"ffn", m.ffn},
+            {"vocab", m.vocab},
+            {"batch", m.batch},
+            {"seq_len", m.seq_len},
+            {"iters", a.iters},
+            {"losses_identical", identical},
+            {"gather_over_compute_prefetch0", gather_over_compute}};
+  for (const auto& r : runs) {
+    j["runs"].push_back(
+        {{"config", r.config == "dp" ? "plain-dp" : ColumnName(r.config)},
+         {"step_ms", r.step_ms},
+         {"forward_ms", r.fwd_ms},
+         {"backward_ms", r.bwd_ms},
+         {"gather_wait_ms", r.gather_wait_ms},
+         {"reduce_wait_ms", r.reduce_wait_ms},
+         {"comm_pct", r.b.Pct(r.b.comm_ns)},
+         {"uncovered_pct", r.b.Pct(r.b.uncovered_ns)},
+         {"free_pct", r.b.Pct(r.b.free_ns)},
+         {"speedup_vs_prefetch0", base && r.step_ms > 0 ? base->step_ms / r.step_ms : 0.0},
+         {"peak_bytes", r.peak},
+         {"persistent_bytes", r.persistent},
+         {"peak_transient_bytes", r.peak_transient},
+         {"formula_bytes", r.persistent + r.window_formula},
+         {"unsharded_bytes", r.unsharded}});
+  }
+  return j;
+}
+
 void Conduct(const FsdpArgs& a) {
   const auto t_start = std::chrono::steady_clock::now();
   CheckArgs(a);
-  if (!a.json_path.empty()) CheckWritableFile(a.json_path, "--json");
-  PrepareOutputDir(a.out, "--output");
-  const fs::path out = fs::absolute(a.out);
-  RemoveOwnOutputs(out.string(), OwnOutputs());
+  const fs::path out = PrepareDemoOutput(a.out, a.json_path, OwnOutputs());
   std::string columns = a.no_dp ? "" : "dp";
   for (const std::string& c : ParseColumns(a.prefetch)) columns += (columns.empty() ? "" : ",") + c;
 
@@ -316,160 +439,20 @@ void Conduct(const FsdpArgs& a) {
       a.link, [&] { return Calibrate(a, out); },
       "the forward's all-gathers without prefetch (a unit's all-gather ~ its forward)",
       a.comm_ratio);
-  const std::string& link = dl.spec;
   fmt::print(stderr, "sharded data parallelism on {} ranks (dp {} x tp {}), {}\n", Ranks(a), Dp(a),
              a.tp, dl.label);
 
   const std::string results = (out / "results.json").string();
   json res = RunDemoJob(Ranks(a), RankArgv(a, columns, a.iters, a.warmup, out.string(), results),
-                        link, results, kCommand, "training");
+                        dl.spec, results, kCommand, "training");
 
   std::vector<RunSummary> runs;
-  for (const auto& run : res["runs"]) {
-    RunSummary s;
-    s.config = run["config"].get<std::string>();
-    s.step_ms = Median(Doubles(run["step_seconds"])) * 1e3;
-    s.fwd_ms = Median(Doubles(run["forward_seconds"])) * 1e3;
-    s.bwd_ms = Median(Doubles(run["backward_seconds"])) * 1e3;
-    s.gather_wait_ms = Median(Doubles(run["gather_wait_seconds"])) * 1e3;
-    s.fwd_wait_ms = Median(Doubles(run["forward_gather_wait_seconds"])) * 1e3;
-    s.reduce_wait_ms = Median(Doubles(run["reduce_wait_seconds"])) * 1e3;
-    s.losses = Doubles(run["losses"]);
-    s.persistent = run["persistent_bytes"].get<double>();
-    s.window_formula = run["window_formula_bytes"].get<double>();
-    s.peak_transient = run["peak_transient_bytes"].get<double>();
-    s.peak = run["peak_bytes"].get<double>();
-    s.unsharded = run["unsharded_bytes"].get<double>();
-    const std::string dir = run["trace_dir"].get<std::string>();
-    trace::TraceData t = trace::LoadTrace(dir);
-    trace::Report r = trace::Analyze(t);
-    for (const auto& st : r.steps) s.b += st.b;
-    const std::string name = ColumnName(s.config);
-    s.trace_json = (out / fmt::format("trace-{}.json", name)).string();
-    trace::WriteChromeTrace(s.trace_json, t);
-    trace::PlotOptions po;
-    po.title = fmt::format("mc2 demo fsdp: {}, dp {} x tp {}, {}", name, Dp(a), a.tp,
-                           link.empty() ? "raw shm" : "emulated link " + link);
-    s.svg = (out / fmt::format("timeline-{}.svg", name)).string();
-    std::ofstream(s.svg) << trace::RenderTimelineSvg(t, po);
-    runs.push_back(std::move(s));
-  }
-
-  // The baseline of the speedups: prefetch 0 (sharded, no prefetch).
-  const RunSummary* base = nullptr;
-  for (const auto& r : runs)
-    if (r.config == "0") base = &r;
-  auto row = [&](const std::string& label, auto cell) {
-    std::string line = fmt::format("{:<36}", label);
-    for (const auto& r : runs) line += fmt::format("{:>13}", cell(r));
-    fmt::print("{}\n", line);
-  };
-  auto pct = [](const trace::Breakdown& b, int64_t ns) { return fmt::format("{:.1f}", b.Pct(ns)); };
-  fmt::print(
-      "\nmc2 demo fsdp: {} layers, hidden {}, {} heads, ffn {}, vocab {}, f32; {} sequences of "
-      "{} tokens per step over {} ranks (dp {} x tp {}); {}; {} timed steps after {} warm-up, "
-      "medians\n\n",
-      a.layers, a.hidden, a.heads, a.ffn, a.vocab, a.batch, a.seq_len, Ranks(a), Dp(a), a.tp,
-      dl.label, a.iters, a.warmup);
-  row("", [](const RunSummary& r) { return r.config == "dp" ? "plain DP" : ColumnName(r.config); });
-  row("step time (ms)", [](const RunSummary& r) { return fmt::format("{:.1f}", r.step_ms); });
-  row("  forward (ms)", [](const RunSummary& r) { return fmt::format("{:.1f}", r.fwd_ms); });
-  row("  backward (ms)", [](const RunSummary& r) { return fmt::format("{:.1f}", r.bwd_ms); });
-  row("  waiting for all-gathers (ms)",
-      [](const RunSummary& r) { return fmt::format("{:.1f}", r.gather_wait_ms); });
-  row("  waiting for grad reductions (ms)",
-      [](const RunSummary& r) { return fmt::format("{:.1f}", r.reduce_wait_ms); });
-  row("communication (%)", [&](const RunSummary& r) { return pct(r.b, r.b.comm_ns); });
-  row("uncovered comm (%)", [&](const RunSummary& r) {
-    return fmt::format("{} {}", pct(r.b, r.b.uncovered_ns),
-                       trace::VerdictName(r.b.UncoveredVerdict()));
-  });
-  row("free time (%)", [&](const RunSummary& r) { return pct(r.b, r.b.free_ns); });
-  if (base != nullptr) {
-    row("speedup vs prefetch 0", [&](const RunSummary& r) {
-      return fmt::format("{:.2f}x", r.step_ms > 0 ? base->step_ms / r.step_ms : 0.0);
-    });
-  }
-  row("memory per rank, peak (MiB)",
-      [](const RunSummary& r) { return fmt::format("{:.1f}", MiB(r.peak)); });
-  row("  sharded state (MiB)",
-      [](const RunSummary& r) { return fmt::format("{:.1f}", MiB(r.persistent)); });
-  row("  gathered window, peak (MiB)",
-      [](const RunSummary& r) { return fmt::format("{:.1f}", MiB(r.peak_transient)); });
-  row("  formula (MiB)", [](const RunSummary& r) {
-    return fmt::format("{:.1f}", MiB(r.persistent + r.window_formula));
-  });
-  row("  vs unsharded (%)", [](const RunSummary& r) {
-    return fmt::format("{:.1f}", r.unsharded > 0 ? 100.0 * r.peak / r.unsharded : 0.0);
-  });
-  // What the link turned out to be: without prefetch every all-gather is
-  // waited for whole, so the forward's waits are its all-gathers' time.
-  double gather_over_compute = 0;
-  if (base != nullptr && base->fwd_ms > base->fwd_wait_ms) {
-    gather_over_compute = base->fwd_wait_ms / (base->fwd_ms - base->fwd_wait_ms);
-    fmt::print(
-        "\nlink check: without prefetch the forward waited {:.1f} ms for its all-gathers and "
-        "computed {:.1f} ms: all-gather / compute = {:.2f}\n",
-        base->fwd_wait_ms, base->fwd_ms - base->fwd_wait_ms, gather_over_compute);
-  }
-  bool identical = true;
-  for (const auto& r : runs) identical = identical && r.losses == runs.front().losses;
-  fmt::print(
-      "\nmemory: f32 parameters, gradients and AdamW moments (16 bytes per parameter, {:.1f} "
-      "MiB unsharded), counted while held; activations not included (the same in every "
-      "column). formula: 16 P / N (padded shards) + (1 + prefetch) gathered units + 2 unit "
-      "gradients, of the largest unit.\n",
-      MiB(runs.front().unsharded));
-  fmt::print("losses bitwise identical across the columns (every step, {} of them): {}{}\n",
-             runs.front().losses.size(), identical ? "yes" : "NO",
-             runs.front().losses.empty()
-                 ? std::string()
-                 : fmt::format(" (first {:.6f}, last {:.6f})", runs.front().losses.front(),
-                               runs.front().losses.back()));
-  fmt::print("\nThe traced step: the last one of each column, mean over ranks.\n");
-  for (const auto& r : runs)
-    fmt::print("{:>11}: trace {}\n             timeline {}\n", ColumnName(r.config), r.trace_json,
-               r.svg);
-  fmt::print("finished in {:.0f} s\n",
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
-
-  if (!a.json_path.empty()) {
-    json j = {{"mode", "fsdp"},
-              {"ranks", Ranks(a)},
-              {"dp", Dp(a)},
-              {"tp", a.tp},
-              {"link", link},
-              {"layers", a.layers},
-              {"hidden", a.hidden},
-              {"heads", a.heads},
-              {"ffn", a.ffn},
-              {"vocab", a.vocab},
-              {"batch", a.batch},
-              {"seq_len", a.seq_len},
-              {"iters", a.iters},
-              {"losses_identical", identical},
-              {"gather_over_compute_prefetch0", gather_over_compute}};
-    for (const auto& r : runs) {
-      j["runs"].push_back(
-          {{"config", r.config == "dp" ? "plain-dp" : ColumnName(r.config)},
-           {"step_ms", r.step_ms},
-           {"forward_ms", r.fwd_ms},
-           {"backward_ms", r.bwd_ms},
-           {"gather_wait_ms", r.gather_wait_ms},
-           {"reduce_wait_ms", r.reduce_wait_ms},
-           {"comm_pct", r.b.Pct(r.b.comm_ns)},
-           {"uncovered_pct", r.b.Pct(r.b.uncovered_ns)},
-           {"free_pct", r.b.Pct(r.b.free_ns)},
-           {"speedup_vs_prefetch0", base && r.step_ms > 0 ? base->step_ms / r.step_ms : 0.0},
-           {"peak_bytes", r.peak},
-           {"persistent_bytes", r.persistent},
-           {"peak_transient_bytes", r.peak_transient},
-           {"formula_bytes", r.persistent + r.window_formula},
-           {"unsharded_bytes", r.unsharded}});
-    }
-    WriteJsonOption(a.json_path, j, kCommand);
-  }
-  if (!identical) throw CLI::RuntimeError(kExitFailed);
+  for (const auto& run : res["runs"]) runs.push_back(Summarise(a, run, out, dl.spec));
+  PrintTable(a, runs, dl.label);
+  const double gather_over_compute = PrintLinkCheck(runs);
+  const bool identical = PrintLossesAndFiles(runs);
+  FinishDemo(t_start, a.json_path, ResultsJson(a, runs, dl.spec, identical, gather_over_compute),
+             identical, kCommand);
 }
 
 }  // namespace
@@ -508,29 +491,11 @@ void RegisterDemoFsdp(CLI::App& demo) {
   cmd->add_option("-w,--warmup", a->warmup, "Untimed steps first")
       ->capture_default_str()
       ->check(CLI::Range(0, 100));
-  cmd->add_option("--layers", a->layers, "Transformer blocks")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--hidden", a->hidden, "Hidden size")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--heads", a->heads, "Attention heads")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--ffn", a->ffn, "SwiGLU inner width")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--vocab", a->vocab, "Vocabulary")
-      ->capture_default_str()
-      ->check(CLI::Range(2, 1 << 20));
-  cmd->add_option("--batch", a->batch,
-                  "Sequences per step (global; the data-parallel size -n / --tp must divide it)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--seq-len", a->seq_len, "Tokens per sequence")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--seed", a->seed, "Seed of the weights and the data")->capture_default_str();
+  AddModelOptions(
+      *cmd, a->model,
+      {.batch = "Sequences per step (global; the data-parallel size -n / --tp must divide it)",
+       .batch_first = true});
+  AddSeedOption(*cmd, a->model, "Seed of the weights and the data");
   cmd->add_option("--lr", a->lr, "AdamW learning rate")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

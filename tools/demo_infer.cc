@@ -32,8 +32,9 @@
 #include <vector>
 
 #include "commands.h"
-#include "core/link_config.h"
 #include "demo_job.h"
+#include "demo_model.h"
+#include "demo_results.h"
 #include "launcher.h"
 #include "mc2/mc2.h"
 #include "mc2/models.h"
@@ -48,7 +49,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr int kExitFailed = 1;
 
 struct InferArgs {
   int nranks = 2;
@@ -59,11 +59,10 @@ struct InferArgs {
   int splits = 4;
   int iters = 3;   // timed generations per pipeline
   int warmup = 1;  // untimed generations first
-  int layers = 2, hidden = 1024, heads = 16, ffn = 2048, vocab = 64;
-  int batch = 4, prompt_len = 128, new_tokens = 32;
+  ModelDims model{.seq_len = 0};  // the batch: prompts
+  int prompt_len = 128, new_tokens = 32;
   bool no_sp = false;
   std::string dtype = "f32";
-  uint64_t seed = 1;
   int train_steps = 0;  // train on the task first (0: the seed's weights)
   float lr = 3e-3f;
   std::string out = "mc2-demo-infer";
@@ -77,15 +76,8 @@ struct InferArgs {
 int TpOf(const InferArgs& a) { return a.tp ? a.tp : a.nranks; }
 
 models::TransformerConfig ModelConfig(const InferArgs& a) {
-  models::TransformerConfig c;
-  c.layers = a.layers;
-  c.hidden = a.hidden;
-  c.heads = a.heads;
-  c.ffn = a.ffn;
-  c.vocab = a.vocab;
-  c.batch = a.batch;
+  models::TransformerConfig c = TransformerShape(a.model);
   c.seq_len = TpOf(a);  // not used by inference; valid for the grid
-  c.seed = a.seed;
   c.gemm_dtype = a.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   c.fused.splits = a.splits;
   return c;
@@ -161,10 +153,7 @@ int RunRankJob(const InferArgs& a) {
       const bool traced = it == rounds - 1;
       if (traced) trace::Enable((fs::path(a.out) / PipelineName(pipelines[k])).string());
       models::Generation g = model.Generate();
-      if (traced) {
-        trace::Flush();
-        trace::Disable();
-      }
+      if (traced) StopTrace();
       if (it < a.warmup) continue;
       Acc& r = acc[k];
       r.prefill_s.push_back(g.prefill_seconds);
@@ -176,8 +165,7 @@ int RunRankJob(const InferArgs& a) {
       r.decode_s.push_back(decode);
       r.last = std::move(g);
     }
-    if (root)
-      fmt::print(stderr, "  round {}/{}{}\n", it + 1, rounds, it < a.warmup ? " (warm-up)" : "");
+    PrintRound(root, it, rounds, a.warmup);
   }
   json runs = json::array();
   for (size_t k = 0; k < np; ++k) {
@@ -206,31 +194,19 @@ int RunRankJob(const InferArgs& a) {
 
 std::vector<std::string> RankArgv(const InferArgs& a, const std::string& pipelines, int iters,
                                   int warmup, const std::string& out, const std::string& results) {
-  JobArgv v("infer", results);
-  v.Add("--output", out);
+  JobArgv v("infer", results, out, iters, warmup);
   v.Add("--pipelines", pipelines);
-  v.Add("--iters", std::to_string(iters));
-  v.Add("--warmup", std::to_string(warmup));
   v.Add("--splits", std::to_string(a.splits));
-  v.Add("--layers", std::to_string(a.layers));
-  v.Add("--hidden", std::to_string(a.hidden));
-  v.Add("--heads", std::to_string(a.heads));
-  v.Add("--ffn", std::to_string(a.ffn));
-  v.Add("--vocab", std::to_string(a.vocab));
-  v.Add("--batch", std::to_string(a.batch));
   v.Add("--prompt-len", std::to_string(a.prompt_len));
   v.Add("--new-tokens", std::to_string(a.new_tokens));
-  v.Add("--seed", std::to_string(a.seed));
   v.Add("--tp", std::to_string(a.tp));
   v.Add("--dtype", a.dtype);
   v.Add("--train-steps", std::to_string(a.train_steps));
   v.Add("--lr", fmt::format("{:.9g}", a.lr));
   if (a.no_sp) v.Add("--no-sp");
-  return v.Take();
-}
-
-int Launch(const InferArgs& a, std::vector<std::string> argv, const std::string& link) {
-  return LaunchDemoJob(a.nranks, std::move(argv), link);
+  std::vector<std::string> argv = v.Take();
+  AppendModelArgs(a.model, argv);
+  return argv;
 }
 
 // Bandwidth at which the prefill's communication takes comm_ratio times
@@ -244,7 +220,7 @@ std::string CalibrateLink(const InferArgs& a, const fs::path& out) {
   auto measure = [&](const std::string& link, const char* name) {
     trace::Report r = CalibrationRun(
         out / "calibrate" / name, [&](const std::string& dir, const std::string& results) {
-          return Launch(a, RankArgv(a, "serial", 1, 1, dir, results), link);
+          return LaunchDemoJob(a.nranks, RankArgv(a, "serial", 1, 1, dir, results), link);
         });
     LinkSample m;
     m.bytes = CommBytesPerRank(r);
@@ -291,146 +267,126 @@ std::string RanText(const json& counts) {
 }
 
 void CheckArgs(const InferArgs& a) {
+  const ModelDims& m = a.model;
   const int tp = TpOf(a);
   auto need = [](bool ok, const std::string& what) {
     if (!ok) Usage(what);
   };
   need(a.nranks % tp == 0, fmt::format("--tp {} must divide -n {}", tp, a.nranks));
-  need(a.hidden % a.heads == 0,
-       fmt::format("--heads {} must divide --hidden {}", a.heads, a.hidden));
-  need((a.hidden / a.heads) % 2 == 0,
-       fmt::format("--hidden {} / --heads {} = {} must be even (rotary embeddings rotate pairs)",
-                   a.hidden, a.heads, a.hidden / a.heads));
-  need(a.heads % tp == 0, fmt::format("--tp {} must divide --heads {} (each TP rank holds its "
+  CheckHeads(m, "mc2 demo infer");
+  need(m.heads % tp == 0, fmt::format("--tp {} must divide --heads {} (each TP rank holds its "
                                       "heads and their KV cache)",
-                                      tp, a.heads));
-  need(a.ffn % tp == 0, fmt::format("--tp {} must divide --ffn {}", tp, a.ffn));
+                                      tp, m.heads));
+  need(m.ffn % tp == 0, fmt::format("--tp {} must divide --ffn {}", tp, m.ffn));
   const int dp = a.nranks / tp;
-  need(a.batch % dp == 0, fmt::format("the data-parallel size -n {} / --tp {} = {} must divide "
+  need(m.batch % dp == 0, fmt::format("the data-parallel size -n {} / --tp {} = {} must divide "
                                       "--batch {}",
-                                      a.nranks, tp, dp, a.batch));
+                                      a.nranks, tp, dp, m.batch));
   models::ValidateConfig(ModelConfig(a), tp, dp);
   ParsePipelines(a.pipelines, "mc2 demo infer");
-  if (a.link != "auto" && a.link != "none" && a.link != "off")
-    core::ParseLinkConfig(a.link, "--link");
+  CheckLinkOption(a.link);
 }
 
 std::vector<std::string> OwnOutputs() {
   std::vector<std::string> names = {"results.json"};
-  for (const char* run : {"raw", "paced"}) {
-    names.push_back(fmt::format("calibrate/{}/serial/", run));
-    names.push_back(fmt::format("calibrate/{}/results.json", run));
-    names.push_back(fmt::format("calibrate/{}/", run));
-  }
-  names.push_back("calibrate/");
-  for (const char* p : {"serial", "chunked", "fused", "auto"}) {
-    names.push_back(fmt::format("trace-{}.json", p));
-    names.push_back(fmt::format("timeline-{}.svg", p));
-    names.push_back(fmt::format("{}/", p));
-  }
+  AddCalibrationOutputs(names, "serial");
+  AddRunOutputs(names, {"serial", "chunked", "fused", "auto"});
   return names;
 }
 
-void Conduct(const InferArgs& a) {
-  const auto t_start = std::chrono::steady_clock::now();
-  CheckArgs(a);
-  if (!a.json_path.empty()) CheckWritableFile(a.json_path, "--json");
-  PrepareOutputDir(a.out, "--output");
-  const fs::path out = fs::absolute(a.out);
-  RemoveOwnOutputs(out.string(), OwnOutputs());
+// One pipeline's run from the job's results and its trace (exported to
+// `out`).
+RunSummary Summarise(const InferArgs& a, const json& run, const fs::path& out,
+                     const std::string& link) {
+  RunSummary s;
+  s.pipeline = run["pipeline"].get<std::string>();
+  const auto prefill = run["prefill_seconds"].get<std::vector<double>>();
+  const auto tokens = run["token_seconds"].get<std::vector<double>>();
+  const auto decode = run["decode_seconds"].get<std::vector<double>>();
+  s.ttft_ms = Median(prefill) * 1e3;
+  s.p50_ms = Percentile(tokens, 50) * 1e3;
+  s.p99_ms = Percentile(tokens, 99) * 1e3;
+  const double decode_s = Median(decode);
+  s.decode_tps = decode_s > 0 ? a.model.batch * (a.new_tokens - 1) / decode_s : 0;
+  s.e2e_tps = a.model.batch * a.new_tokens / (Median(prefill) + decode_s);
+  s.tokens = run["tokens"].get<std::vector<int>>();
+  s.expected = run["expected"].get<std::vector<int>>();
+  s.fingerprint = run["logits_fingerprint"].get<std::string>();
+  s.prefill_ran = RanText(run["prefill_pipelines"]);
+  s.decode_ran = RanText(run["decode_pipelines"]);
+  const RunTrace t = ExportRunTrace(run["trace_dir"].get<std::string>(), out, s.pipeline,
+                                    fmt::format("mc2 demo infer: {} pipeline, {} ranks, {}",
+                                                s.pipeline, a.nranks, LinkTitle(link)));
+  for (const auto& st : t.report.steps) (st.step == 0 ? s.prefill : s.decode) += st.b;
+  s.trace_json = t.trace_json;
+  s.svg = t.svg;
+  return s;
+}
+
+// The table, one column per pipeline.
+void PrintTable(const InferArgs& a, const std::vector<RunSummary>& runs,
+                const std::string& link_label) {
+  const ModelDims& m = a.model;
   const int tp = TpOf(a);
-  const auto pipelines = ParsePipelines(a.pipelines, "mc2 demo infer");
-
-  const DemoLink dl = ResolveLink(
-      a.link, [&] { return CalibrateLink(a, out); }, "the serial prefill's communication",
-      a.comm_ratio);
-  const std::string& link = dl.spec;
-  const std::string& link_label = dl.label;
-  fmt::print(stderr, "inference on {} ranks (tp {}), {}\n", a.nranks, tp, link_label);
-
-  const std::string results = (out / "results.json").string();
-  json res = RunDemoJob(
-      a.nranks, RankArgv(a, PipelineList(pipelines), a.iters, a.warmup, out.string(), results),
-      link, results, "mc2 demo infer", "inference");
-
-  std::vector<RunSummary> runs;
-  for (const auto& run : res["runs"]) {
-    RunSummary s;
-    s.pipeline = run["pipeline"].get<std::string>();
-    const auto prefill = run["prefill_seconds"].get<std::vector<double>>();
-    const auto tokens = run["token_seconds"].get<std::vector<double>>();
-    const auto decode = run["decode_seconds"].get<std::vector<double>>();
-    s.ttft_ms = Median(prefill) * 1e3;
-    s.p50_ms = Percentile(tokens, 50) * 1e3;
-    s.p99_ms = Percentile(tokens, 99) * 1e3;
-    const double decode_s = Median(decode);
-    s.decode_tps = decode_s > 0 ? a.batch * (a.new_tokens - 1) / decode_s : 0;
-    s.e2e_tps = a.batch * a.new_tokens / (Median(prefill) + decode_s);
-    s.tokens = run["tokens"].get<std::vector<int>>();
-    s.expected = run["expected"].get<std::vector<int>>();
-    s.fingerprint = run["logits_fingerprint"].get<std::string>();
-    s.prefill_ran = RanText(run["prefill_pipelines"]);
-    s.decode_ran = RanText(run["decode_pipelines"]);
-    const std::string dir = run["trace_dir"].get<std::string>();
-    trace::TraceData t = trace::LoadTrace(dir);
-    trace::Report r = trace::Analyze(t);
-    for (const auto& st : r.steps) (st.step == 0 ? s.prefill : s.decode) += st.b;
-    s.trace_json = (out / fmt::format("trace-{}.json", s.pipeline)).string();
-    trace::WriteChromeTrace(s.trace_json, t);
-    trace::PlotOptions po;
-    po.title = fmt::format("mc2 demo infer: {} pipeline, {} ranks, {}", s.pipeline, a.nranks,
-                           link.empty() ? "raw shm" : "emulated link " + link);
-    s.svg = (out / fmt::format("timeline-{}.svg", s.pipeline)).string();
-    std::ofstream(s.svg) << trace::RenderTimelineSvg(t, po);
-    runs.push_back(std::move(s));
-  }
-
   const RunSummary& base = runs.front();
-  auto row = [&](const std::string& label, auto cell) {
-    std::string line = fmt::format("{:<34}", label);
-    for (const auto& r : runs) line += fmt::format("{:>14}", cell(r));
-    fmt::print("{}\n", line);
-  };
+  const RunTable<RunSummary> table(runs, 34, 14);
   auto pct = [](const trace::Breakdown& b, int64_t ns) { return fmt::format("{:.1f}", b.Pct(ns)); };
   fmt::print(
       "\nmc2 demo infer: {} layers, hidden {}, {} heads, ffn {}, vocab {}, {} GEMMs; {} "
       "prompts of {} tokens, {} new tokens each; {} ranks (tp {}, dp {}), prefill {}\n"
       "{}; {} timed generations after {} warm-up, medians\n\n",
-      a.layers, a.hidden, a.heads, a.ffn, a.vocab, a.dtype, a.batch, a.prompt_len, a.new_tokens,
+      m.layers, m.hidden, m.heads, m.ffn, m.vocab, a.dtype, m.batch, a.prompt_len, a.new_tokens,
       a.nranks, tp, a.nranks / tp, a.no_sp ? "without sequence parallelism" : "sequence-parallel",
       link_label, a.iters, a.warmup);
-  row("", [](const RunSummary& r) { return r.pipeline; });
-  row("time to first token (ms)",
-      [](const RunSummary& r) { return fmt::format("{:.2f}", r.ttft_ms); });
-  row("per-token latency p50 (ms)",
-      [](const RunSummary& r) { return fmt::format("{:.3f}", r.p50_ms); });
-  row("per-token latency p99 (ms)",
-      [](const RunSummary& r) { return fmt::format("{:.3f}", r.p99_ms); });
-  row("decode tokens/s", [](const RunSummary& r) { return fmt::format("{:.0f}", r.decode_tps); });
-  row("end-to-end tokens/s", [](const RunSummary& r) { return fmt::format("{:.0f}", r.e2e_tps); });
-  row("prefill: communication (%)",
-      [&](const RunSummary& r) { return pct(r.prefill, r.prefill.comm_ns); });
-  row("prefill: uncovered comm (%)", [&](const RunSummary& r) {
+  table.Row("", [](const RunSummary& r) { return r.pipeline; });
+  table.Row("time to first token (ms)",
+            [](const RunSummary& r) { return fmt::format("{:.2f}", r.ttft_ms); });
+  table.Row("per-token latency p50 (ms)",
+            [](const RunSummary& r) { return fmt::format("{:.3f}", r.p50_ms); });
+  table.Row("per-token latency p99 (ms)",
+            [](const RunSummary& r) { return fmt::format("{:.3f}", r.p99_ms); });
+  table.Row("decode tokens/s",
+            [](const RunSummary& r) { return fmt::format("{:.0f}", r.decode_tps); });
+  table.Row("end-to-end tokens/s",
+            [](const RunSummary& r) { return fmt::format("{:.0f}", r.e2e_tps); });
+  table.Row("prefill: communication (%)",
+            [&](const RunSummary& r) { return pct(r.prefill, r.prefill.comm_ns); });
+  table.Row("prefill: uncovered comm (%)", [&](const RunSummary& r) {
     return fmt::format("{} {}", pct(r.prefill, r.prefill.uncovered_ns),
                        trace::VerdictName(r.prefill.UncoveredVerdict()));
   });
-  row("prefill: free time (%)",
-      [&](const RunSummary& r) { return pct(r.prefill, r.prefill.free_ns); });
-  row("decode: communication (%)",
-      [&](const RunSummary& r) { return pct(r.decode, r.decode.comm_ns); });
-  row("decode: uncovered comm (%)",
-      [&](const RunSummary& r) { return pct(r.decode, r.decode.uncovered_ns); });
-  row("decode: free time (%)",
-      [&](const RunSummary& r) { return pct(r.decode, r.decode.free_ns); });
-  row("TTFT speedup vs serial", [&](const RunSummary& r) {
+  table.Row("prefill: free time (%)",
+            [&](const RunSummary& r) { return pct(r.prefill, r.prefill.free_ns); });
+  table.Row("decode: communication (%)",
+            [&](const RunSummary& r) { return pct(r.decode, r.decode.comm_ns); });
+  table.Row("decode: uncovered comm (%)",
+            [&](const RunSummary& r) { return pct(r.decode, r.decode.uncovered_ns); });
+  table.Row("decode: free time (%)",
+            [&](const RunSummary& r) { return pct(r.decode, r.decode.free_ns); });
+  table.Row("TTFT speedup vs serial", [&](const RunSummary& r) {
     return fmt::format("{:.2f}x", r.ttft_ms > 0 ? base.ttft_ms / r.ttft_ms : 0.0);
   });
-  row("decode speedup vs serial", [&](const RunSummary& r) {
+  table.Row("decode speedup vs serial", [&](const RunSummary& r) {
     return fmt::format("{:.2f}x", r.decode_tps > 0 ? r.decode_tps / base.decode_tps : 0.0);
   });
+}
+
+// Whether every pipeline generated the serial run's tokens from bitwise
+// the same logits.
+bool Identical(const std::vector<RunSummary>& runs) {
+  const RunSummary& base = runs.front();
   bool identical = true;
   for (const auto& r : runs)
     identical = identical && r.tokens == base.tokens && r.fingerprint == base.fingerprint;
+  return identical;
+}
+
+// Below the table: whether the runs agree, how many generated tokens
+// continue the task, what the fused operators ran and where the traces
+// are. Returns the share of correct tokens.
+double PrintTokensAndFiles(const InferArgs& a, const std::vector<RunSummary>& runs,
+                           bool identical) {
+  const RunSummary& base = runs.front();
   fmt::print("\ngenerated tokens identical across pipelines (and their logits, bitwise): {}\n",
              identical ? "yes" : "NO");
   size_t correct = 0;
@@ -452,41 +408,67 @@ void Conduct(const InferArgs& a) {
       "ranks.\n");
   for (const auto& r : runs)
     fmt::print("{:>8}: trace {}\n          timeline {}\n", r.pipeline, r.trace_json, r.svg);
-  fmt::print("finished in {:.0f} s\n",
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+  return accuracy;
+}
 
-  if (!a.json_path.empty()) {
-    json j = {{"mode", "infer"},
-              {"ranks", a.nranks},
-              {"tp", tp},
-              {"link", link},
-              {"batch", a.batch},
-              {"prompt_len", a.prompt_len},
-              {"new_tokens", a.new_tokens},
-              {"sequence_parallel", !a.no_sp},
-              {"tokens_identical", identical},
-              {"train_steps", a.train_steps},
-              {"task_accuracy", accuracy}};
-    for (const auto& r : runs) {
-      j["runs"].push_back(
-          {{"pipeline", r.pipeline},
-           {"ttft_ms", r.ttft_ms},
-           {"token_p50_ms", r.p50_ms},
-           {"token_p99_ms", r.p99_ms},
-           {"decode_tokens_per_s", r.decode_tps},
-           {"tokens_per_s", r.e2e_tps},
-           {"prefill_comm_pct", r.prefill.Pct(r.prefill.comm_ns)},
-           {"prefill_uncovered_pct", r.prefill.Pct(r.prefill.uncovered_ns)},
-           {"decode_comm_pct", r.decode.Pct(r.decode.comm_ns)},
-           {"decode_uncovered_pct", r.decode.Pct(r.decode.uncovered_ns)},
-           {"prefill_ran", r.prefill_ran},
-           {"decode_ran", r.decode_ran},
-           {"ttft_speedup", r.ttft_ms > 0 ? base.ttft_ms / r.ttft_ms : 0.0},
-           {"decode_speedup", base.decode_tps > 0 ? r.decode_tps / base.decode_tps : 0.0}});
-    }
-    WriteJsonOption(a.json_path, j, "mc2 demo infer");
+json ResultsJson(const InferArgs& a, const std::vector<RunSummary>& runs, const std::string& link,
+                 bool identical, double accuracy) {
+  const RunSummary& base = runs.front();
+  json j = {{"mode", "infer"},
+            {"ranks", a.nranks},
+            {"tp", TpOf(a)},
+            {"link", link},
+            {"batch", a.model.batch},
+            {"prompt_len", a.prompt_len},
+            {"new_tokens", a.new_tokens},
+            {"sequence_parallel", !a.no_sp},
+            {"tokens_identical", identical},
+            {"train_steps", a.train_steps},
+            {"task_accuracy", accuracy}};
+  for (const auto& r : runs) {
+    j["runs"].push_back(
+        {{"pipeline", r.pipeline},
+         {"ttft_ms", r.ttft_ms},
+         {"token_p50_ms", r.p50_ms},
+         {"token_p99_ms", r.p99_ms},
+         {"decode_tokens_per_s", r.decode_tps},
+         {"tokens_per_s", r.e2e_tps},
+         {"prefill_comm_pct", r.prefill.Pct(r.prefill.comm_ns)},
+         {"prefill_uncovered_pct", r.prefill.Pct(r.prefill.uncovered_ns)},
+         {"decode_comm_pct", r.decode.Pct(r.decode.comm_ns)},
+         {"decode_uncovered_pct", r.decode.Pct(r.decode.uncovered_ns)},
+         {"prefill_ran", r.prefill_ran},
+         {"decode_ran", r.decode_ran},
+         {"ttft_speedup", r.ttft_ms > 0 ? base.ttft_ms / r.ttft_ms : 0.0},
+         {"decode_speedup", base.decode_tps > 0 ? r.decode_tps / base.decode_tps : 0.0}});
   }
-  if (!identical) throw CLI::RuntimeError(kExitFailed);
+  return j;
+}
+
+void Conduct(const InferArgs& a) {
+  const auto t_start = std::chrono::steady_clock::now();
+  CheckArgs(a);
+  const fs::path out = PrepareDemoOutput(a.out, a.json_path, OwnOutputs());
+  const int tp = TpOf(a);
+  const auto pipelines = ParsePipelines(a.pipelines, "mc2 demo infer");
+
+  const DemoLink dl = ResolveLink(
+      a.link, [&] { return CalibrateLink(a, out); }, "the serial prefill's communication",
+      a.comm_ratio);
+  fmt::print(stderr, "inference on {} ranks (tp {}), {}\n", a.nranks, tp, dl.label);
+
+  const std::string results = (out / "results.json").string();
+  json res = RunDemoJob(
+      a.nranks, RankArgv(a, PipelineList(pipelines), a.iters, a.warmup, out.string(), results),
+      dl.spec, results, "mc2 demo infer", "inference");
+
+  std::vector<RunSummary> runs;
+  for (const auto& run : res["runs"]) runs.push_back(Summarise(a, run, out, dl.spec));
+  PrintTable(a, runs, dl.label);
+  const bool identical = Identical(runs);
+  const double accuracy = PrintTokensAndFiles(a, runs, identical);
+  FinishDemo(t_start, a.json_path, ResultsJson(a, runs, dl.spec, identical, accuracy), identical,
+             "mc2 demo infer");
 }
 
 }  // namespace
@@ -525,24 +507,9 @@ void RegisterDemoInfer(CLI::App& demo) {
   cmd->add_option("-w,--warmup", a->warmup, "Untimed generations first")
       ->capture_default_str()
       ->check(CLI::Range(0, 100));
-  cmd->add_option("--layers", a->layers, "Transformer blocks")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--hidden", a->hidden, "Hidden size")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--heads", a->heads, "Attention heads (the TP size must divide it)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--ffn", a->ffn, "SwiGLU inner width")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--vocab", a->vocab, "Vocabulary")
-      ->capture_default_str()
-      ->check(CLI::Range(2, 1 << 20));
-  cmd->add_option("--batch", a->batch, "Prompts (global)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
+  AddModelOptions(*cmd, a->model,
+                  {.heads = "Attention heads (the TP size must divide it)",
+                   .batch = "Prompts (global)"});
   cmd->add_option("--prompt-len", a->prompt_len, "Tokens per prompt")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
@@ -555,7 +522,7 @@ void RegisterDemoInfer(CLI::App& demo) {
   cmd->add_option("-d,--dtype", a->dtype, "GEMM inputs: f32 or bf16")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
-  cmd->add_option("--seed", a->seed, "Seed of the weights and the prompts")->capture_default_str();
+  AddSeedOption(*cmd, a->model, "Seed of the weights and the prompts");
   cmd->add_option("--train-steps", a->train_steps,
                   "Train the model on its task (modadd) for this many steps first, so that the "
                   "generated tokens can be checked against the task's continuation (0: the "

@@ -138,9 +138,12 @@ double Median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
-JobArgv::JobArgv(const char* mode, const std::string& results) : v_{SelfExe(), "demo"} {
+JobArgv::JobArgv(const char* mode, const std::string& results, const std::string& out, int iters,
+                 int warmup)
+    : v_{SelfExe(), "demo"} {
   if (mode) v_.push_back(mode);
-  v_.insert(v_.end(), {"--rank-job", "--results", results});
+  v_.insert(v_.end(), {"--rank-job", "--results", results, "--output", out, "--iters",
+                       std::to_string(iters), "--warmup", std::to_string(warmup)});
 }
 
 void JobArgv::Add(const char* flag, std::string value) {
@@ -176,7 +179,9 @@ void AddDemoEntry(CLI::App* cmd, const char* command, DemoEntry e) {
                   "Also write the table to this JSON file (- for standard output)");
   cmd->add_flag("--rank-job", *e.rank_job)->group("");  // internal
   cmd->add_option("--results", *e.results)->group("");  // internal
-  cmd->callback([command, e] {
+  cmd->callback([cmd, command, e] {
+    // A mode with modes of its own (`mc2 demo infer`, ...): the one that ran did the work.
+    if (!cmd->get_subcommands().empty()) return;
     try {
       if (*e.rank_job) {
         if (!Group::LaunchedByMc2())

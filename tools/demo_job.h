@@ -90,10 +90,11 @@ std::string CalibrateLink(double comm_ratio, int n,
 
 // The argv of a demo's rank job: this executable, "demo", the mode
 // (`mode` null: the training demo), "--rank-job", "--results RESULTS",
-// then what Add appends.
+// "--output OUT", "--iters ITERS", "--warmup WARMUP", then what Add appends.
 class JobArgv {
  public:
-  JobArgv(const char* mode, const std::string& results);
+  JobArgv(const char* mode, const std::string& results, const std::string& out, int iters,
+          int warmup);
   void Add(const char* flag, std::string value);
   void Add(const char* flag);
   std::vector<std::string> Take() { return std::move(v_); }
@@ -116,7 +117,8 @@ void WriteJsonOption(const std::string& path, const nlohmann::json& j, const cha
 // (into `rank_job` and `results`), and the callback. Inside the mode's
 // rank job (only under `mc2 run`, else a usage error) the callback runs
 // `job` and ends the command with its status when not 0; otherwise it runs
-// `conduct`. An mc2::Error from either is printed as "COMMAND: ..." and
+// `conduct`; neither runs when one of the command's own subcommands ran
+// (that subcommand did the work). An mc2::Error from either is printed as "COMMAND: ..." and
 // ends the command with kExitUsageDemo (invalid argument: the message
 // only) or 1.
 struct DemoEntry {

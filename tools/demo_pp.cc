@@ -28,8 +28,9 @@
 #include <vector>
 
 #include "commands.h"
-#include "core/link_config.h"
 #include "demo_job.h"
+#include "demo_model.h"
+#include "demo_results.h"
 #include "launcher.h"
 #include "mc2/mc2.h"
 #include "mc2/models.h"
@@ -44,7 +45,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr int kExitFailed = 1;
 
 struct PpArgs {
   int nranks = 0;  // 0: pp x dp x cp x tp
@@ -57,11 +57,10 @@ struct PpArgs {
   std::string link = "auto";
   double comm_ratio = 0.5;
   int iters = 3, warmup = 1;
-  int layers = 8, hidden = 256, heads = 8, ffn = 512, vocab = 64, seq_len = 64, batch = 16;
+  ModelDims model{.layers = 8, .hidden = 256, .heads = 8, .ffn = 512, .seq_len = 64, .batch = 16};
   std::string dtype = "f32";
   int splits = 4;
   std::string pipeline = "auto";  // the fused operators' (TP > 1): one pipeline
-  uint64_t seed = 1;
   std::string out = "mc2-demo-pp";
   std::string json_path;
   bool rank_job = false;
@@ -79,15 +78,7 @@ std::string MoeLabel(const PpArgs& a) {
 }
 
 models::TransformerConfig ModelConfig(const PpArgs& a) {
-  models::TransformerConfig c;
-  c.layers = a.layers;
-  c.hidden = a.hidden;
-  c.heads = a.heads;
-  c.ffn = a.ffn;
-  c.vocab = a.vocab;
-  c.seq_len = a.seq_len;
-  c.batch = a.batch;
-  c.seed = a.seed;
+  models::TransformerConfig c = TransformerShape(a.model);
   c.gemm_dtype = a.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   c.fused.splits = a.splits;
   c.fused.pipeline = *ParsePipeline(a.pipeline);
@@ -165,8 +156,7 @@ int RunRankJob(const PpArgs& a) {
       models::PipelineStepStats st = r.model->TrainStep(step);
       if (traced) {
         trace::EndStep();
-        trace::Flush();
-        trace::Disable();
+        StopTrace();
       }
       r.losses.push_back(st.step.loss);
       if (step < a.warmup) continue;
@@ -209,8 +199,8 @@ int RunRankJob(const PpArgs& a) {
   }
   if (root) {
     const size_t message_bytes =
-        static_cast<size_t>(a.batch / a.dp / a.micro_batches) * a.seq_len / a.cp / a.tp *
-        a.hidden * 4;
+        static_cast<size_t>(a.model.batch / a.dp / a.micro_batches) * a.model.seq_len / a.cp /
+        a.tp * a.model.hidden * 4;
     return WriteJobResults(
         a.results, json{{"ranks", world.size()}, {"message_bytes", message_bytes}, {"runs", out}},
         "mc2 demo pp");
@@ -223,11 +213,8 @@ int RunRankJob(const PpArgs& a) {
 
 std::vector<std::string> RankArgv(const PpArgs& a, const std::string& schedules, int iters,
                                   int warmup, const std::string& out, const std::string& results) {
-  JobArgv v("pp", results);
-  v.Add("--output", out);
+  JobArgv v("pp", results, out, iters, warmup);
   v.Add("--schedules", schedules);
-  v.Add("--iters", std::to_string(iters));
-  v.Add("--warmup", std::to_string(warmup));
   v.Add("--pp", std::to_string(a.pp));
   v.Add("--tp", std::to_string(a.tp));
   v.Add("--dp", std::to_string(a.dp));
@@ -239,18 +226,12 @@ std::vector<std::string> RankArgv(const PpArgs& a, const std::string& schedules,
   }
   v.Add("--micro-batches", std::to_string(a.micro_batches));
   v.Add("--virtual-stages", std::to_string(a.virtual_stages));
-  v.Add("--layers", std::to_string(a.layers));
-  v.Add("--hidden", std::to_string(a.hidden));
-  v.Add("--heads", std::to_string(a.heads));
-  v.Add("--ffn", std::to_string(a.ffn));
-  v.Add("--vocab", std::to_string(a.vocab));
-  v.Add("--seq-len", std::to_string(a.seq_len));
-  v.Add("--batch", std::to_string(a.batch));
   v.Add("--dtype", a.dtype);
   v.Add("--splits", std::to_string(a.splits));
   v.Add("--pipelines", a.pipeline);
-  v.Add("--seed", std::to_string(a.seed));
-  return v.Take();
+  std::vector<std::string> argv = v.Take();
+  AppendModelArgs(a.model, argv);
+  return argv;
 }
 
 // The field `f` of rank r in a timed step's gathered row.
@@ -324,18 +305,13 @@ void CheckArgs(const PpArgs& a) {
   const models::TransformerConfig c = ModelConfig(a);
   for (auto s : schedules)
     models::ValidatePipeline(c, PipeConfig(a, s), a.tp, a.dp, a.pp, a.ep, a.cp);
-  if (a.link != "auto" && a.link != "none" && a.link != "off")
-    core::ParseLinkConfig(a.link, "--link");
+  CheckLinkOption(a.link);
 }
 
 std::vector<std::string> OwnOutputs() {
   std::vector<std::string> names = {"results.json", "calibrate/results.json", "calibrate/1f1b/",
                                     "calibrate/"};
-  for (const char* s : {"1f1b", "eager-1f1b", "interleaved"}) {
-    names.push_back(fmt::format("trace-{}.json", s));
-    names.push_back(fmt::format("timeline-{}.svg", s));
-    names.push_back(fmt::format("{}/", s));
-  }
+  AddRunOutputs(names, {"1f1b", "eager-1f1b", "interleaved"});
   return names;
 }
 
@@ -352,132 +328,122 @@ struct RunSummary {
   std::string trace_json, svg;
 };
 
-void Conduct(const PpArgs& a) {
-  const auto t_start = std::chrono::steady_clock::now();
-  CheckArgs(a);
-  if (!a.json_path.empty()) CheckWritableFile(a.json_path, "--json");
-  PrepareOutputDir(a.out, "--output");
-  const fs::path out = fs::absolute(a.out);
-  RemoveOwnOutputs(out.string(), OwnOutputs());
+// One schedule's run: the gathered per-rank fields of its timed steps,
+// reduced to the slowest rank's step, the phase, and each stage's mean over
+// its ranks (medians over the steps), and its trace (exported to `out`).
+RunSummary Summarise(const PpArgs& a, const json& run, const fs::path& out,
+                     const std::string& link) {
   const int n = Ranks(a);
-  const DemoLink dl = ResolveLink(
-      a.link, [&] { return CalibrateLink(a, out); },
-      "one micro-batch's activation transfer", a.comm_ratio);
-  fmt::print(stderr, "pipeline training on {} ranks (pp {} x dp {} x cp {} x tp {}{}), {}\n", n,
-             a.pp, a.dp, a.cp, a.tp, MoeLabel(a), dl.label);
-  const std::string results = (out / "results.json").string();
-  json res = RunDemoJob(n, RankArgv(a, a.schedules, a.iters, a.warmup, out.string(), results),
-                        dl.spec, results, "mc2 demo pp", "pipeline");
-
   const int stage_ranks = a.tp * a.dp * a.cp;
-  std::vector<RunSummary> runs;
-  for (const auto& run : res["runs"]) {
-    RunSummary s;
-    s.schedule = run["schedule"].get<std::string>();
-    s.v = run["virtual_stages"].get<int>();
-    s.formula = run["bubble_formula"].get<double>();
-    s.losses = run["losses"].get<std::vector<double>>();
-    std::vector<double> step, phase, dps, opt;
-    std::vector<std::vector<double>> busy(a.pp), wait(a.pp), unc(a.pp), bub(a.pp);
-    s.peak.assign(a.pp, 0);
-    for (const auto& row : run["fields"]) {
-      double st = 0, dp = 0, op = 0;
-      for (int r = 0; r < n; ++r) {
-        st = std::max(st, Field(row, r, kStep));
-        dp += Field(row, r, kDpSync) / n;
-        op += Field(row, r, kOptimizer) / n;
-      }
-      const double ph = Field(row, 0, kPhase);
-      step.push_back(st);
-      phase.push_back(ph);
-      dps.push_back(dp);
-      opt.push_back(op);
-      for (int stg = 0; stg < a.pp; ++stg) {
-        double bu = 0, wa = 0, un = 0, bb = 0;
-        for (int k = 0; k < stage_ranks; ++k) {
-          const int r = stg * stage_ranks + k;
-          bu += Field(row, r, kBusy) / stage_ranks;
-          wa += Field(row, r, kRecvWait) / stage_ranks;
-          un += Field(row, r, kUncovered) / stage_ranks;
-          bb += Field(row, r, kBubble) / stage_ranks;
-          s.peak[stg] = std::max(s.peak[stg], static_cast<int>(Field(row, r, kPeakInFlight)));
-        }
-        busy[stg].push_back(100 * bu / ph);
-        wait[stg].push_back(100 * wa / ph);
-        unc[stg].push_back(100 * un / ph);
-        bub[stg].push_back(bb);
-      }
+  RunSummary s;
+  s.schedule = run["schedule"].get<std::string>();
+  s.v = run["virtual_stages"].get<int>();
+  s.formula = run["bubble_formula"].get<double>();
+  s.losses = run["losses"].get<std::vector<double>>();
+  std::vector<double> step, phase, dps, opt;
+  std::vector<std::vector<double>> busy(a.pp), wait(a.pp), unc(a.pp), bub(a.pp);
+  s.peak.assign(a.pp, 0);
+  for (const auto& row : run["fields"]) {
+    double st = 0, dp = 0, op = 0;
+    for (int r = 0; r < n; ++r) {
+      st = std::max(st, Field(row, r, kStep));
+      dp += Field(row, r, kDpSync) / n;
+      op += Field(row, r, kOptimizer) / n;
     }
-    s.step_ms = Median(step) * 1e3;
-    s.phase_ms = Median(phase) * 1e3;
-    s.dp_ms = Median(dps) * 1e3;
-    s.opt_ms = Median(opt) * 1e3;
+    const double ph = Field(row, 0, kPhase);
+    step.push_back(st);
+    phase.push_back(ph);
+    dps.push_back(dp);
+    opt.push_back(op);
     for (int stg = 0; stg < a.pp; ++stg) {
-      s.busy.push_back(Median(busy[stg]));
-      s.wait.push_back(Median(wait[stg]));
-      s.uncovered.push_back(Median(unc[stg]));
-      s.bubble.push_back(Median(bub[stg]));
-      s.bubble_mean += s.bubble.back() / a.pp;
+      double bu = 0, wa = 0, un = 0, bb = 0;
+      for (int k = 0; k < stage_ranks; ++k) {
+        const int r = stg * stage_ranks + k;
+        bu += Field(row, r, kBusy) / stage_ranks;
+        wa += Field(row, r, kRecvWait) / stage_ranks;
+        un += Field(row, r, kUncovered) / stage_ranks;
+        bb += Field(row, r, kBubble) / stage_ranks;
+        s.peak[stg] = std::max(s.peak[stg], static_cast<int>(Field(row, r, kPeakInFlight)));
+      }
+      busy[stg].push_back(100 * bu / ph);
+      wait[stg].push_back(100 * wa / ph);
+      unc[stg].push_back(100 * un / ph);
+      bub[stg].push_back(bb);
     }
-    const std::string dir = run["trace_dir"].get<std::string>();
-    trace::TraceData t = trace::LoadTrace(dir);
-    trace::Report r = trace::Analyze(t);
-    for (const auto& st : r.steps) s.b += st.b;
-    s.trace_json = (out / fmt::format("trace-{}.json", s.schedule)).string();
-    trace::WriteChromeTrace(s.trace_json, t);
-    trace::PlotOptions po;
-    po.title = fmt::format("mc2 demo pp: {} schedule, pp {} x dp {} x cp {} x tp {}, {}",
-                           s.schedule, a.pp, a.dp, a.cp, a.tp,
-                           dl.spec.empty() ? "raw shm" : "emulated link " + dl.spec);
-    s.svg = (out / fmt::format("timeline-{}.svg", s.schedule)).string();
-    std::ofstream(s.svg) << trace::RenderTimelineSvg(t, po);
-    runs.push_back(std::move(s));
   }
+  s.step_ms = Median(step) * 1e3;
+  s.phase_ms = Median(phase) * 1e3;
+  s.dp_ms = Median(dps) * 1e3;
+  s.opt_ms = Median(opt) * 1e3;
+  for (int stg = 0; stg < a.pp; ++stg) {
+    s.busy.push_back(Median(busy[stg]));
+    s.wait.push_back(Median(wait[stg]));
+    s.uncovered.push_back(Median(unc[stg]));
+    s.bubble.push_back(Median(bub[stg]));
+    s.bubble_mean += s.bubble.back() / a.pp;
+  }
+  const RunTrace t = ExportRunTrace(
+      run["trace_dir"].get<std::string>(), out, s.schedule,
+      fmt::format("mc2 demo pp: {} schedule, pp {} x dp {} x cp {} x tp {}, {}", s.schedule, a.pp,
+                  a.dp, a.cp, a.tp, LinkTitle(link)));
+  for (const auto& st : t.report.steps) s.b += st.b;
+  s.trace_json = t.trace_json;
+  s.svg = t.svg;
+  return s;
+}
 
+// The table, one column per schedule.
+void PrintTable(const PpArgs& a, const std::vector<RunSummary>& runs,
+                const std::string& link_label) {
+  const ModelDims& m = a.model;
   const RunSummary& base = runs.front();
-  auto row = [&](const std::string& label, auto cell) {
-    std::string line = fmt::format("{:<38}", label);
-    for (const auto& r : runs) line += fmt::format("{:>16}", cell(r));
-    fmt::print("{}\n", line);
-  };
+  const RunTable<RunSummary> table(runs, 38, 16);
   fmt::print(
       "\nmc2 demo pp: {} layers, hidden {}, {} heads, ffn {}, vocab {}, {} GEMMs; batch {} x {} "
       "tokens in {} micro-batches; pp {} x dp {} x cp {} x tp {} ({} ranks){}\n{}; {} timed steps "
       "after {} "
       "warm-up, medians\n\n",
-      a.layers, a.hidden, a.heads, a.ffn, a.vocab, a.dtype, a.batch, a.seq_len, a.micro_batches,
-      a.pp, a.dp, a.cp, a.tp, n, MoeLabel(a), dl.label, a.iters, a.warmup);
-  row("", [](const RunSummary& r) {
+      m.layers, m.hidden, m.heads, m.ffn, m.vocab, a.dtype, m.batch, m.seq_len, a.micro_batches,
+      a.pp, a.dp, a.cp, a.tp, Ranks(a), MoeLabel(a), link_label, a.iters, a.warmup);
+  table.Row("", [](const RunSummary& r) {
     return r.v > 1 ? fmt::format("{} v={}", r.schedule, r.v) : r.schedule;
   });
-  row("step time (ms)", [](const RunSummary& r) { return fmt::format("{:.2f}", r.step_ms); });
-  row("pipeline phase (ms)", [](const RunSummary& r) { return fmt::format("{:.2f}", r.phase_ms); });
-  row("DP gradient sync + AdamW (ms)",
-      [](const RunSummary& r) { return fmt::format("{:.2f}", r.dp_ms + r.opt_ms); });
-  row("bubble: formula (%)",
-      [](const RunSummary& r) { return fmt::format("{:.1f}", 100 * r.formula); });
-  row("bubble: measured, mean of stages (%)",
-      [](const RunSummary& r) { return fmt::format("{:.1f}", 100 * r.bubble_mean); });
+  table.Row("step time (ms)", [](const RunSummary& r) { return fmt::format("{:.2f}", r.step_ms); });
+  table.Row("pipeline phase (ms)",
+            [](const RunSummary& r) { return fmt::format("{:.2f}", r.phase_ms); });
+  table.Row("DP gradient sync + AdamW (ms)",
+            [](const RunSummary& r) { return fmt::format("{:.2f}", r.dp_ms + r.opt_ms); });
+  table.Row("bubble: formula (%)",
+            [](const RunSummary& r) { return fmt::format("{:.1f}", 100 * r.formula); });
+  table.Row("bubble: measured, mean of stages (%)",
+            [](const RunSummary& r) { return fmt::format("{:.1f}", 100 * r.bubble_mean); });
   for (int stg = 0; stg < a.pp; ++stg) {
-    row(fmt::format("stage {}: compute (% of phase)", stg),
-        [&](const RunSummary& r) { return fmt::format("{:.1f}", r.busy[stg]); });
-    row(fmt::format("stage {}: waiting for inputs (%)", stg),
-        [&](const RunSummary& r) { return fmt::format("{:.1f}", r.wait[stg]); });
-    row(fmt::format("stage {}: uncovered send/recv (%)", stg),
-        [&](const RunSummary& r) { return fmt::format("{:.2f}", r.uncovered[stg]); });
-    row(fmt::format("stage {}: bubble (%)", stg),
-        [&](const RunSummary& r) { return fmt::format("{:.1f}", 100 * r.bubble[stg]); });
-    row(fmt::format("stage {}: micro-batches in flight (peak)", stg),
-        [&](const RunSummary& r) { return fmt::format("{}", r.peak[stg]); });
+    table.Row(fmt::format("stage {}: compute (% of phase)", stg),
+              [&](const RunSummary& r) { return fmt::format("{:.1f}", r.busy[stg]); });
+    table.Row(fmt::format("stage {}: waiting for inputs (%)", stg),
+              [&](const RunSummary& r) { return fmt::format("{:.1f}", r.wait[stg]); });
+    table.Row(fmt::format("stage {}: uncovered send/recv (%)", stg),
+              [&](const RunSummary& r) { return fmt::format("{:.2f}", r.uncovered[stg]); });
+    table.Row(fmt::format("stage {}: bubble (%)", stg),
+              [&](const RunSummary& r) { return fmt::format("{:.1f}", 100 * r.bubble[stg]); });
+    table.Row(fmt::format("stage {}: micro-batches in flight (peak)", stg),
+              [&](const RunSummary& r) { return fmt::format("{}", r.peak[stg]); });
   }
   auto pct = [](const trace::Breakdown& b, int64_t ns) { return fmt::format("{:.1f}", b.Pct(ns)); };
-  row("collectives: communication (%)", [&](const RunSummary& r) { return pct(r.b, r.b.comm_ns); });
-  row("collectives: uncovered comm (%)",
-      [&](const RunSummary& r) { return pct(r.b, r.b.uncovered_ns); });
-  row("free time (%)", [&](const RunSummary& r) { return pct(r.b, r.b.free_ns); });
-  row("speedup vs first schedule", [&](const RunSummary& r) {
+  table.Row("collectives: communication (%)",
+            [&](const RunSummary& r) { return pct(r.b, r.b.comm_ns); });
+  table.Row("collectives: uncovered comm (%)",
+            [&](const RunSummary& r) { return pct(r.b, r.b.uncovered_ns); });
+  table.Row("free time (%)", [&](const RunSummary& r) { return pct(r.b, r.b.free_ns); });
+  table.Row("speedup vs first schedule", [&](const RunSummary& r) {
     return fmt::format("{:.2f}x", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0);
   });
+}
+
+// Below the table: the losses, what the rows mean and where the traces
+// are. Returns whether every schedule's losses are bitwise the first's.
+bool PrintLossesAndFiles(const std::vector<RunSummary>& runs) {
+  const RunSummary& base = runs.front();
   bool identical = true;
   for (const auto& r : runs) identical = identical && r.losses == base.losses;
   fmt::print("\nlosses identical across schedules (bitwise): {} (last {:.6f})\n",
@@ -490,39 +456,62 @@ void Conduct(const PpArgs& a) {
       "operators, the DP exchange, the loss): from\nthe traced step.\n");
   for (const auto& r : runs)
     fmt::print("{:>12}: trace {}\n              timeline {}\n", r.schedule, r.trace_json, r.svg);
-  fmt::print("finished in {:.0f} s\n",
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+  return identical;
+}
 
-  if (!a.json_path.empty()) {
-    json j = {{"mode", "pp"},          {"ranks", n},
-              {"pp", a.pp},            {"tp", a.tp},
-              {"dp", a.dp},            {"cp", a.cp},
-              {"ep", a.ep},            {"moe_experts", a.moe_experts},
-              {"moe_topk", a.moe_topk},
-              {"micro_batches", a.micro_batches},
-              {"link", dl.spec},       {"layers", a.layers},
-              {"hidden", a.hidden},    {"batch", a.batch},
-              {"seq_len", a.seq_len},  {"losses_identical", identical}};
-    for (const auto& r : runs) {
-      j["runs"].push_back({{"schedule", r.schedule},
-                           {"virtual_stages", r.v},
-                           {"step_ms", r.step_ms},
-                           {"pipeline_ms", r.phase_ms},
-                           {"bubble_formula", r.formula},
-                           {"bubble_measured", r.bubble_mean},
-                           {"stage_bubble", r.bubble},
-                           {"stage_compute_pct", r.busy},
-                           {"stage_input_wait_pct", r.wait},
-                           {"stage_uncovered_pct", r.uncovered},
-                           {"stage_peak_in_flight", r.peak},
-                           {"comm_pct", r.b.Pct(r.b.comm_ns)},
-                           {"uncovered_pct", r.b.Pct(r.b.uncovered_ns)},
-                           {"free_pct", r.b.Pct(r.b.free_ns)},
-                           {"speedup", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0}});
-    }
-    WriteJsonOption(a.json_path, j, "mc2 demo pp");
+json ResultsJson(const PpArgs& a, const std::vector<RunSummary>& runs, const std::string& link,
+                 bool identical) {
+  const ModelDims& m = a.model;
+  const RunSummary& base = runs.front();
+  json j = {{"mode", "pp"},          {"ranks", Ranks(a)},
+            {"pp", a.pp},            {"tp", a.tp},
+            {"dp", a.dp},            {"cp", a.cp},
+            {"ep", a.ep},            {"moe_experts", a.moe_experts},
+            {"moe_topk", a.moe_topk},
+            {"micro_batches", a.micro_batches},
+            {"link", link},          {"layers", m.layers},
+            {"hidden", m.hidden},    {"batch", m.batch},
+            {"seq_len", m.seq_len},  {"losses_identical", identical}};
+  for (const auto& r : runs) {
+    j["runs"].push_back({{"schedule", r.schedule},
+                         {"virtual_stages", r.v},
+                         {"step_ms", r.step_ms},
+                         {"pipeline_ms", r.phase_ms},
+                         {"bubble_formula", r.formula},
+                         {"bubble_measured", r.bubble_mean},
+                         {"stage_bubble", r.bubble},
+                         {"stage_compute_pct", r.busy},
+                         {"stage_input_wait_pct", r.wait},
+                         {"stage_uncovered_pct", r.uncovered},
+                         {"stage_peak_in_flight", r.peak},
+                         {"comm_pct", r.b.Pct(r.b.comm_ns)},
+                         {"uncovered_pct", r.b.Pct(r.b.uncovered_ns)},
+                         {"free_pct", r.b.Pct(r.b.free_ns)},
+                         {"speedup", r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0}});
   }
-  if (!identical) throw CLI::RuntimeError(kExitFailed);
+  return j;
+}
+
+void Conduct(const PpArgs& a) {
+  const auto t_start = std::chrono::steady_clock::now();
+  CheckArgs(a);
+  const fs::path out = PrepareDemoOutput(a.out, a.json_path, OwnOutputs());
+  const int n = Ranks(a);
+  const DemoLink dl = ResolveLink(
+      a.link, [&] { return CalibrateLink(a, out); },
+      "one micro-batch's activation transfer", a.comm_ratio);
+  fmt::print(stderr, "pipeline training on {} ranks (pp {} x dp {} x cp {} x tp {}{}), {}\n", n,
+             a.pp, a.dp, a.cp, a.tp, MoeLabel(a), dl.label);
+  const std::string results = (out / "results.json").string();
+  json res = RunDemoJob(n, RankArgv(a, a.schedules, a.iters, a.warmup, out.string(), results),
+                        dl.spec, results, "mc2 demo pp", "pipeline");
+
+  std::vector<RunSummary> runs;
+  for (const auto& run : res["runs"]) runs.push_back(Summarise(a, run, out, dl.spec));
+  PrintTable(a, runs, dl.label);
+  const bool identical = PrintLossesAndFiles(runs);
+  FinishDemo(t_start, a.json_path, ResultsJson(a, runs, dl.spec, identical), identical,
+             "mc2 demo pp");
 }
 
 }  // namespace
@@ -583,19 +572,7 @@ void RegisterDemoPp(CLI::App& demo) {
   cmd->add_option("-w,--warmup", a->warmup, "Untimed steps first")
       ->capture_default_str()
       ->check(range(0, 100));
-  cmd->add_option("--layers", a->layers, "Transformer blocks")
-      ->capture_default_str()
-      ->check(range(1, 1 << 20));
-  cmd->add_option("--hidden", a->hidden, "Hidden size")->capture_default_str()->check(range(1, 1 << 20));
-  cmd->add_option("--heads", a->heads, "Attention heads")->capture_default_str()->check(range(1, 1 << 20));
-  cmd->add_option("--ffn", a->ffn, "SwiGLU inner width")->capture_default_str()->check(range(1, 1 << 20));
-  cmd->add_option("--vocab", a->vocab, "Vocabulary")->capture_default_str()->check(range(2, 1 << 20));
-  cmd->add_option("--seq-len", a->seq_len, "Tokens per sequence")
-      ->capture_default_str()
-      ->check(range(1, 1 << 16));
-  cmd->add_option("--batch", a->batch, "Sequences per step (global)")
-      ->capture_default_str()
-      ->check(range(1, 1 << 16));
+  AddModelOptions(*cmd, a->model);
   cmd->add_option("-d,--dtype", a->dtype, "GEMM inputs: f32 or bf16")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
@@ -605,7 +582,7 @@ void RegisterDemoPp(CLI::App& demo) {
   cmd->add_option("--pipelines", a->pipeline,
                   "The fused operators' pipeline (tp > 1), one of serial, chunked, fused, auto")
       ->capture_default_str();
-  cmd->add_option("--seed", a->seed, "Seed of the weights and the data")->capture_default_str();
+  AddSeedOption(*cmd, a->model, "Seed of the weights and the data");
   AddDemoEntry(cmd, "mc2 demo pp",
                {&a->out, &a->json_path, &a->rank_job, &a->results, [a] { return RunRankJob(*a); },
                 [a] {
