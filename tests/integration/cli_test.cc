@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/process_util.h"
+#include "common/temp_dir.h"
 
 namespace mc2 {
 namespace {
@@ -43,21 +44,14 @@ std::vector<std::string> TinyDemo(const std::string& out) {
           "2",    "--output", out};
 }
 
-class CliTest : public LeakCheckedTest {
+class CliTest : public TempDirTest {
  protected:
-  void SetUp() override {
-    LeakCheckedTest::SetUp();
-    char dir[] = "/tmp/mc2-cli-test-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
-  }
   void TearDown() override {
+    // A test may have made the directory unwritable.
     std::error_code ec;
     fs::permissions(dir_, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(dir_, ec);
-    LeakCheckedTest::TearDown();
+    TempDirTest::TearDown();
   }
-  fs::path dir_;
 };
 
 // ---------------------------------------------------------------------------

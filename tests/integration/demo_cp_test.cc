@@ -4,7 +4,6 @@
 // written.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "common/process_util.h"
+#include "common/temp_dir.h"
 
 namespace mc2 {
 namespace {
@@ -21,21 +21,7 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using namespace ::mc2::testing;
 
-class DemoCpTest : public LeakCheckedTest {
- protected:
-  void SetUp() override {
-    LeakCheckedTest::SetUp();
-    char dir[] = "/tmp/mc2-demo-cp-test-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-    LeakCheckedTest::TearDown();
-  }
-  fs::path dir_;
-};
+class DemoCpTest : public TempDirTest {};
 
 TEST_F(DemoCpTest, BothRingsGiveTheSameBitsAndATableWithTraces) {
   const fs::path out = dir_ / "out", js = dir_ / "result.json";

@@ -5,7 +5,6 @@
 // typed when they are wrong, before any file is written.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "common/process_util.h"
+#include "common/temp_dir.h"
 
 namespace mc2 {
 namespace {
@@ -22,21 +22,7 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using namespace ::mc2::testing;
 
-class DemoInferTest : public LeakCheckedTest {
- protected:
-  void SetUp() override {
-    LeakCheckedTest::SetUp();
-    char dir[] = "/tmp/mc2-demo-infer-test-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-    LeakCheckedTest::TearDown();
-  }
-  fs::path dir_;
-};
+class DemoInferTest : public TempDirTest {};
 
 TEST_F(DemoInferTest, EveryPipelineGeneratesTheSameTokensAndEachPhaseSaysWhatRan) {
   const fs::path out = dir_ / "out", js = dir_ / "result.json";

@@ -7,7 +7,6 @@
 // written.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "common/process_util.h"
+#include "common/temp_dir.h"
 
 namespace mc2 {
 namespace {
@@ -25,21 +25,7 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using namespace ::mc2::testing;
 
-class DemoPpTest : public LeakCheckedTest {
- protected:
-  void SetUp() override {
-    LeakCheckedTest::SetUp();
-    char dir[] = "/tmp/mc2-demo-pp-test-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-    LeakCheckedTest::TearDown();
-  }
-  fs::path dir_;
-};
+class DemoPpTest : public TempDirTest {};
 
 TEST_F(DemoPpTest, EveryScheduleTrainsTheSameLossesAndReportsItsBubble) {
   const fs::path out = dir_ / "out", js = dir_ / "result.json";
