@@ -191,7 +191,7 @@ void RunBatchBody(OpContext& ctx, const BatchPlan& p, const internal::Fingerprin
     span.span().name = ctx.name;
     span.span().algorithm = "batch";
     span.span().bytes = p.total;
-    span.span().rank = ctx.g->world_rank(ctx.g->rank());
+    span.span().rank = ctx.g->trace_rank();
   }
   if (timeout.count() > 0) ctx.timeout = timeout;
   ctx.work->SetAlgorithm("batch");

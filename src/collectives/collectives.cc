@@ -128,7 +128,7 @@ void Announce(OpContext& ctx, trace::ScopedSpan& span, Algorithm algo, size_t by
     span.span().name = ctx.name;
     span.span().algorithm = AlgorithmName(algo);
     span.span().bytes = bytes;
-    span.span().rank = ctx.g->world_rank(ctx.g->rank());
+    span.span().rank = ctx.g->trace_rank();
   }
   if (timeout.count() > 0) ctx.timeout = timeout;
   ctx.work->SetAlgorithm(AlgorithmName(algo));

@@ -137,6 +137,8 @@ void WaitForDeferredWorlds() {
   d.cv.wait(lock, [&] { return d.count == 0; });
 }
 
+int GroupImpl::trace_rank() const { return world_->trace_rank; }
+
 World::~World() {
   net.reset();
   engine.reset();

@@ -70,6 +70,9 @@ class GroupImpl : public ControlArea, public std::enable_shared_from_this<GroupI
   int rank() const { return rank_; }
   int size() const { return size_; }
   int world_rank(int grank) const { return members_[grank]; }
+  // The rank this rank's trace spans are recorded under (its world's
+  // WorldOptions::trace_rank: the process's rank in the job).
+  int trace_rank() const;
   const std::vector<int>& members() const { return members_; }
   size_t scratch_bytes() const { return scratch_bytes_; }
 
