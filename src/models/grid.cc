@@ -1,5 +1,5 @@
 // MakeGrid and MakeGrid3D: the DP x CP x TP (x EP) x PP process grid of
-// include/mc2/models.h.
+// include/mc2/models/grid.h.
 #include <string>
 
 #include "mc2/error.h"

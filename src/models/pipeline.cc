@@ -1,15 +1,15 @@
-// Pipeline parallelism for the reference transformer (include/mc2/models.h,
-// "Pipeline parallelism"): a stage's chunks, the schedule's execution with
-// the activations and their gradients moving by Send / Recv, gradient
-// accumulation over the micro-batches, the DP exchange and AdamW.
+// Pipeline parallelism for the reference transformer
+// (include/mc2/models/pipeline.h): a stage's chunks, the schedule's
+// execution with the activations and their gradients moving by Send / Recv,
+// gradient accumulation over the micro-batches, the DP exchange and AdamW.
 //
-// Each chunk is a Transformer::Impl running a range of blocks (StageSpec,
-// dims.h) on micro-batches, whose grid's world is this stage's dp x cp x tp
-// ranks: its TP-replicated gradients are summed over the stage, its shards'
-// over the stage's DP group, as in the unpipelined model. The chunk keeps
-// one micro-batch's activations in its `acts`; those of the micro-batches
-// in flight (forward done, backward not yet) are swapped out into a pool
-// and back in for the backward, with their ring attention state under
+// Each chunk is a TransformerImpl (model.h) running a range of blocks
+// (StageSpec, dims.h) on micro-batches, whose grid's world is this stage's
+// dp x cp x tp ranks: its TP-replicated gradients are summed over the
+// stage, its shards' over the stage's DP group, as in the unpipelined
+// model. The chunk keeps one micro-batch's activations in its `acts`;
+// those of the micro-batches in flight (forward done, backward not yet) are
+// swapped out into a pool and back in for the backward, with their ring attention state under
 // context parallelism.
 //
 // A message is the [s x h] rows of one micro-batch (this TP rank's
@@ -50,10 +50,6 @@
 
 namespace mc2::models {
 
-struct ChunkAccess {
-  using Impl = Transformer::Impl;
-};
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -79,7 +75,7 @@ struct MicroState {
 // One chunk of the model on this stage.
 struct Chunk {
   int index = 0;  // the model's chunk
-  std::unique_ptr<ChunkAccess::Impl> m;
+  std::unique_ptr<TransformerImpl> m;
   std::vector<float> acc;                                  // accumulated gradients, by param
   std::vector<size_t> offset;                              // of each param in acc
   std::map<int, MicroState> in_flight;  // by micro-batch
@@ -171,7 +167,7 @@ struct PipelineTransformer::Impl {
       spec.embed = ch.index == 0;
       spec.head = ch.index == chunks - 1;
       spec.micro_batches = m;
-      ch.m = std::make_unique<ChunkAccess::Impl>(sg, cfg, spec);
+      ch.m = std::make_unique<TransformerImpl>(sg, cfg, spec);
       ch.m->sync.hold = true;
       size_t total = 0;
       for (const Param& prm : ch.m->params.list()) {
@@ -230,7 +226,7 @@ struct PipelineTransformer::Impl {
 
   // After a forward with MoE blocks: the micro-batch's load statistics,
   // summed over the stage in the background (the backward waits for them).
-  static void SumMoeStats(ChunkAccess::Impl& mm) {
+  static void SumMoeStats(TransformerImpl& mm) {
     LossSync& ls = mm.loss;
     const size_t n = ls.local.size() - 1;  // [0], the cross-entropy, is not needed
     if (mm.grid.world.size() == 1) {
@@ -244,7 +240,7 @@ struct PipelineTransformer::Impl {
   }
   // After its backward: the micro-batch's aux loss of each MoE block.
   void KeepAux(Chunk& ch, int micro) {
-    ChunkAccess::Impl& mm = *ch.m;
+    TransformerImpl& mm = *ch.m;
     mm.loss.work.Wait();
     mm.loss.work = Work();
     const size_t E = mm.dims.E;
@@ -354,7 +350,7 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
     // their transfers travel under it.
     for (size_t j = k; j < std::min(ops.size(), k + 1 + kRecvAhead); ++j) PostInput(ops[j]);
     Chunk& ch = local[o.local_chunk];
-    ChunkAccess::Impl& mm = *ch.m;
+    TransformerImpl& mm = *ch.m;
     PipelineOp rec;
     rec.forward = o.forward;
     rec.chunk = ch.index;
@@ -468,7 +464,7 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
     trace::Scope span("pipeline.dp_sync", trace::Category::kHost);
     const double w0 = Now();
     for (Chunk& ch : local) {
-      ChunkAccess::Impl& mm = *ch.m;
+      TransformerImpl& mm = *ch.m;
       const std::vector<Param>& list = mm.params.list();
       for (size_t pi = 0; pi < list.size(); ++pi) {
         std::memcpy(list[pi].g, ch.acc.data() + ch.offset[pi],
