@@ -18,7 +18,7 @@
 // communication.
 //
 // This header includes one header per workload, each usable on its own:
-//   <mc2/models/grid.h>            ProcessGrid, MakeGrid, MakeGrid3D
+//   <mc2/models/grid.h>            ProcessGrid, GridShape, MakeGrid, MakeGrid3D
 //   <mc2/models/config.h>          TransformerConfig, StepStats, ParamView
 //   <mc2/models/transformer.h>     Transformer, TrainSteps
 //   <mc2/models/pipeline.h>        PipelineTransformer, TrainPipelineSteps

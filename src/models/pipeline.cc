@@ -97,9 +97,10 @@ struct PendingSend {
 
 }  // namespace
 
-void ValidatePipeline(const TransformerConfig& c, const PipelineConfig& pipe, int tp, int dp,
-                      int pp, int ep, int cp) {
-  ValidateConfig(c, tp, dp, ep, cp);
+void ValidatePipeline(const TransformerConfig& c, const PipelineConfig& pipe,
+                      const GridShape& shape) {
+  ValidateConfig(c, shape.tp, shape.dp, shape.ep, shape.cp);
+  const int pp = shape.pp, dp = shape.dp;
   if (pp < 1) Invalid("pp must be >= 1, not " + Str(pp));
   const int m = pipe.micro_batches;
   if (m < 1) Invalid("micro_batches must be >= 1, not " + Str(m));
@@ -149,8 +150,12 @@ struct PipelineTransformer::Impl {
 
   Impl(const ProcessGrid& g, const TransformerConfig& c, const PipelineConfig& pc)
       : grid(g), cfg(c), pipe(pc) {
-    ValidatePipeline(cfg, pipe, grid.tp_size, grid.dp_size, grid.pp_size, grid.ep_size,
-                     grid.cp_size);
+    ValidatePipeline(cfg, pipe,
+                     {.dp = grid.dp_size,
+                      .tp = grid.tp_size,
+                      .pp = grid.pp_size,
+                      .ep = grid.ep_size,
+                      .cp = grid.cp_size});
     p = grid.pp_size;
     v = pipe.schedule == PipelineSchedule::kInterleaved ? pipe.virtual_stages : 1;
     m = pipe.micro_batches;
@@ -534,30 +539,15 @@ std::vector<ParamView> PipelineTransformer::Parameters() {
 }
 
 std::vector<PipelineStepStats> TrainPipelineSteps(
-    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
-    int pp, int steps, const std::function<void(const PipelineStepStats&)>& on_step) {
-  return TrainPipelineSteps(world, config, pipe, tp, pp, /*cp=*/1, steps, on_step);
-}
-
-std::vector<PipelineStepStats> TrainPipelineSteps(
-    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
-    int pp, int cp, int steps, const std::function<void(const PipelineStepStats&)>& on_step) {
-  return TrainPipelineSteps(world, config, pipe, tp, pp, /*ep=*/1, cp, steps, on_step);
-}
-
-std::vector<PipelineStepStats> TrainPipelineSteps(
-    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
-    int pp, int ep, int cp, int steps,
+    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe,
+    const GridShape& shape, int steps,
     const std::function<void(const PipelineStepStats&)>& on_step) {
   if (steps < 0) throw Error(ErrorCode::kInvalidArgument, "TrainPipelineSteps: steps must be >= 0");
   // The sizes first, naming the cause, before splitting anything.
-  if (!world.valid() || tp < 1 || pp < 1 || cp < 1 || ep < 1 ||
-      world.size() % (tp * pp * cp) != 0 || (world.size() / (tp * pp * cp)) % ep != 0 ||
-      (cp > 1 && ep > 1)) {
-    MakeGrid3D(world, tp, pp, ep, cp);
-  }
-  ValidatePipeline(config, pipe, tp, world.size() / (tp * pp * cp), pp, ep, cp);
-  ProcessGrid grid = MakeGrid3D(world, tp, pp, ep, cp);
+  if (!world.valid()) throw Error(ErrorCode::kInvalidArgument, "TrainPipelineSteps: invalid world");
+  ValidateGridShape(shape, world.size());
+  ValidatePipeline(config, pipe, shape);
+  ProcessGrid grid = MakeGrid3D(world, shape);
   PipelineTransformer model(grid, config, pipe);
   std::vector<PipelineStepStats> out;
   for (int step = 0; step < steps; ++step) {

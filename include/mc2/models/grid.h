@@ -54,15 +54,33 @@ struct ProcessGrid {
   int tp_rank = 0, dp_rank = 0, ep_rank = 0, pp_rank = 0, cp_rank = 0;
 };
 
+// The sizes of a process grid, one field per dimension (designated
+// initializers at the call site: MakeGrid3D(world, {.dp = 2, .tp = 2,
+// .pp = 2})). Every field defaults to 1; the grid's world holds
+// dp * tp * pp * cp ranks.
+struct GridShape {
+  int dp = 1;  // data-parallel replicas: each takes its share of the batch
+  int tp = 1;  // tensor (+ sequence) parallel ranks: the innermost, adjacent ranks
+  int pp = 1;  // pipeline stages: the outermost dimension
+  int ep = 1;  // expert-parallel ranks, carved out of dp (not a dimension of its own)
+  int cp = 1;  // context-parallel ranks: each sequence split over them
+};
+
+// Throws mc2::Error(kInvalidArgument) naming the field, without
+// communicating, unless every field is >= 1, dp * tp * pp * cp equals
+// world_size (the message gives the product and the world size), ep
+// divides dp, and ep == 1 when cp > 1.
+void ValidateGridShape(const GridShape& shape, int world_size);
+
 // Collective over `world`. Throws kInvalidArgument unless tp >= 1 and
 // cp >= 1 divide world.size() with tp * cp dividing it, ep >= 1 divides
 // world.size() / (tp * cp), and ep == 1 when cp > 1.
 ProcessGrid MakeGrid(const Group& world, int tp, int ep = 1, int cp = 1);
-// The DP x CP x TP x PP grid (x EP inside DP): throws kInvalidArgument
-// unless pp, tp and cp are >= 1, tp * pp * cp divides world.size(), ep
-// divides dp = world.size() / (tp pp cp), and ep == 1 when cp > 1.
-// pp == 1 is MakeGrid(world, tp, ep, cp).
-ProcessGrid MakeGrid3D(const Group& world, int tp, int pp, int ep = 1, int cp = 1);
+// The DP x CP x TP x PP grid (x EP inside DP) of `shape`. Collective over
+// `world`. Throws kInvalidArgument for an invalid world group or shape
+// (ValidateGridShape with world.size()), on every rank, before splitting.
+// shape.pp == 1 is MakeGrid(world, shape.tp, shape.ep, shape.cp).
+ProcessGrid MakeGrid3D(const Group& world, const GridShape& shape);
 
 }  // namespace mc2::models
 

@@ -82,16 +82,17 @@ struct PipelineConfig {
 };
 
 // Throws kInvalidArgument naming the cause, without communicating:
-// ValidateConfig, then layers % (pp v) (each chunk the same number of
-// blocks), batch % (dp m) (whole micro-batches on every DP rank), m % pp
-// for kInterleaved, virtual_stages (>= 2 for kInterleaved, 1 for the
-// others).
+// ValidateConfig with the shape's tp, dp, ep and cp, then layers % (pp v)
+// (each chunk the same number of blocks), batch % (dp m) (whole
+// micro-batches on every DP rank), m % pp for kInterleaved, virtual_stages
+// (>= 2 for kInterleaved, 1 for the others). The shape's product is not
+// checked here (ValidateGridShape does, against a world size).
 // ValidateConfig's MoE / EP constraints (ep divides dp and moe_experts,
 // ep > 1 needs MoE layers) apply to each stage's dp, and with cp > 1 (each
 // stage's attention is ring attention over its CP group) its CP
 // constraints (ep == 1, no MoE layers).
-void ValidatePipeline(const TransformerConfig& config, const PipelineConfig& pipe, int tp, int dp,
-                      int pp, int ep = 1, int cp = 1);
+void ValidatePipeline(const TransformerConfig& config, const PipelineConfig& pipe,
+                      const GridShape& shape);
 
 // The schedule's idle fraction with uniform operation times and free
 // transfers: (p - 1) / (m + p - 1) for 1F1B and eager 1F1B,
@@ -165,21 +166,14 @@ class PipelineTransformer {
   std::unique_ptr<Impl> impl_;
 };
 
-// MakeGrid3D, the model, `steps` steps. Returns this rank's stats.
+// MakeGrid3D(world, shape), the model, `steps` steps (batches
+// 0..steps-1), calling `on_step` after each (on every rank). Returns this
+// rank's stats. shape.ep > 1 needs shape.cp == 1 and MoE layers. Throws
+// kInvalidArgument naming the cause (ValidateGridShape, ValidatePipeline;
+// also for steps < 0) on every rank before building anything.
 std::vector<PipelineStepStats> TrainPipelineSteps(
-    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
-    int pp, int steps, const std::function<void(const PipelineStepStats&)>& on_step = {});
-// The same on the DP x CP x TP x PP grid (MakeGrid3D with cp).
-std::vector<PipelineStepStats> TrainPipelineSteps(
-    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
-    int pp, int cp, int steps, const std::function<void(const PipelineStepStats&)>& on_step = {});
-// The same on the DP x TP x PP grid with EP groups in every stage's DP
-// ranks (MakeGrid3D with ep and cp; ep > 1 needs cp == 1 and MoE layers).
-// Throws kInvalidArgument naming the cause (MakeGrid3D, ValidatePipeline)
-// on every rank before building anything.
-std::vector<PipelineStepStats> TrainPipelineSteps(
-    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
-    int pp, int ep, int cp, int steps,
+    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe,
+    const GridShape& shape, int steps,
     const std::function<void(const PipelineStepStats&)>& on_step = {});
 
 }  // namespace mc2::models
