@@ -125,7 +125,8 @@ enum Field {
 int RunRankJob(const PpArgs& a) {
   Group world = Group::FromEnv();
   const bool root = world.rank() == 0;
-  models::ProcessGrid grid = models::MakeGrid3D(world, a.tp, a.pp, a.ep, a.cp);
+  models::ProcessGrid grid =
+      models::MakeGrid3D(world, {.dp = a.dp, .tp = a.tp, .pp = a.pp, .ep = a.ep, .cp = a.cp});
   const models::TransformerConfig c = ModelConfig(a);
   // Every schedule's model, trained step by step in turn (step 0 of each,
   // then step 1 of each, ...): a machine whose load drifts during the run
@@ -304,7 +305,8 @@ void CheckArgs(const PpArgs& a) {
   }
   const models::TransformerConfig c = ModelConfig(a);
   for (auto s : schedules)
-    models::ValidatePipeline(c, PipeConfig(a, s), a.tp, a.dp, a.pp, a.ep, a.cp);
+    models::ValidatePipeline(c, PipeConfig(a, s),
+                             {.dp = a.dp, .tp = a.tp, .pp = a.pp, .ep = a.ep, .cp = a.cp});
   CheckLinkOption(a.link);
 }
 

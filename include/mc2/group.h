@@ -49,12 +49,12 @@ struct WorldOptions {
   int trace_world_size = -1;
 };
 
-// Memory in the symmetric heap: allocated by every rank of a group with the
-// same size, addressable by all of them. Collectives on symmetric buffers run
-// zero-copy; one-sided Put/Get and signals work on them.
-//
-// Freeing is local and immediate: the caller must make sure no peer still
-// accesses the buffer (e.g. a Barrier after the last use). Move-only.
+// Memory in the symmetric heap: allocated by every rank of a group with the same size, and
+// addressable by the group's ranks on the same host only (every rank of a one-host group; on a
+// group that spans hosts, each host's ranks). Collectives on it run zero-copy inside each host;
+// one-sided Put/Get and signals work on it on a one-host group only. Freeing is local and
+// immediate: the caller must make sure no peer still accesses the buffer (e.g. a Barrier after
+// the last use). Move-only.
 class SymmetricBuffer {
  public:
   SymmetricBuffer() = default;
@@ -146,17 +146,17 @@ class Group {
   // Whether [ptr, ptr+bytes) lies in this rank's symmetric heap.
   bool IsSymmetric(const void* ptr, size_t bytes) const;
 
-  // One-sided access to `peer`'s instance of `buffer` at byte `offset`.
-  // Synchronous: the copy is complete when the call returns. A range past
-  // the buffer's end (offset + bytes, however large) throws kInvalidArgument.
+  // One-sided access to `peer`'s instance of `buffer` at byte `offset`. Synchronous: the copy is
+  // complete when the call returns. Throws kInvalidArgument for a range past the buffer's end
+  // (offset + bytes, however large) and on a group that spans hosts (use Send/Recv there).
   void Put(const SymmetricBuffer& buffer, int peer, size_t offset, const void* src,
            size_t bytes) const;
   void Get(const SymmetricBuffer& buffer, int peer, size_t offset, void* dst,
            size_t bytes) const;
-  // Signals: kNumSignals monotonically increasing 64-bit counters per rank.
-  // SignalAdd increments `peer`'s counter `slot` by `value` after all earlier
-  // Puts from this rank to `peer` are visible; WaitSignal blocks until this
-  // rank's counter `slot` reaches at least `value` (or the timeout/failure).
+  // Signals: kNumSignals monotonically increasing 64-bit counters per rank. SignalAdd increments
+  // `peer`'s counter `slot` by `value` after all earlier Puts from this rank to `peer` are visible;
+  // WaitSignal blocks until this rank's counter `slot` reaches at least `value` (or the timeout or
+  // a failure). All three throw kInvalidArgument on a group that spans hosts, as Put and Get do.
   static constexpr int kNumSignals = 64;
   void SignalAdd(int peer, int slot, uint64_t value) const;
   void WaitSignal(int slot, uint64_t value) const;

@@ -10,7 +10,7 @@
 namespace mc2::models {
 
 // x1 = x + attention(RMSNorm(x)), kept in acts.block[l].x1.
-void Transformer::Impl::AttentionSublayerForward(size_t l, const float* x) {
+void TransformerImpl::AttentionSublayerForward(size_t l, const float* x) {
   const size_t s = dims.s, S = dims.S, h = dims.h, hl = dims.hl, d = dims.d, Bl = dims.Bl,
                T = dims.T;
   BlockActs& A = acts.block[l];
@@ -65,7 +65,7 @@ void Transformer::Impl::AttentionSublayerForward(size_t l, const float* x) {
 }
 
 // acts.dx1 (the gradient at the attention residual) -> dxio.
-void Transformer::Impl::AttentionSublayerBackward(size_t l, float* dxio) {
+void TransformerImpl::AttentionSublayerBackward(size_t l, float* dxio) {
   const size_t s = dims.s, S = dims.S, h = dims.h, hl = dims.hl, d = dims.d, Bl = dims.Bl,
                T = dims.T;
   const DType dt = dims.dt;

@@ -1,4 +1,4 @@
-// ValidateConfig and IsMoeLayer of include/mc2/models.h: every invariant of
+// ValidateConfig and IsMoeLayer of include/mc2/models/config.h: every invariant of
 // a TransformerConfig on a grid, checked once, before any communication.
 #include <string>
 

@@ -1,4 +1,4 @@
-// The synthetic tasks of include/mc2/models.h (Task) and their batches.
+// The synthetic tasks of include/mc2/models/config.h (Task) and their batches.
 #include "models/data.h"
 
 #include "models/kernels.h"

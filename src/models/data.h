@@ -1,4 +1,4 @@
-// Synthetic token batches (Task in include/mc2/models.h), generated from a
+// Synthetic token batches (Task in include/mc2/models/config.h), generated from a
 // counter-based hash of (seed, step, sequence, position): any rank can make
 // any part of any step's global batch without state or communication.
 #ifndef MC2_MODELS_DATA_H_

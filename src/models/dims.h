@@ -10,7 +10,7 @@
 
 namespace mc2::models {
 
-// The part of the model one rank's Transformer::Impl runs: all of it, or a
+// The part of the model one rank's TransformerImpl runs: all of it, or a
 // pipeline chunk (pipeline.cc): the blocks [first_layer, first_layer +
 // layers) of the config's model, the embedding only if `embed` (the first
 // chunk), the final norm, LM head and loss only if `head` (the last one),

@@ -1,4 +1,4 @@
-// FsdpTransformer (include/mc2/models.h): the dense transformer's units
+// FsdpTransformer (include/mc2/models/fsdp.h): the dense transformer's units
 // (fsdp_layers.h) trained with their parameters, gradients and AdamW
 // moments sharded over the data-parallel ranks, ZeRO-3 style.
 //

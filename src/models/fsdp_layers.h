@@ -1,4 +1,4 @@
-// The dense transformer of FsdpTransformer (include/mc2/models.h), one
+// The dense transformer of FsdpTransformer (include/mc2/models/fsdp.h), one
 // data-parallel rank of one TP rank: its parameters laid out as FSDP units
 // (flat buffers, each cut into equal shards over the DP ranks) and the
 // units' forward and backward on whole (gathered) parameters.

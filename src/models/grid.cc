@@ -1,6 +1,8 @@
 // MakeGrid and MakeGrid3D: the DP x CP x TP (x EP) x PP process grid of
-// include/mc2/models.h.
+// include/mc2/models/grid.h.
+#include <cstdint>
 #include <string>
+#include <utility>
 
 #include "mc2/error.h"
 #include "mc2/models.h"
@@ -13,32 +15,11 @@ namespace {
   throw Error(ErrorCode::kInvalidArgument, "MakeGrid: " + what, world.rank());
 }
 
+std::string Str(int v) { return std::to_string(v); }
+
 // w = ((pp_index * dp + dp_index) * cp + cp_index) * tp + tp_index.
-ProcessGrid Build(const Group& world, int tp, int pp, int ep, int cp) {
-  if (!world.valid()) throw Error(ErrorCode::kInvalidArgument, "MakeGrid: invalid world group");
-  const int n = world.size();
-  const std::string ranks = " ranks of the world";
-  if (tp < 1 || n % tp != 0)
-    Invalid(world, "tp = " + std::to_string(tp) + " must be >= 1 and divide the " +
-                       std::to_string(n) + ranks);
-  if (pp < 1 || (n / tp) % pp != 0)
-    Invalid(world, "pp = " + std::to_string(pp) + " must be >= 1 and tp * pp (" +
-                       std::to_string(tp) + " * " + std::to_string(pp) + ") must divide the " +
-                       std::to_string(n) + ranks);
-  if (cp < 1 || (n / tp / pp) % cp != 0)
-    Invalid(world, "cp = " + std::to_string(cp) + " must be >= 1 and tp * " +
-                       (pp > 1 ? "pp * " : "") + "cp = " + std::to_string(tp * pp * cp) +
-                       " must divide the " + std::to_string(n) + ranks);
-  if (cp > 1 && ep != 1)
-    Invalid(world, "ep = " + std::to_string(ep) + " with cp = " + std::to_string(cp) +
-                       ": expert parallelism is not combined with context parallelism");
-  const int dp = n / tp / pp / cp;
-  if (ep < 1 || dp % ep != 0)
-    Invalid(world, "ep = " + std::to_string(ep) + " must be >= 1 and divide dp = " +
-                       std::to_string(dp) + " (the world's " + std::to_string(n) +
-                       " ranks / tp " + std::to_string(tp) +
-                       (pp > 1 ? " / pp " + std::to_string(pp) : std::string()) +
-                       (cp > 1 ? " / cp " + std::to_string(cp) : std::string()) + ")");
+ProcessGrid Build(const Group& world, const GridShape& shape) {
+  const int tp = shape.tp, pp = shape.pp, ep = shape.ep, cp = shape.cp, dp = shape.dp;
   ProcessGrid g;
   g.world = world;
   g.tp_size = tp;
@@ -76,12 +57,51 @@ ProcessGrid Build(const Group& world, int tp, int pp, int ep, int cp) {
 
 }  // namespace
 
-ProcessGrid MakeGrid(const Group& world, int tp, int ep, int cp) {
-  return Build(world, tp, 1, ep, cp);
+void ValidateGridShape(const GridShape& shape, int world_size) {
+  auto invalid = [](const std::string& what) {
+    throw Error(ErrorCode::kInvalidArgument, "GridShape: " + what);
+  };
+  const std::pair<const char*, int> fields[] = {
+      {"dp", shape.dp}, {"tp", shape.tp}, {"pp", shape.pp}, {"ep", shape.ep}, {"cp", shape.cp}};
+  for (const auto& [name, v] : fields) {
+    if (v < 1) invalid(std::string(name) + " = " + Str(v) + " must be >= 1");
+  }
+  const int64_t product = int64_t{shape.dp} * shape.tp * shape.pp * shape.cp;
+  if (product != world_size) {
+    invalid("dp * tp * pp * cp = " + Str(shape.dp) + " * " + Str(shape.tp) + " * " +
+            Str(shape.pp) + " * " + Str(shape.cp) + " = " + std::to_string(product) +
+            " must equal the world size " + Str(world_size));
+  }
+  if (shape.cp > 1 && shape.ep != 1) {
+    invalid("ep = " + Str(shape.ep) + " with cp = " + Str(shape.cp) +
+            ": expert parallelism is not combined with context parallelism");
+  }
+  if (shape.dp % shape.ep != 0) {
+    invalid("ep = " + Str(shape.ep) + " must divide dp = " + Str(shape.dp) +
+            " (the expert-parallel groups are carved out of the data-parallel replicas)");
+  }
 }
 
-ProcessGrid MakeGrid3D(const Group& world, int tp, int pp, int ep, int cp) {
-  return Build(world, tp, pp, ep, cp);
+ProcessGrid MakeGrid(const Group& world, int tp, int ep, int cp) {
+  if (!world.valid()) throw Error(ErrorCode::kInvalidArgument, "MakeGrid: invalid world group");
+  const int n = world.size();
+  if (tp < 1 || n % tp != 0)
+    Invalid(world, "tp = " + Str(tp) + " must be >= 1 and divide the " + Str(n) +
+                       " ranks of the world");
+  if (cp < 1 || (n / tp) % cp != 0)
+    Invalid(world, "cp = " + Str(cp) + " must be >= 1 and tp * cp = " + Str(tp * cp) +
+                       " must divide the " + Str(n) + " ranks of the world");
+  return MakeGrid3D(world, {.dp = n / tp / cp, .tp = tp, .ep = ep, .cp = cp});
+}
+
+ProcessGrid MakeGrid3D(const Group& world, const GridShape& shape) {
+  if (!world.valid()) throw Error(ErrorCode::kInvalidArgument, "MakeGrid: invalid world group");
+  try {
+    ValidateGridShape(shape, world.size());
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kInvalidArgument, e.message(), world.rank());  // with the rank
+  }
+  return Build(world, shape);
 }
 
 }  // namespace mc2::models

@@ -1,4 +1,4 @@
-// InferenceModel of include/mc2/models.h: prefill and greedy decoding of the
+// InferenceModel of include/mc2/models/inference.h: prefill and greedy decoding of the
 // tensor-parallel transformer with a KV cache.
 //
 // Works as follows (the notation of transformer.cc: a TP group of p ranks,

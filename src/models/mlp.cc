@@ -7,7 +7,7 @@
 
 namespace mc2::models {
 
-void Transformer::Impl::MlpForward(size_t l, float* out) {
+void TransformerImpl::MlpForward(size_t l, float* out) {
   const size_t s = dims.s, S = dims.S, h = dims.h, fl = dims.fl;
   BlockActs& A = acts.block[l];
   const BlockParams& P = params.bp[l];
@@ -33,7 +33,7 @@ void Transformer::Impl::MlpForward(size_t l, float* out) {
 
 // dxio: the gradient of the block's output -> acts.dx1, the gradient at
 // the attention residual x1.
-void Transformer::Impl::MlpBackward(size_t l, const float* dxio) {
+void TransformerImpl::MlpBackward(size_t l, const float* dxio) {
   const size_t s = dims.s, S = dims.S, h = dims.h, fl = dims.fl;
   const DType dt = dims.dt;
   BlockActs& A = acts.block[l];

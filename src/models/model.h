@@ -1,4 +1,4 @@
-// Transformer::Impl: one rank's transformer, put together from its parts
+// TransformerImpl: one rank's transformer, put together from its parts
 // (dims.h, parameters.h, grad_sync.h, parallel_linear.h, activations.h).
 // Its member functions live by concern: the attention sublayer in
 // attention.cc, the dense MLP in mlp.cc, the MoE MLP in moe_layer.cc, and
@@ -32,15 +32,15 @@ namespace mc2::models {
 struct LossSync {
   std::vector<double> local, total;
   Work work;
-  double aux = 0;  // the load-balancing loss of the last Transformer::Impl::WaitLoss
+  double aux = 0;  // the load-balancing loss of the last TransformerImpl::WaitLoss
 };
 
 // Invariants: those of its parts; between ForwardBackward calls no
 // deferred_wgrad is left.
 // Thread safety: one thread per rank (the Transformer's contract).
-struct Transformer::Impl {
+struct TransformerImpl {
   // `stage`: the part of the model this rank runs (dims.h; default: all).
-  Impl(const ProcessGrid& g, const TransformerConfig& c, const StageSpec& stage = {});
+  TransformerImpl(const ProcessGrid& g, const TransformerConfig& c, const StageSpec& stage = {});
 
   ProcessGrid grid;
   TransformerConfig cfg;

@@ -49,7 +49,7 @@ void ExpertWgrad(const Dims& dims, const MoeRouting& r, const void* a, size_t k,
 
 }  // namespace
 
-void Transformer::Impl::MoeForward(size_t l, float* out) {
+void TransformerImpl::MoeForward(size_t l, float* out) {
   const size_t s = dims.s, h = dims.h, E = dims.E, K = dims.K, Fm = dims.Fm, esz = dims.esz;
   const DType dt = dims.dt;
   BlockActs& A = acts.block[l];
@@ -126,7 +126,7 @@ void Transformer::Impl::MoeForward(size_t l, float* out) {
 }
 
 // dout: the gradient of the block's output -> acts.dx1.
-void Transformer::Impl::MoeBackward(size_t l, const float* dout) {
+void TransformerImpl::MoeBackward(size_t l, const float* dout) {
   const size_t s = dims.s, h = dims.h, E = dims.E, K = dims.K, Fm = dims.Fm, esz = dims.esz;
   const DType dt = dims.dt;
   BlockActs& A = acts.block[l];

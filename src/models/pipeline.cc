@@ -1,15 +1,15 @@
-// Pipeline parallelism for the reference transformer (include/mc2/models.h,
-// "Pipeline parallelism"): a stage's chunks, the schedule's execution with
-// the activations and their gradients moving by Send / Recv, gradient
-// accumulation over the micro-batches, the DP exchange and AdamW.
+// Pipeline parallelism for the reference transformer
+// (include/mc2/models/pipeline.h): a stage's chunks, the schedule's
+// execution with the activations and their gradients moving by Send / Recv,
+// gradient accumulation over the micro-batches, the DP exchange and AdamW.
 //
-// Each chunk is a Transformer::Impl running a range of blocks (StageSpec,
-// dims.h) on micro-batches, whose grid's world is this stage's dp x cp x tp
-// ranks: its TP-replicated gradients are summed over the stage, its shards'
-// over the stage's DP group, as in the unpipelined model. The chunk keeps
-// one micro-batch's activations in its `acts`; those of the micro-batches
-// in flight (forward done, backward not yet) are swapped out into a pool
-// and back in for the backward, with their ring attention state under
+// Each chunk is a TransformerImpl (model.h) running a range of blocks
+// (StageSpec, dims.h) on micro-batches, whose grid's world is this stage's
+// dp x cp x tp ranks: its TP-replicated gradients are summed over the
+// stage, its shards' over the stage's DP group, as in the unpipelined
+// model. The chunk keeps one micro-batch's activations in its `acts`;
+// those of the micro-batches in flight (forward done, backward not yet) are
+// swapped out into a pool and back in for the backward, with their ring attention state under
 // context parallelism.
 //
 // A message is the [s x h] rows of one micro-batch (this TP rank's
@@ -50,10 +50,6 @@
 
 namespace mc2::models {
 
-struct ChunkAccess {
-  using Impl = Transformer::Impl;
-};
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -79,7 +75,7 @@ struct MicroState {
 // One chunk of the model on this stage.
 struct Chunk {
   int index = 0;  // the model's chunk
-  std::unique_ptr<ChunkAccess::Impl> m;
+  std::unique_ptr<TransformerImpl> m;
   std::vector<float> acc;                                  // accumulated gradients, by param
   std::vector<size_t> offset;                              // of each param in acc
   std::map<int, MicroState> in_flight;  // by micro-batch
@@ -101,9 +97,10 @@ struct PendingSend {
 
 }  // namespace
 
-void ValidatePipeline(const TransformerConfig& c, const PipelineConfig& pipe, int tp, int dp,
-                      int pp, int ep, int cp) {
-  ValidateConfig(c, tp, dp, ep, cp);
+void ValidatePipeline(const TransformerConfig& c, const PipelineConfig& pipe,
+                      const GridShape& shape) {
+  ValidateConfig(c, shape.tp, shape.dp, shape.ep, shape.cp);
+  const int pp = shape.pp, dp = shape.dp;
   if (pp < 1) Invalid("pp must be >= 1, not " + Str(pp));
   const int m = pipe.micro_batches;
   if (m < 1) Invalid("micro_batches must be >= 1, not " + Str(m));
@@ -153,8 +150,12 @@ struct PipelineTransformer::Impl {
 
   Impl(const ProcessGrid& g, const TransformerConfig& c, const PipelineConfig& pc)
       : grid(g), cfg(c), pipe(pc) {
-    ValidatePipeline(cfg, pipe, grid.tp_size, grid.dp_size, grid.pp_size, grid.ep_size,
-                     grid.cp_size);
+    ValidatePipeline(cfg, pipe,
+                     {.dp = grid.dp_size,
+                      .tp = grid.tp_size,
+                      .pp = grid.pp_size,
+                      .ep = grid.ep_size,
+                      .cp = grid.cp_size});
     p = grid.pp_size;
     v = pipe.schedule == PipelineSchedule::kInterleaved ? pipe.virtual_stages : 1;
     m = pipe.micro_batches;
@@ -171,7 +172,7 @@ struct PipelineTransformer::Impl {
       spec.embed = ch.index == 0;
       spec.head = ch.index == chunks - 1;
       spec.micro_batches = m;
-      ch.m = std::make_unique<ChunkAccess::Impl>(sg, cfg, spec);
+      ch.m = std::make_unique<TransformerImpl>(sg, cfg, spec);
       ch.m->sync.hold = true;
       size_t total = 0;
       for (const Param& prm : ch.m->params.list()) {
@@ -230,7 +231,7 @@ struct PipelineTransformer::Impl {
 
   // After a forward with MoE blocks: the micro-batch's load statistics,
   // summed over the stage in the background (the backward waits for them).
-  static void SumMoeStats(ChunkAccess::Impl& mm) {
+  static void SumMoeStats(TransformerImpl& mm) {
     LossSync& ls = mm.loss;
     const size_t n = ls.local.size() - 1;  // [0], the cross-entropy, is not needed
     if (mm.grid.world.size() == 1) {
@@ -244,7 +245,7 @@ struct PipelineTransformer::Impl {
   }
   // After its backward: the micro-batch's aux loss of each MoE block.
   void KeepAux(Chunk& ch, int micro) {
-    ChunkAccess::Impl& mm = *ch.m;
+    TransformerImpl& mm = *ch.m;
     mm.loss.work.Wait();
     mm.loss.work = Work();
     const size_t E = mm.dims.E;
@@ -354,7 +355,7 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
     // their transfers travel under it.
     for (size_t j = k; j < std::min(ops.size(), k + 1 + kRecvAhead); ++j) PostInput(ops[j]);
     Chunk& ch = local[o.local_chunk];
-    ChunkAccess::Impl& mm = *ch.m;
+    TransformerImpl& mm = *ch.m;
     PipelineOp rec;
     rec.forward = o.forward;
     rec.chunk = ch.index;
@@ -468,7 +469,7 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
     trace::Scope span("pipeline.dp_sync", trace::Category::kHost);
     const double w0 = Now();
     for (Chunk& ch : local) {
-      ChunkAccess::Impl& mm = *ch.m;
+      TransformerImpl& mm = *ch.m;
       const std::vector<Param>& list = mm.params.list();
       for (size_t pi = 0; pi < list.size(); ++pi) {
         std::memcpy(list[pi].g, ch.acc.data() + ch.offset[pi],
@@ -538,30 +539,15 @@ std::vector<ParamView> PipelineTransformer::Parameters() {
 }
 
 std::vector<PipelineStepStats> TrainPipelineSteps(
-    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
-    int pp, int steps, const std::function<void(const PipelineStepStats&)>& on_step) {
-  return TrainPipelineSteps(world, config, pipe, tp, pp, /*cp=*/1, steps, on_step);
-}
-
-std::vector<PipelineStepStats> TrainPipelineSteps(
-    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
-    int pp, int cp, int steps, const std::function<void(const PipelineStepStats&)>& on_step) {
-  return TrainPipelineSteps(world, config, pipe, tp, pp, /*ep=*/1, cp, steps, on_step);
-}
-
-std::vector<PipelineStepStats> TrainPipelineSteps(
-    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe, int tp,
-    int pp, int ep, int cp, int steps,
+    const Group& world, const TransformerConfig& config, const PipelineConfig& pipe,
+    const GridShape& shape, int steps,
     const std::function<void(const PipelineStepStats&)>& on_step) {
   if (steps < 0) throw Error(ErrorCode::kInvalidArgument, "TrainPipelineSteps: steps must be >= 0");
   // The sizes first, naming the cause, before splitting anything.
-  if (!world.valid() || tp < 1 || pp < 1 || cp < 1 || ep < 1 ||
-      world.size() % (tp * pp * cp) != 0 || (world.size() / (tp * pp * cp)) % ep != 0 ||
-      (cp > 1 && ep > 1)) {
-    MakeGrid3D(world, tp, pp, ep, cp);
-  }
-  ValidatePipeline(config, pipe, tp, world.size() / (tp * pp * cp), pp, ep, cp);
-  ProcessGrid grid = MakeGrid3D(world, tp, pp, ep, cp);
+  if (!world.valid()) throw Error(ErrorCode::kInvalidArgument, "TrainPipelineSteps: invalid world");
+  ValidateGridShape(shape, world.size());
+  ValidatePipeline(config, pipe, shape);
+  ProcessGrid grid = MakeGrid3D(world, shape);
   PipelineTransformer model(grid, config, pipe);
   std::vector<PipelineStepStats> out;
   for (int step = 0; step < steps; ++step) {

@@ -1,4 +1,4 @@
-// RingAttention of include/mc2/models.h: attention over a sequence split
+// RingAttention of include/mc2/models/ring_attention.h: attention over a sequence split
 // across a context-parallel group, the key/value blocks passed around the
 // ring with point-to-point Send/Recv.
 //

@@ -1,4 +1,4 @@
-// The pipeline schedules (PipelineSchedule in include/mc2/models.h): the
+// The pipeline schedules (PipelineSchedule in include/mc2/models/pipeline.h): the
 // order in which one stage runs the forwards and backwards of its chunks on
 // the micro-batches. A pure function of (schedule, pp, stage, m, v): every
 // stage derives its own list, and the lists of all stages together never

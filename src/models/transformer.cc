@@ -1,4 +1,4 @@
-// The tensor + sequence parallel transformer of include/mc2/models.h.
+// The tensor + sequence parallel transformer of include/mc2/models/transformer.h.
 //
 // Works as follows (docs/models.md has the full picture). Notation: a TP
 // group of p ranks, rank r; the local batch has Bl sequences of T tokens,
@@ -77,7 +77,8 @@ double Since(Clock::time_point t0) {
 
 }  // namespace
 
-Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c, const StageSpec& stage)
+TransformerImpl::TransformerImpl(const ProcessGrid& g, const TransformerConfig& c,
+                                 const StageSpec& stage)
     : grid(g),
       cfg(c),
       dims(grid, cfg, stage),
@@ -98,7 +99,7 @@ Transformer::Impl::Impl(const ProcessGrid& g, const TransformerConfig& c, const 
   }
 }
 
-std::vector<std::unique_ptr<RingAttention>> Transformer::Impl::MakeRings() const {
+std::vector<std::unique_ptr<RingAttention>> TransformerImpl::MakeRings() const {
   std::vector<std::unique_ptr<RingAttention>> out;
   if (dims.cp == 1) return out;
   RingAttentionConfig rc;
@@ -111,7 +112,7 @@ std::vector<std::unique_ptr<RingAttention>> Transformer::Impl::MakeRings() const
   return out;
 }
 
-double Transformer::Impl::ChunkForward(int step, int micro, const float* x_in, float* x_out) {
+double TransformerImpl::ChunkForward(int step, int micro, const float* x_in, float* x_out) {
   const size_t s = dims.s, h = dims.h, V = dims.V;
   // Deferred updates: the replicated tensors' now (small, and the
   // embedding is needed first); the projections' as the blocks come.
@@ -174,7 +175,7 @@ double Transformer::Impl::ChunkForward(int step, int micro, const float* x_in, f
   return local;
 }
 
-void Transformer::Impl::Forward(int step) {
+void TransformerImpl::Forward(int step) {
   const double local = ChunkForward(step, 0, nullptr, nullptr);
   // The global mean: a sum over every rank's rows (f64, deterministic
   // order), in the background: backward does not need it, and a blocking
@@ -190,7 +191,7 @@ void Transformer::Impl::Forward(int step) {
   }
 }
 
-double Transformer::Impl::WaitLoss() {
+double TransformerImpl::WaitLoss() {
   loss.work.Wait();
   loss.work = Work();
   const size_t E = dims.E;
@@ -205,14 +206,14 @@ double Transformer::Impl::WaitLoss() {
   return loss.total[0] / N + loss.aux;
 }
 
-double Transformer::Impl::LayerAuxLoss(const double* st, double tokens) const {
+double TransformerImpl::LayerAuxLoss(const double* st, double tokens) const {
   const size_t E = dims.E, K = dims.K;
   double sum = 0;
   for (size_t e = 0; e < E; ++e) sum += st[e] / (tokens * K) * (st[E + e] / tokens);
   return cfg.moe_aux_loss_coef * static_cast<double>(E) * sum;
 }
 
-void Transformer::Impl::ChunkBackward(const float* dy, float* dx_in) {
+void TransformerImpl::ChunkBackward(const float* dy, float* dx_in) {
   const size_t s = dims.s, h = dims.h, V = dims.V;
   // Replicated gradients accumulate (norms, embedding): Restart zeroes
   // them; the projections' are written by their wgrad GEMM.
@@ -256,21 +257,21 @@ void Transformer::Impl::ChunkBackward(const float* dy, float* dx_in) {
   if (deferred_wgrad) TakeDeferred()();  // (block 0 defers nothing)
 }
 
-bool Transformer::Impl::BackwardCollectives(const ProcessGrid& grid, const Dims& dims) {
+bool TransformerImpl::BackwardCollectives(const ProcessGrid& grid, const Dims& dims) {
   return grid.tp_size > 1 || grid.cp_size > 1 || grid.pp_size > 1 || dims.n_moe > 0;
 }
 
-void Transformer::Impl::WgradAndMark(const void* a, const float* dy, int p) {
+void TransformerImpl::WgradAndMark(const void* a, const float* dy, int p) {
   linear.Wgrad(a, linear.op_b.Set(dy, dims.S * params[p].cols, dims.dt), p);
   sync.IssueTensor(p);
 }
 
-void Transformer::Impl::EndSublayerBackward(int bucket) {
+void TransformerImpl::EndSublayerBackward(int bucket) {
   // (Data parallel only, the sublayer marked each of its tensors already.)
   if (backward_collectives) sync.IssuePendingThen(bucket);
 }
 
-void Transformer::Impl::Backward() {
+void TransformerImpl::Backward() {
   ChunkBackward(nullptr, nullptr);
   sync.IssuePendingThen(-1);
   sync.Issue(0);
@@ -279,7 +280,7 @@ void Transformer::Impl::Backward() {
 // ------------------------------------------------------------------ public
 
 Transformer::Transformer(const ProcessGrid& grid, const TransformerConfig& config)
-    : impl_(std::make_unique<Impl>(grid, config)) {}
+    : impl_(std::make_unique<TransformerImpl>(grid, config)) {}
 
 Transformer::~Transformer() {
   // Never leave an all-reduce running on buffers that are about to go (the
@@ -297,7 +298,7 @@ double Transformer::Loss(int step) {
 }
 
 double Transformer::ForwardBackward(int step, StepStats* stats) {
-  Impl& m = *impl_;
+  TransformerImpl& m = *impl_;
   auto t0 = Clock::now();
   double loss;
   {
@@ -328,7 +329,7 @@ double Transformer::ForwardBackward(int step, StepStats* stats) {
 }
 
 void Transformer::OptimizerStep(StepStats* stats) {
-  Impl& m = *impl_;
+  TransformerImpl& m = *impl_;
   if (!m.has_grads) {
     throw Error(ErrorCode::kInvalidArgument,
                 "Transformer::OptimizerStep: no gradients (call ForwardBackward first)");

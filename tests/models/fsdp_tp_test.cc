@@ -167,7 +167,11 @@ TEST(FsdpTp, InvalidGridsAndConfigsFail) {
   odd.ffn = 30;
   EXPECT_EQ(codes(4, [&](Group& w) { FsdpTransformer m(MakeGrid(w, 4), odd); }), 4);
   // A pipeline grid is not an FSDP grid.
-  EXPECT_EQ(codes(4, [&](Group& w) { FsdpTransformer m(MakeGrid3D(w, 1, 2), Config()); }), 4);
+  EXPECT_EQ(codes(4,
+                  [&](Group& w) {
+                    FsdpTransformer m(MakeGrid3D(w, {.dp = 2, .pp = 2}), Config());
+                  }),
+            4);
   // 7 sequences cannot be split over dp 2.
   TransformerConfig seven = Config();
   seven.batch = 7;

@@ -44,7 +44,8 @@ std::vector<double> PipeLosses(int ranks, int tp, int pp, int cp, const Transfor
   std::mutex mu;
   Group::RunInProcess(ranks, [&](Group& world) {
     std::vector<double> losses;
-    for (const auto& s : TrainPipelineSteps(world, c, pipe, tp, pp, cp, steps)) {
+    const GridShape shape = {.dp = ranks / (tp * pp * cp), .tp = tp, .pp = pp, .cp = cp};
+    for (const auto& s : TrainPipelineSteps(world, c, pipe, shape, steps)) {
       losses.push_back(s.step.loss);
       EXPECT_EQ(s.ops.size(), static_cast<size_t>(2 * pipe.micro_batches *
                                                   (pipe.schedule == PipelineSchedule::k1F1B
@@ -122,7 +123,7 @@ TEST(PipelineCp, GridLayout) {
   // w = ((pp_index * dp + dp_index) * cp + cp_index) * tp + tp_index.
   const int tp = 1, cp = 2, pp = 2;
   Group::RunInProcess(tp * cp * pp, [&](Group& world) {
-    const ProcessGrid g = MakeGrid3D(world, tp, pp, /*ep=*/1, cp);
+    const ProcessGrid g = MakeGrid3D(world, {.tp = tp, .pp = pp, .cp = cp});
     const int w = world.rank();
     EXPECT_EQ(g.pp_rank, w / 2);
     EXPECT_EQ(g.cp_rank, w % 2);
@@ -150,7 +151,8 @@ TEST(PipelineCp, InvalidCombinationsThrowOnEveryRank) {
     int thrown = 0;
     Group::RunInProcess(b.ranks, [&](Group& world) {
       try {
-        TrainPipelineSteps(world, b.c, Pipe(2), /*tp=*/1, b.pp, b.cp, 1);
+        TrainPipelineSteps(world, b.c, Pipe(2),
+                           {.dp = b.ranks / (b.pp * b.cp), .pp = b.pp, .cp = b.cp}, 1);
       } catch (const Error& e) {
         EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << b.what << ": " << e.what();
         std::lock_guard<std::mutex> lock(mu);
@@ -164,7 +166,7 @@ TEST(PipelineCp, InvalidCombinationsThrowOnEveryRank) {
   int thrown = 0;
   Group::RunInProcess(8, [&](Group& world) {
     try {
-      MakeGrid3D(world, /*tp=*/1, /*pp=*/2, /*ep=*/2, /*cp=*/2);
+      MakeGrid3D(world, {.dp = 2, .pp = 2, .ep = 2, .cp = 2});
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
       std::lock_guard<std::mutex> lock(mu);

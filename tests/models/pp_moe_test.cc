@@ -84,7 +84,7 @@ Trained Pipelined(int ranks, int tp, int pp, int ep, const TransformerConfig& c,
   std::mutex mu;
   std::vector<std::vector<double>> seen(ranks);
   Group::RunInProcess(ranks, [&](Group& world) {
-    ProcessGrid grid = MakeGrid3D(world, tp, pp, ep);
+    ProcessGrid grid = MakeGrid3D(world, {.dp = ranks / (tp * pp), .tp = tp, .pp = pp, .ep = ep});
     PipelineTransformer model(grid, c, pipe);
     std::vector<double> loss, aux;
     for (int step = 0; step < steps; ++step) {
@@ -291,7 +291,12 @@ TEST(PipelineMoe, InvalidGridsThrowOnEveryRank) {
     int thrown = 0;
     Group::RunInProcess(b.ranks, [&](Group& world) {
       try {
-        TrainPipelineSteps(world, b.c, Pipe(2), b.tp, b.pp, b.ep, b.cp, 1);
+        const GridShape shape = {.dp = b.ranks / (b.tp * b.pp * b.cp),
+                                 .tp = b.tp,
+                                 .pp = b.pp,
+                                 .ep = b.ep,
+                                 .cp = b.cp};
+        TrainPipelineSteps(world, b.c, Pipe(2), shape, 1);
       } catch (const Error& e) {
         EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << b.what << ": " << e.what();
         EXPECT_NE(std::string(e.what()).find(b.names), std::string::npos)

@@ -50,7 +50,8 @@ std::vector<double> PipeLosses(int ranks, int tp, int pp, const TransformerConfi
   std::vector<std::vector<double>> all(ranks);
   std::mutex mu;
   Group::RunInProcess(ranks, [&](Group& world) {
-    auto stats = TrainPipelineSteps(world, c, pipe, tp, pp, steps);
+    auto stats =
+        TrainPipelineSteps(world, c, pipe, {.dp = ranks / (tp * pp), .tp = tp, .pp = pp}, steps);
     const int stage = world.rank() / (world.size() / pp);
     const std::vector<ScheduleOp> order = MakeSchedule(pipe, pp, stage);
     std::vector<double> losses;
@@ -258,7 +259,7 @@ TEST(Grid, ThreeDimensionalLayout) {
   // in rank order, are the world ranks that formula gives.
   const int tp = 2, pp = 2, dp = 2, n = tp * pp * dp;
   Group::RunInProcess(n, [&](Group& world) {
-    ProcessGrid g = MakeGrid3D(world, tp, pp);
+    ProcessGrid g = MakeGrid3D(world, {.dp = dp, .tp = tp, .pp = pp});
     const int w = world.rank();
     EXPECT_EQ(g.tp_size, tp);
     EXPECT_EQ(g.dp_size, dp);
@@ -339,7 +340,8 @@ TEST(Pipeline, InvalidConfigsThrowOnEveryRank) {
     int thrown = 0;
     Group::RunInProcess(b.ranks, [&](Group& world) {
       try {
-        TrainPipelineSteps(world, b.c, b.pipe, b.tp, b.pp, 1);
+        TrainPipelineSteps(world, b.c, b.pipe,
+                           {.dp = b.ranks / (b.tp * b.pp), .tp = b.tp, .pp = b.pp}, 1);
       } catch (const Error& e) {
         EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << b.what << ": " << e.what();
         std::lock_guard<std::mutex> lock(mu);

@@ -82,7 +82,7 @@ libdir=$(dirname "$(dirname "$pc")")
 for f in include/mc2/mc2.h include/mc2/collectives.h include/mc2/error.h \
          include/mc2/group.h include/mc2/tensor.h include/mc2/work.h include/mc2/models.h \
          include/mc2/ops.h include/mc2/gemm.h include/mc2/fused_ops.h include/mc2/batch_matmul.h \
-         include/mc2/moe.h include/mc2/mpi.h \
+         include/mc2/moe.h include/mc2/mpi.h include/mc2/models/transformer.h \
          bin/mc2; do
   [ -e "$prefix/$f" ] || fail "$f is not installed"
 done
@@ -100,9 +100,10 @@ if command -v readelf > /dev/null; then
   readelf -d "$libdir/libmc2_models.so" | grep 'NEEDED.*\[libmc2\.so\.0\]' > /dev/null ||
     fail "libmc2_models.so does not link libmc2.so.0"
 fi
-# Public headers include only <mc2/...> (or "mc2/...") and std headers;
+# Public headers (include/mc2/ and include/mc2/models/) include only
+# <mc2/...> (or "mc2/...") and std headers;
 # <mc2/mpi.h>, outside the umbrella, is the one that includes <mpi.h>.
-bad=$(grep -hE '^\s*#\s*include' "$prefix"/include/mc2/*.h |
+bad=$(grep -hE '^\s*#\s*include' "$prefix"/include/mc2/*.h "$prefix"/include/mc2/models/*.h |
       grep -vE '#\s*include\s*[<"]mc2/' | grep -vE '#\s*include\s*<mpi\.h>' |
       grep -E '[/.]' || true)
 [ -z "$bad" ] || fail "installed headers include non-public headers: $bad"

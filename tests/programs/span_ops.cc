@@ -402,7 +402,7 @@ void TrainAndRecord(Out& out, const std::string& name, Model& model, StepLoss st
 // and a hash of its stage's parameters.
 void TrainPipeline(mc2::Group& world, Out& out) {
   if (world.size() != 4) return;
-  mc2::models::ProcessGrid grid = mc2::models::MakeGrid3D(world, /*tp=*/2, /*pp=*/2);
+  mc2::models::ProcessGrid grid = mc2::models::MakeGrid3D(world, {.tp = 2, .pp = 2});
   for (int interleaved = 0; interleaved < 2; ++interleaved) {
     mc2::models::TransformerConfig cfg;
     cfg.seed = 9;
