@@ -1,4 +1,4 @@
-#include "trace/timeline_svg.h"
+#include "trace_tools/timeline_svg.h"
 
 #include <fmt/format.h>
 
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "mc2/error.h"
-#include "trace/analysis.h"
+#include "trace_tools/analysis.h"
 
 namespace mc2::trace {
 namespace {
