@@ -16,9 +16,9 @@
 #include <string>
 
 #include "mc2/error.h"
-#include "trace/analysis.h"
-#include "trace/timeline_svg.h"
-#include "trace/trace_file.h"
+#include "mc2/trace_file.h"
+#include "trace_tools/analysis.h"
+#include "trace_tools/timeline_svg.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // libFuzzer target: the collectives tuning table (MC2_TUNING_FILE, written
-// by `mc2 bench --tune`), collectives::TuningTable::Parse.
+// by `mc2 bench --tune`), TuningTable::Parse (<mc2/tuning.h>).
 //
-// Contract (selector.h): a table or mc2::Error(kInvalidArgument) naming the
+// Contract (<mc2/tuning.h>): a table or mc2::Error(kInvalidArgument) naming the
 // source, never another exception; within a parsed table each rule list is
 // sorted by size; ToJson() of a table parses back, and one more round trip
 // changes nothing; Lookup answers any query.
@@ -16,7 +16,7 @@
 
 namespace {
 
-using mc2::collectives::TuningTable;
+using mc2::TuningTable;
 
 [[noreturn]] void Fail(const char* what, const std::string& text) {
   std::fprintf(stderr, "contract broken: %s for '%s'\n", what, text.c_str());

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "bench.h"
-#include "core/reference_reduce.h"
+#include "reference/reference_reduce.h"
 
 namespace mc2::tools::bench {
 

@@ -1,6 +1,6 @@
 // `mc2 bench --tune`: measures every algorithm of the collectives that have
 // several, for each rank count, and writes the selector's tuning table
-// (collectives/selector.h) with the fastest algorithm per size range.
+// (<mc2/tuning.h>) with the fastest algorithm per size range.
 //
 // The parent launches one job per rank count; in the job every rank runs
 // RunTuneRank and rank 0 writes the raw timings to a temporary file that the
@@ -27,9 +27,9 @@
 
 #include "bench.h"
 #include "bench_tune.h"
-#include "collectives/selector.h"
 #include "launcher.h"
 #include "mc2/mc2.h"
+#include "mc2/tuning.h"
 
 namespace mc2::tools::bench {
 
@@ -130,8 +130,8 @@ struct Point {
 };
 
 // Winner per point, smoothed; then runs of equal winners as table entries.
-std::vector<collectives::TuningTable::Entry> MakeEntries(const std::vector<Point>& pts,
-                                                         std::vector<std::string>* winners) {
+std::vector<TuningTable::Entry> MakeEntries(const std::vector<Point>& pts,
+                                            std::vector<std::string>* winners) {
   winners->clear();
   for (size_t i = 0; i < pts.size(); ++i) {
     std::string best;
@@ -152,7 +152,7 @@ std::vector<collectives::TuningTable::Entry> MakeEntries(const std::vector<Point
         it->second <= mine->second * kIsolated)
       (*winners)[i] = around;
   }
-  std::vector<collectives::TuningTable::Entry> entries;
+  std::vector<TuningTable::Entry> entries;
   for (size_t i = 0; i < pts.size(); ++i) {
     if ((*winners)[i].empty()) continue;
     const bool last = i + 1 == pts.size();
@@ -222,14 +222,14 @@ json MeasureGroup(const Group& g, std::span<const Coll> colls,
   return results;
 }
 
-collectives::TuningTable LoadTable(const std::string& output) {
-  collectives::TuningTable table;
+TuningTable LoadTable(const std::string& output) {
+  TuningTable table;
   // Keep what an earlier run measured for other rank counts.
   if (std::ifstream in(output); in) {
     std::stringstream buf;
     buf << in.rdbuf();
     try {
-      table = collectives::TuningTable::Parse(buf.str(), output);
+      table = TuningTable::Parse(buf.str(), output);
     } catch (const Error& e) {
       fmt::print(stderr, "mc2 bench --tune: replacing {}: {}\n", output, e.message());
     }
@@ -237,7 +237,7 @@ collectives::TuningTable LoadTable(const std::string& output) {
   return table;
 }
 
-void AddResults(collectives::TuningTable& table, const json& results, std::span<const Coll> colls,
+void AddResults(TuningTable& table, const json& results, std::span<const Coll> colls,
                 const std::string& suffix, int n) {
   // Winners by size: one column per collective.
   std::map<std::string, std::vector<std::string>> winners;
@@ -279,7 +279,7 @@ void AddResults(collectives::TuningTable& table, const json& results, std::span<
   }
 }
 
-int WriteTable(const collectives::TuningTable& table, const json& meta,
+int WriteTable(const TuningTable& table, const json& meta,
                const std::string& output) {
   json out = json::parse(table.ToJson());
   out["_meta"] = meta;
@@ -362,7 +362,7 @@ int RunTuneRank(const std::string& result_path) {
 int RunTune(const std::string& self_exe, const std::vector<int>& nranks,
             const std::string& output_arg) {
   const std::string output = output_arg.empty() ? HomeCachePath() : output_arg;
-  collectives::TuningTable table = LoadTable(output);
+  TuningTable table = LoadTable(output);
   json meta = {{"generated_by", "mc2 bench --tune"},
                {"dtype", DTypeName(kDType)},
                {"measured_ranks", nranks}};

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "bench.h"
-#include "collectives/selector.h"
 #include "mc2/mc2.h"
+#include "mc2/tuning.h"
 
 namespace mc2::tools::bench {
 
@@ -36,13 +36,13 @@ nlohmann::json MeasureGroup(const Group& g, std::span<const Coll> colls,
                             const std::vector<size_t>& sizes, char* send, char* recv,
                             const std::string& label);
 // The table at `output`, or an empty one (a bad one is reported, replaced).
-collectives::TuningTable LoadTable(const std::string& output);
+TuningTable LoadTable(const std::string& output);
 // The winners of MeasureGroup's `results` as the table's entries for
 // collective name + `suffix` and rank count `n`; prints them.
-void AddResults(collectives::TuningTable& table, const nlohmann::json& results,
+void AddResults(TuningTable& table, const nlohmann::json& results,
                 std::span<const Coll> colls, const std::string& suffix, int n);
 // Writes the table (with "_meta") to `output` atomically; 0 or kExitWrong.
-int WriteTable(const collectives::TuningTable& table, const nlohmann::json& meta,
+int WriteTable(const TuningTable& table, const nlohmann::json& meta,
                const std::string& output);
 
 }  // namespace mc2::tools::bench

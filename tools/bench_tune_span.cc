@@ -1,6 +1,6 @@
 // `mc2 bench --tune` inside an mpirun job whose ranks span hosts: measures
 // both levels of the collectives across hosts and writes them to the
-// selector's tuning table (collectives/selector.h).
+// selector's tuning table (<mc2/tuning.h>).
 //
 // - the node level, as the tuning on one host does: every algorithm of the
 //   tunable collectives on the ranks of each host (every host measures its
@@ -9,8 +9,8 @@
 // - the level across hosts: the hierarchical and the flat algorithm of
 //   all_reduce, all_gather, reduce_scatter, broadcast and all_to_all on the
 //   whole job, kept under "COLLECTIVE@L" with the number of hosts as rank
-//   count (collectives::SpanTableKind), where the dispatch of groups across
-//   hosts looks them up.
+//   count (<mc2/tuning.h>), where the dispatch of groups across hosts looks
+//   them up.
 // Rank 0 writes the table (the other entries of an existing one are kept);
 // every host must then read that file (a shared home, or MC2_TUNING_FILE).
 #include <fmt/format.h>
@@ -112,7 +112,7 @@ int RunTuneSpan(const std::string& output_arg) {
     int status = 0;
     if (lead) {
       const std::string output = output_arg.empty() ? HomeCachePath() : output_arg;
-      collectives::TuningTable table = LoadTable(output);
+      TuningTable table = LoadTable(output);
       std::string layout;
       for (int h = 0; h < nhosts; ++h) layout += fmt::format("{}{}:{}", h ? "," : "", hosts[h], per[h]);
       const double secs = std::chrono::duration<double>(Clock::now() - start).count();

@@ -4,7 +4,7 @@
 #include <map>
 #include <vector>
 
-#include "trace/analysis.h"
+#include "trace_tools/analysis.h"
 
 namespace mc2::tools {
 

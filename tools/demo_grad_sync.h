@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "trace/trace_file.h"
+#include "mc2/trace_file.h"
 
 namespace mc2::tools {
 

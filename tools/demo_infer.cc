@@ -38,10 +38,10 @@
 #include "launcher.h"
 #include "mc2/mc2.h"
 #include "mc2/models.h"
+#include "mc2/trace_file.h"
 #include "output_paths.h"
-#include "trace/analysis.h"
-#include "trace/timeline_svg.h"
-#include "trace/trace_file.h"
+#include "trace_tools/analysis.h"
+#include "trace_tools/timeline_svg.h"
 
 namespace mc2::tools {
 namespace {

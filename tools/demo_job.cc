@@ -12,8 +12,8 @@
 #include "launcher.h"
 #include "mc2/error.h"
 #include "mc2/group.h"
+#include "mc2/trace_file.h"
 #include "output_paths.h"
-#include "trace/trace_file.h"
 
 namespace mc2::tools {
 

@@ -14,7 +14,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "trace/analysis.h"
+#include "trace_tools/analysis.h"
 
 #include "mc2/fused_ops.h"
 

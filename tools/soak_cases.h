@@ -4,7 +4,7 @@
 // How results are checked: every input element is a function of (step
 // seed, group rank, index) that any rank can evaluate, so each rank computes
 // the expected output of its own buffers from the definition of the
-// collective, with the shared reference (core/reference_reduce.h). The
+// collective, with the shared reference (reference/reference_reduce.h). The
 // values are small integers, chosen per reduction so that every partial
 // result is exact in every dtype (bf16 included) and the result is the same
 // in any order of reduction: no tolerance is needed and a single wrong

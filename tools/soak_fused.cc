@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/reference_reduce.h"
+#include "reference/reference_reduce.h"
 #include "soak_cases.h"
 
 namespace mc2::tools::soak {

@@ -1,5 +1,5 @@
 // `mc2 trace merge|report|plot`: the tools over the traces a program writes
-// with MC2_TRACE=DIR (src/trace/, docs/tracing.md).
+// with MC2_TRACE=DIR (<mc2/trace_file.h>, tools/lib/trace_tools/, docs/tracing.md).
 #include <fmt/format.h>
 
 #include <cerrno>
@@ -14,10 +14,10 @@
 #include "commands.h"
 #include "core/env.h"
 #include "mc2/error.h"
+#include "mc2/trace_file.h"
 #include "output_paths.h"
-#include "trace/analysis.h"
-#include "trace/timeline_svg.h"
-#include "trace/trace_file.h"
+#include "trace_tools/analysis.h"
+#include "trace_tools/timeline_svg.h"
 
 namespace mc2::tools {
 namespace {

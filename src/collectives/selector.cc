@@ -36,6 +36,76 @@ std::optional<Algorithm> ParseAlgorithm(std::string_view name) {
   return std::nullopt;
 }
 
+std::string TuningFilePath() {
+  if (auto v = core::GetEnv("MC2_TUNING_FILE")) return *v;
+  if (auto home = core::GetEnv("HOME")) return *home + "/.cache/mc2/tuning.json";
+  return "";
+}
+
+TuningTable TuningTable::Parse(const std::string& json_text, const std::string& source) {
+  TuningTable t;
+  auto bad = [&](const std::string& why) {
+    return Error(ErrorCode::kInvalidArgument,
+                 fmt::format("tuning table {} is invalid: {}; expected {{\"all_reduce\": "
+                             "{{\"2\": [[65536, \"direct\"], [1e18, \"rabenseifner\"]]}}}}",
+                             source, why));
+  };
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json_text);
+  } catch (const std::exception& e) {
+    throw bad(e.what());
+  }
+  if (!j.is_object()) throw bad("top level is not an object");
+  for (auto& [kind, per_ranks] : j.items()) {
+    if (kind == "_meta") continue;
+    if (!per_ranks.is_object()) throw bad(fmt::format("'{}' is not an object", kind));
+    for (auto& [ranks_text, entries] : per_ranks.items()) {
+      int ranks = static_cast<int>(core::ParseInt(ranks_text, source + " rank count", 1, 1 << 20));
+      if (!entries.is_array()) throw bad(fmt::format("'{}.{}' is not an array", kind, ranks_text));
+      std::vector<Entry> list;
+      for (auto& e : entries) {
+        if (!e.is_array() || e.size() != 2 || !e[0].is_number() || !e[1].is_string())
+          throw bad(fmt::format("entry {} of '{}.{}' is not [bytes, \"algorithm\"]", e.dump(),
+                                kind, ranks_text));
+        auto a = ParseAlgorithm(e[1].get<std::string>());
+        if (!a) throw bad(fmt::format("unknown algorithm {}", e[1].dump()));
+        double mb = e[0].get<double>();
+        if (!(mb >= 0)) throw bad(fmt::format("negative size in {}", e.dump()));
+        list.push_back({mb >= 1.8e19 ? ~size_t{0} : static_cast<size_t>(mb), *a});
+      }
+      std::sort(list.begin(), list.end(),
+                [](const Entry& x, const Entry& y) { return x.max_bytes < y.max_bytes; });
+      t.rules[kind][ranks] = std::move(list);
+    }
+  }
+  return t;
+}
+
+std::string TuningTable::ToJson() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (auto& [kind, per] : rules)
+    for (auto& [ranks, list] : per) {
+      auto arr = nlohmann::json::array();
+      for (auto& e : list)
+        arr.push_back({e.max_bytes == ~size_t{0} ? 1.8e19 : static_cast<double>(e.max_bytes),
+                       AlgorithmName(e.algorithm)});
+      j[kind][std::to_string(ranks)] = arr;
+    }
+  return j.dump(1);
+}
+
+Algorithm TuningTable::Lookup(const std::string& kind, int ranks, size_t bytes) const {
+  auto it = rules.find(kind);
+  if (it == rules.end() || it->second.empty()) return Algorithm::kAuto;
+  auto r = it->second.upper_bound(ranks);
+  if (r == it->second.begin()) return Algorithm::kAuto;
+  --r;
+  for (auto& e : r->second)
+    if (bytes <= e.max_bytes) return e.algorithm;
+  return Algorithm::kAuto;
+}
+
 namespace collectives {
 namespace {
 
@@ -115,76 +185,6 @@ Algorithm Default(OpKind kind, size_t bytes) {
 }
 
 }  // namespace
-
-std::string TuningFilePath() {
-  if (auto v = core::GetEnv("MC2_TUNING_FILE")) return *v;
-  if (auto home = core::GetEnv("HOME")) return *home + "/.cache/mc2/tuning.json";
-  return "";
-}
-
-TuningTable TuningTable::Parse(const std::string& json_text, const std::string& source) {
-  TuningTable t;
-  auto bad = [&](const std::string& why) {
-    return Error(ErrorCode::kInvalidArgument,
-                 fmt::format("tuning table {} is invalid: {}; expected {{\"all_reduce\": "
-                             "{{\"2\": [[65536, \"direct\"], [1e18, \"rabenseifner\"]]}}}}",
-                             source, why));
-  };
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(json_text);
-  } catch (const std::exception& e) {
-    throw bad(e.what());
-  }
-  if (!j.is_object()) throw bad("top level is not an object");
-  for (auto& [kind, per_ranks] : j.items()) {
-    if (kind == "_meta") continue;
-    if (!per_ranks.is_object()) throw bad(fmt::format("'{}' is not an object", kind));
-    for (auto& [ranks_text, entries] : per_ranks.items()) {
-      int ranks = static_cast<int>(core::ParseInt(ranks_text, source + " rank count", 1, 1 << 20));
-      if (!entries.is_array()) throw bad(fmt::format("'{}.{}' is not an array", kind, ranks_text));
-      std::vector<Entry> list;
-      for (auto& e : entries) {
-        if (!e.is_array() || e.size() != 2 || !e[0].is_number() || !e[1].is_string())
-          throw bad(fmt::format("entry {} of '{}.{}' is not [bytes, \"algorithm\"]", e.dump(),
-                                kind, ranks_text));
-        auto a = ParseAlgorithm(e[1].get<std::string>());
-        if (!a) throw bad(fmt::format("unknown algorithm {}", e[1].dump()));
-        double mb = e[0].get<double>();
-        if (!(mb >= 0)) throw bad(fmt::format("negative size in {}", e.dump()));
-        list.push_back({mb >= 1.8e19 ? ~size_t{0} : static_cast<size_t>(mb), *a});
-      }
-      std::sort(list.begin(), list.end(),
-                [](const Entry& x, const Entry& y) { return x.max_bytes < y.max_bytes; });
-      t.rules[kind][ranks] = std::move(list);
-    }
-  }
-  return t;
-}
-
-std::string TuningTable::ToJson() const {
-  nlohmann::json j = nlohmann::json::object();
-  for (auto& [kind, per] : rules)
-    for (auto& [ranks, list] : per) {
-      auto arr = nlohmann::json::array();
-      for (auto& e : list)
-        arr.push_back({e.max_bytes == ~size_t{0} ? 1.8e19 : static_cast<double>(e.max_bytes),
-                       AlgorithmName(e.algorithm)});
-      j[kind][std::to_string(ranks)] = arr;
-    }
-  return j.dump(1);
-}
-
-Algorithm TuningTable::Lookup(const std::string& kind, int ranks, size_t bytes) const {
-  auto it = rules.find(kind);
-  if (it == rules.end() || it->second.empty()) return Algorithm::kAuto;
-  auto r = it->second.upper_bound(ranks);
-  if (r == it->second.begin()) return Algorithm::kAuto;
-  --r;
-  for (auto& e : r->second)
-    if (bytes <= e.max_bytes) return e.algorithm;
-  return Algorithm::kAuto;
-}
 
 bool Implements(Algorithm algo, OpKind kind) {
   int k = static_cast<int>(kind);

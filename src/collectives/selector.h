@@ -14,25 +14,13 @@
 #include <vector>
 
 #include "collectives/algorithm.h"
+#include "mc2/tuning.h"
 
 namespace mc2::collectives {
 
-// A tuning table: per collective and rank count, size thresholds in bytes
-// (ascending) with the algorithm to use up to each.
-struct TuningTable {
-  struct Entry {
-    size_t max_bytes;
-    Algorithm algorithm;
-  };
-  std::map<std::string, std::map<int, std::vector<Entry>>> rules;
-
-  // Parses the JSON form; throws kInvalidArgument naming `source`.
-  static TuningTable Parse(const std::string& json_text, const std::string& source);
-  std::string ToJson() const;
-  // The algorithm for (kind, ranks, bytes), or kAuto when the table has no
-  // rule (the nearest rank count at or below `ranks` is used).
-  Algorithm Lookup(const std::string& kind, int ranks, size_t bytes) const;
-};
+// The tuning table is public (<mc2/tuning.h>): `mc2 bench --tune` writes it.
+using mc2::TuningFilePath;
+using mc2::TuningTable;
 
 // Parses MC2_ALGO's text: one algorithm name for every collective (key "")
 // or "collective=name" pairs separated by commas. Throws kInvalidArgument
@@ -54,9 +42,6 @@ Algorithm SelectAlgorithm(OpKind kind, Algorithm requested, int ranks, size_t by
 Algorithm SelectSpanAlgorithm(OpKind kind, Algorithm requested, int hosts, int per_host,
                               size_t bytes, bool use_table);
 std::string SpanTableKind(OpKind kind, int per_host);
-
-// Path of the tuning table in effect ("" if none).
-std::string TuningFilePath();
 
 }  // namespace mc2::collectives
 

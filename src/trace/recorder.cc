@@ -18,7 +18,7 @@
 #include "core/env.h"
 #include "core/log.h"
 #include "mc2/error.h"
-#include "trace/trace_file.h"
+#include "mc2/trace_file.h"
 
 namespace mc2::trace {
 

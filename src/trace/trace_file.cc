@@ -1,4 +1,4 @@
-#include "trace/trace_file.h"
+#include "mc2/trace_file.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

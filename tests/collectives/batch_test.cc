@@ -1,5 +1,5 @@
 // Batches of collectives (include/mc2/batch.h): every entry against the
-// shared reference (core/reference_reduce.h) on small-integer inputs,
+// shared reference (reference/reference_reduce.h) on small-integer inputs,
 // bitwise against the separate collective on random floats, in and out of
 // place, on 1-4 ranks; the three ways the packed stream travels (inline
 // slot, scratch, windows of a scratch half: the scratch is made small so
@@ -15,8 +15,8 @@
 #include <random>
 #include <vector>
 
-#include "core/reference_reduce.h"
 #include "mc2/mc2.h"
+#include "reference/reference_reduce.h"
 
 namespace mc2 {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "core/reference_reduce.h"
+#include "reference/reference_reduce.h"
 
 namespace mc2::testing {
 namespace {

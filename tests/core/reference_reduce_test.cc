@@ -1,7 +1,7 @@
 // The shared reference that the collective tests, `mc2 soak` and `mc2 bench`
 // check results against: its conversions on known bit patterns, and its
 // reduction and averaging rules on hand-computed values.
-#include "core/reference_reduce.h"
+#include "reference/reference_reduce.h"
 
 #include <gtest/gtest.h>
 

@@ -27,8 +27,8 @@
 #include "common/reference_model.h"
 #include "mc2/mc2.h"
 #include "mc2/models.h"
+#include "mc2/trace_file.h"
 #include "models/data.h"
-#include "trace/trace_file.h"
 
 namespace mc2::models {
 namespace {

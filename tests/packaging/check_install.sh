@@ -83,6 +83,7 @@ for f in include/mc2/mc2.h include/mc2/collectives.h include/mc2/error.h \
          include/mc2/group.h include/mc2/tensor.h include/mc2/work.h include/mc2/models.h \
          include/mc2/ops.h include/mc2/gemm.h include/mc2/fused_ops.h include/mc2/batch_matmul.h \
          include/mc2/moe.h include/mc2/mpi.h include/mc2/models/transformer.h \
+         include/mc2/trace_file.h include/mc2/tuning.h \
          bin/mc2; do
   [ -e "$prefix/$f" ] || fail "$f is not installed"
 done

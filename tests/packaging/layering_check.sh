@@ -5,13 +5,14 @@
 #   tests/packaging/layering_check.sh --binary-dir BUILD [--source-dir SRC]
 #       [--cxx COMPILER] [--core-includes "DIR;DIR"] [--engine-includes "DIR;DIR"]
 #       [--ops-includes "DIR;DIR"] [--models-includes "DIR;DIR"]
+#       [--tools-includes "DIR;DIR"] [--trace-tools-includes "DIR;DIR"]
 #       [--implicit-includes "DIR;DIR"]
 #
 # Each layer src/L is compiled with the public include/ and its own include
 # root BUILD/layer_include/L, which holds symlinks to src/L and to the lower
 # layers L may use, and nothing else (mc2_layer() in CMakeLists.txt). ctest
-# passes the include directories of the real mc2_core, mc2_engine, mc2_ops
-# and mc2_models targets;
+# passes the include directories of the real mc2_core, mc2_engine, mc2_ops,
+# mc2_models, mc2_cli (tools/) and mc2_trace_tools (tools/lib) targets;
 # without them the script assumes SRC/include plus that layer's root. Those
 # lists may name the compiler's implicit directories (e.g. /usr/include, from
 # fmt's target); like CMake, the script leaves out the ones given with
@@ -30,7 +31,15 @@
 #      pipelines) must compile;
 #   5. src/models (a library on the public API) sees no internal layer: its
 #      root holds only models/, #include "ops/gemm.h" must FAIL for want of
-#      the header, and "models/kernels.h" with <mc2/ops.h> must compile.
+#      the header, and "models/kernels.h" with <mc2/ops.h> must compile;
+#   6. tools/ (the `mc2` command) sees only core/, transport/ and ops/ of
+#      the internals: its root BUILD/layer_include/tools holds nothing else,
+#      #include "trace/recorder.h" and "collectives/selector.h" must FAIL for
+#      want of the header, and "trace_tools/analysis.h", <mc2/trace_file.h>
+#      and <mc2/tuning.h> must compile;
+#   7. the trace tools (tools/lib/trace_tools) see the public API only:
+#      #include "core/env.h" must FAIL for want of the header, and
+#      "trace_tools/timeline_svg.h" must compile.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -41,6 +50,8 @@ core_includes=""
 engine_includes=""
 ops_includes=""
 models_includes=""
+tools_includes=""
+trace_tools_includes=""
 implicit_includes=""
 
 while [ $# -gt 0 ]; do
@@ -52,8 +63,10 @@ while [ $# -gt 0 ]; do
     --engine-includes) engine_includes="$2"; shift 2 ;;
     --ops-includes) ops_includes="$2"; shift 2 ;;
     --models-includes) models_includes="$2"; shift 2 ;;
+    --tools-includes) tools_includes="$2"; shift 2 ;;
+    --trace-tools-includes) trace_tools_includes="$2"; shift 2 ;;
     --implicit-includes) implicit_includes="$2"; shift 2 ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
     *) echo "layering_check: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -62,7 +75,7 @@ binary_dir=$(cd "$binary_dir" && pwd)
 
 fail() { echo "layering_check: FAILED: $*" >&2; exit 1; }
 
-for layer in core engine ops models; do
+for layer in core engine ops models tools; do
   [ -d "$binary_dir/layer_include/$layer" ] ||
     fail "$binary_dir/layer_include/$layer does not exist (is $binary_dir configured?)"
 done
@@ -74,6 +87,18 @@ done
 [ -z "$engine_includes" ] && engine_includes="$source_dir/include;$binary_dir/layer_include/engine"
 [ -z "$ops_includes" ] && ops_includes="$source_dir/include;$binary_dir/layer_include/ops"
 [ -z "$models_includes" ] && models_includes="$source_dir/include;$binary_dir/layer_include/models"
+[ -z "$tools_includes" ] &&
+  tools_includes="$source_dir/include;$source_dir/tools/lib;$binary_dir/layer_include/tools"
+[ -z "$trace_tools_includes" ] && trace_tools_includes="$source_dir/include;$source_dir/tools/lib"
+extra=$(ls -A "$binary_dir/layer_include/tools" | grep -vxE 'core|transport|ops' || true)
+[ -z "$extra" ] || fail "the tools' include root holds more than core/, transport/, ops/: $extra"
+case ";$tools_includes;" in
+  *";$binary_dir/layer_include/tools;"*) ;;
+  *) fail "the mc2 command does not use its include root (includes: $tools_includes)" ;;
+esac
+case ";$tools_includes;" in
+  *";$source_dir/src;"*) fail "the mc2 command sees all of src/ (includes: $tools_includes)" ;;
+esac
 extra=$(ls -A "$binary_dir/layer_include/models" | grep -vx models || true)
 [ -z "$extra" ] || fail "the models layer's include root holds more than models/: $extra"
 case ";$core_includes;" in
@@ -154,5 +179,37 @@ compile models "$models_includes" models/kernels.h ||
   { cat "$tmp/models.log"; fail "a file of src/models cannot include models/kernels.h"; }
 compile models "$models_includes" mc2/ops.h ||
   { cat "$tmp/models.log"; fail "a file of src/models cannot include mc2/ops.h"; }
+
+for header in trace/recorder.h collectives/selector.h; do
+  echo "== layering_check: tools include $header (must fail)"
+  if compile tools "$tools_includes" "$header"; then
+    fail "a file of tools/ compiled with #include \"$header\": the tools see that layer"
+  fi
+  if ! grep -q "$header" "$tmp/tools.log" || ! grep -qiE 'no such file|file not found' "$tmp/tools.log"; then
+    cat "$tmp/tools.log"
+    fail "the probe failed, but not because $header was not found"
+  fi
+  head -3 "$tmp/tools.log"
+done
+
+echo "== layering_check: tools include trace_tools/analysis.h, mc2/trace_file.h, mc2/tuning.h (must compile)"
+for header in trace_tools/analysis.h mc2/trace_file.h mc2/tuning.h; do
+  compile tools "$tools_includes" "$header" ||
+    { cat "$tmp/tools.log"; fail "a file of tools/ cannot include $header"; }
+done
+
+echo "== layering_check: trace tools include core/env.h (must fail)"
+if compile trace_tools "$trace_tools_includes" core/env.h; then
+  fail "a file of tools/lib/trace_tools compiled with #include \"core/env.h\": it sees internals"
+fi
+if ! grep -q 'core/env.h' "$tmp/trace_tools.log" || ! grep -qiE 'no such file|file not found' "$tmp/trace_tools.log"; then
+  cat "$tmp/trace_tools.log"
+  fail "the probe failed, but not because core/env.h was not found"
+fi
+head -3 "$tmp/trace_tools.log"
+
+echo "== layering_check: trace tools include trace_tools/timeline_svg.h (must compile)"
+compile trace_tools "$trace_tools_includes" trace_tools/timeline_svg.h ||
+  { cat "$tmp/trace_tools.log"; fail "a file of tools/lib/trace_tools cannot include trace_tools/timeline_svg.h"; }
 
 echo "layering_check: OK: a wrong include fails to build, allowed ones compile"

@@ -2,7 +2,7 @@
 // interval arithmetic, nested spans, spans of several threads overlapping,
 // gaps, spans cut by step boundaries, several ranks, thresholds, empty
 // traces, and the report's text and JSON forms.
-#include "trace/analysis.h"
+#include "trace_tools/analysis.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -19,7 +19,7 @@
 
 #include "core/env.h"
 #include "mc2/mc2.h"
-#include "trace/trace_file.h"
+#include "mc2/trace_file.h"
 #include "trace_events_check.h"
 
 namespace mc2::trace {

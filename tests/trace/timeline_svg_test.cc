@@ -2,7 +2,7 @@
 // coloured by operator with a legend, uncovered communication hatched, a
 // time axis with units, step windows, and clear errors for bad windows.
 // (tests/trace/render_check.sh renders one in headless Chromium.)
-#include "trace/timeline_svg.h"
+#include "trace_tools/timeline_svg.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

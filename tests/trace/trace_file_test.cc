@@ -2,7 +2,7 @@
 // the format (required fields, their types, ph values), the reader accepts
 // other producers' files (array form, unsorted, unknown events) and rejects
 // malformed ones, and a write/read round trip keeps every field exactly.
-#include "trace/trace_file.h"
+#include "mc2/trace_file.h"
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "mc2/error.h"
-#include "trace/trace_file.h"
+#include "mc2/trace_file.h"
 
 namespace mc2::trace {
 namespace {

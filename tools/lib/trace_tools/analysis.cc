@@ -1,4 +1,4 @@
-#include "trace/analysis.h"
+#include "trace_tools/analysis.h"
 
 #include <fmt/format.h>
 

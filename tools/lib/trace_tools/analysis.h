@@ -15,8 +15,8 @@
 // uncovered communication <= 10% of the wall time PASS, > 20% FAIL, WARN in
 // between; free time < 3% PASS, else FAIL. Spans that cross a window's edge
 // count only for the part inside it. Cost: O(S log S) for S spans.
-#ifndef MC2_TRACE_ANALYSIS_H_
-#define MC2_TRACE_ANALYSIS_H_
+#ifndef MC2_TRACE_TOOLS_ANALYSIS_H_
+#define MC2_TRACE_TOOLS_ANALYSIS_H_
 
 #include <cstdint>
 #include <map>
@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "trace/trace_file.h"
+#include "mc2/trace_file.h"
 
 namespace mc2::trace {
 
@@ -139,4 +139,4 @@ nlohmann::json ReportToJson(const Report& r);
 
 }  // namespace mc2::trace
 
-#endif  // MC2_TRACE_ANALYSIS_H_
+#endif  // MC2_TRACE_TOOLS_ANALYSIS_H_

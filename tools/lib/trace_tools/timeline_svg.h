@@ -6,14 +6,14 @@
 // markers as dashed lines, a time axis with units and a legend. Adjacent
 // spans of one name closer than a pixel are drawn as one rectangle (its
 // tooltip says how many), so the file stays small for long traces.
-#ifndef MC2_TRACE_TIMELINE_SVG_H_
-#define MC2_TRACE_TIMELINE_SVG_H_
+#ifndef MC2_TRACE_TOOLS_TIMELINE_SVG_H_
+#define MC2_TRACE_TOOLS_TIMELINE_SVG_H_
 
 #include <cstdint>
 #include <optional>
 #include <string>
 
-#include "trace/trace_file.h"
+#include "mc2/trace_file.h"
 
 namespace mc2::trace {
 
@@ -31,4 +31,4 @@ std::string RenderTimelineSvg(const TraceData& t, const PlotOptions& options = {
 
 }  // namespace mc2::trace
 
-#endif  // MC2_TRACE_TIMELINE_SVG_H_
+#endif  // MC2_TRACE_TOOLS_TIMELINE_SVG_H_

@@ -18,8 +18,12 @@
 // CLOCK_MONOTONIC with nanosecond decimals. clock_offset_ns is the rank's
 // clock minus rank 0's: Align() subtracts it, so merged traces share rank
 // 0's time base.
-#ifndef MC2_TRACE_TRACE_FILE_H_
-#define MC2_TRACE_TRACE_FILE_H_
+//
+// The library writes these files when tracing is on (<mc2/trace.h>); the
+// functions here let programs read, merge and write them. They keep no
+// state: any thread may call them. Errors are mc2::Error exceptions.
+#ifndef MC2_TRACE_FILE_H_
+#define MC2_TRACE_FILE_H_
 
 #include <cstdint>
 #include <map>
@@ -90,4 +94,4 @@ void Align(TraceData& t);
 
 }  // namespace mc2::trace
 
-#endif  // MC2_TRACE_TRACE_FILE_H_
+#endif  // MC2_TRACE_FILE_H_

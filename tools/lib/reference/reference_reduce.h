@@ -12,10 +12,11 @@
 // ReduceOp::kAvg divides in f64 for f64, in f32 for the other float types
 // (rounded once to f16/bf16), and truncates toward zero for integers.
 //
-// Header-only, so that tools (which see src/core through their include
-// root) and tests share it without a library of its own.
-#ifndef MC2_CORE_REFERENCE_REDUCE_H_
-#define MC2_CORE_REFERENCE_REDUCE_H_
+// A tools-level library (tools/lib, target mc2_reference), header-only and
+// on the public API alone: the tools and the tests share it, and the
+// library under test cannot reach it.
+#ifndef MC2_REFERENCE_REFERENCE_REDUCE_H_
+#define MC2_REFERENCE_REFERENCE_REDUCE_H_
 
 #include <algorithm>
 #include <bit>
@@ -171,4 +172,4 @@ inline void StoreReduction(DType t, ReduceOp op, int n, int64_t acc, void* dst) 
 
 }  // namespace mc2::reference
 
-#endif  // MC2_CORE_REFERENCE_REDUCE_H_
+#endif  // MC2_REFERENCE_REFERENCE_REDUCE_H_
