@@ -99,13 +99,13 @@ ctest_args=(--test-dir "$dir" --output-on-failure -j "$jobs")
 #   - the collective sweep at 5 and 8 ranks, and its large-message sweep
 #     (the multi-window staging) at 4 as well;
 #   - the per-algorithm tests at 5 and 8 ranks;
-#   - the timing tests of the trace recorder: loops of thousands of small
-#     calls that other tests already make, traced and not, timed against
-#     each other (tests/trace/overhead_test.cc carries no label at all);
+#   - the trace tests of small calls: loops of hundreds of calls that other
+#     tests already make, traced and not, whose spans are counted
+#     (tests/trace/overhead_test.cc carries no label at all);
 #   - the models' learning tests: a hundred training steps through the code
 #     one step of the other model tests runs.
 same_code='Ranks/Sweep\.[A-Za-z]+/(5|8)$|Ranks/Sweep\.LargeMessagesMatchReference/4$'
-same_code+='|Ranks/Algorithms\.[A-Za-z]+/n(5|8) |TraceRunTest\.Overhead'
+same_code+='|Ranks/Algorithms\.[A-Za-z]+/n(5|8) |TraceRunTest\.SmallAllReduces'
 same_code+='|\.LossDecreasesOnLearnableTask$'
 case "$mode" in
   # AddressSanitizer + UBSan: every test binary, since all of them run

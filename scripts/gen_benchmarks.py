@@ -65,7 +65,12 @@ def load_results(directory):
 
 def source_line(ref, r):
     host = r["host"] if isinstance(r["host"], dict) else {}
-    dirty = " (uncommitted changes)" if r.get("dirty") else ""
+    dirty = ""
+    if r.get("dirty"):
+        # Recorded with --allow-dirty: the commit alone does not name the code.
+        files = r.get("dirty_files") or []
+        dirty = (" (uncommitted changes to " + ", ".join(f"`{f}`" for f in files) + ")"
+                 if files else " (uncommitted changes)")
     note = f" {r['note']}" if r.get("note") else ""
     return (f"- [{ref}] `{r['_file']}`: {r['date']}, commit `{r['commit']}`{dirty}, "
             f"{host.get('cpu', 'unknown CPU')}, {host.get('cores', '?')} cores, "

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Runs one benchmark command and records its result under bench/results/.
 
-Usage: scripts/record_bench.py NAME [--results DIR] [--note TEXT] -- COMMAND ...
+Usage: scripts/record_bench.py NAME [--results DIR] [--note TEXT] [--allow-dirty] -- COMMAND ...
 
 COMMAND is one of
   bench/compare_mpi.sh ...        (the recorder adds --keep DIR and reads the
@@ -29,9 +29,15 @@ COMMAND is one of
 and must not carry those options itself. The command runs with the caller's
 environment; its standard output is shown and recorded.
 
+A record names the commit its figures were measured on, so the recorder
+refuses to run when tracked files have uncommitted changes (it exits 2
+naming them) unless given --allow-dirty; a record made that way carries
+dirty: true and the changed files (dirty_files), and the page says so.
+
 Writes DIR/NAME.json (DIR defaults to bench/results), replacing an earlier
 result of that name (git keeps the old one), with: name, kind, date (UTC),
-commit (and whether the tree had uncommitted changes), host (CPU model,
+commit, dirty (whether tracked files had uncommitted changes; dirty_files
+lists them when they had), host (CPU model,
 logical cores, kernel), command (the exact command line, as run), emulated
 (the link emulation in force, or null on raw shared memory), env (the MC2_*
 variables set), note, stdout, and result (the tool's JSON). Then
@@ -60,16 +66,20 @@ def die(msg):
 
 def parse_args(argv):
     if "--" not in argv:
-        die("expected NAME [--results DIR] [--note TEXT] -- COMMAND ... (see --help)")
+        die("expected NAME [--results DIR] [--note TEXT] [--allow-dirty] -- COMMAND ... "
+            "(see --help)")
     sep = argv.index("--")
     opts, command = argv[:sep], argv[sep + 1:]
     if not command:
         die("no command after --")
-    name, results, note = None, REPO / "bench" / "results", ""
+    name, results, note, allow_dirty = None, REPO / "bench" / "results", "", False
     i = 0
     while i < len(opts):
         a = opts[i]
-        if a in ("--results", "--note"):
+        if a == "--allow-dirty":
+            allow_dirty = True
+            i += 1
+        elif a in ("--results", "--note"):
             if i + 1 >= len(opts):
                 die(f"{a} needs a value")
             if a == "--results":
@@ -88,7 +98,7 @@ def parse_args(argv):
         die("missing NAME (the result file's name, e.g. all_reduce_vs_openmpi)")
     if not NAME_RE.match(name):
         die(f"NAME '{name}' must be letters, digits, '_', '.' or '-'")
-    return name, results, note, command
+    return name, results, note, allow_dirty, command
 
 
 def command_kind(command):
@@ -140,12 +150,39 @@ def option_value(command, name):
     return None
 
 
-def git(*args):
+def git(*args, strip=True):
     try:
-        return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True,
-                              text=True).stdout.strip()
+        out = subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True,
+                             text=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
+    return out.strip() if strip else out
+
+
+def changed_files():
+    """Tracked files with uncommitted changes (staged or not), or None when
+    git cannot tell (not a repository, no git)."""
+    status = git("status", "--porcelain", "--untracked-files=no", strip=False)
+    if status is None:
+        return None
+    # Porcelain v1: two status letters, a space, the path ("OLD -> NEW" for a
+    # rename).
+    return [line[3:] for line in status.splitlines() if line.strip()]
+
+
+def check_tree(allow_dirty):
+    """The tree's changed files ([] when clean); exits naming them when there
+    are any and `allow_dirty` is false, or when git cannot tell."""
+    changed = changed_files()
+    if changed is None and not allow_dirty:
+        die(f"cannot tell whether {REPO} has uncommitted changes (git status failed): a record "
+            "must name the code it measured; pass --allow-dirty to record anyway")
+    if changed and not allow_dirty:
+        shown = ", ".join(changed[:20]) + (f" and {len(changed) - 20} more" if len(changed) > 20 else "")
+        die(f"the tree has uncommitted changes ({shown}): a record must name the code it "
+            "measured; commit or stash them, or pass --allow-dirty to record anyway (the record "
+            "then says dirty: true and lists the files)")
+    return changed
 
 
 def host_info():
@@ -199,7 +236,7 @@ def main(argv):
     if argv[:1] in (["-h"], ["--help"]):
         print(__doc__)
         return 0
-    name, results, note, command = parse_args(argv)
+    name, results, note, allow_dirty, command = parse_args(argv)
     kind = command_kind(command)
     added = {"compare_mpi": ["--keep"], "bench": ["--json"], "bench_ops": ["--json"],
              "bench_batch": ["--json"],
@@ -214,6 +251,8 @@ def main(argv):
             die(f"the command carries {opt}: the recorder sets it")
     if not results.is_dir():
         die(f"results directory {results} does not exist")
+    changed = check_tree(allow_dirty)
+    commit = git("rev-parse", "--short=12", "HEAD")
 
     with tempfile.TemporaryDirectory(prefix="mc2-record.") as tmp:
         run = list(command)
@@ -241,13 +280,12 @@ def main(argv):
             except (OSError, ValueError) as e:
                 die(f"cannot read the command's JSON output: {e}; nothing recorded")
 
-    status = git("status", "--porcelain", "--untracked-files=no")
     record = {
         "name": name,
         "kind": kind,
         "date": date.isoformat().replace("+00:00", "Z"),
-        "commit": git("rev-parse", "--short=12", "HEAD"),
-        "dirty": bool(status) if status is not None else None,
+        "commit": commit,
+        "dirty": bool(changed) if changed is not None else None,
         "host": host_info(),
         "command": shlex.join(command),
         "emulated": emulated_link(kind, command, result),
@@ -256,6 +294,8 @@ def main(argv):
         "stdout": proc.stdout,
         "result": result,
     }
+    if changed:
+        record["dirty_files"] = changed
     path = results / f"{name}.json"
     replaced = path.exists()
     path.write_text(json.dumps(record, indent=1) + "\n")

@@ -47,6 +47,13 @@ struct WorldOptions {
   // pair throws kInvalidArgument.
   int trace_rank = -1;
   int trace_world_size = -1;
+  // Scratch per half of every group of this world, in bytes per rank (each
+  // group takes two halves from the heap; algorithms that stage through
+  // scratch cut their data into windows of this size): 0 = MC2_SCRATCH_BYTES
+  // (default 2 MiB). A multiple of 64, at least 4096, else kInvalidArgument.
+  // Every rank must give the same: the world's first operation fails with
+  // kMismatch otherwise.
+  size_t scratch_bytes = 0;
 };
 
 // Memory in the symmetric heap: allocated by every rank of a group with the same size, and

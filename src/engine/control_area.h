@@ -62,8 +62,12 @@ struct ControlArea {
   // Zeroes the flags and inline areas of a control area at `area` (this
   // rank's memory) for a group of `size` members; scratch needs no reset.
   static void ClearArea(char* area, int size, uint64_t slots);
-  // Scratch per half used by new groups: MC2_SCRATCH_BYTES, default 2 MiB.
+  // Scratch per half of the groups of a world whose options leave it 0:
+  // MC2_SCRATCH_BYTES, default 2 MiB.
   static size_t DefaultScratchBytes();
+  // Throws kInvalidArgument, naming `source`, unless `bytes` is a valid
+  // scratch size (a multiple of 64, at least 4096); returns it.
+  static size_t CheckScratchBytes(size_t bytes, const char* source);
 
   static uint64_t StepOff(int stream) { return kStepsOff + stream * 64; }
   static uint64_t SignalOff(int slot) { return kSignalsOff + slot * 8; }

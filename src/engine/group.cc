@@ -42,6 +42,10 @@ std::shared_ptr<World> MakeWorld(std::unique_ptr<transport::Transport> tx,
                 fmt::format("WorldOptions: trace_rank {} and trace_world_size {} must be set "
                             "together, with 0 <= trace_rank < trace_world_size",
                             options.trace_rank, options.trace_world_size));
+  const size_t scratch_bytes =
+      options.scratch_bytes != 0
+          ? GroupImpl::CheckScratchBytes(options.scratch_bytes, "WorldOptions::scratch_bytes")
+          : GroupImpl::DefaultScratchBytes();
   int trace_rank = own_identity ? tx->rank() : options.trace_rank;
   trace::OnWorldStart(trace_rank, own_identity ? tx->size() : options.trace_world_size);
   std::shared_ptr<World> world(new World, DestroyWorld);
@@ -56,6 +60,7 @@ std::shared_ptr<World> MakeWorld(std::unique_ptr<transport::Transport> tx,
                                                         tx->HeapBytes());
   world->oversubscribed = tx->size() > core::HostCpus();
   world->slots = GroupImpl::SlotsFor(world->oversubscribed);
+  world->scratch_bytes = scratch_bytes;
   world->transport = std::move(tx);
   World* raw = world.get();
   world->engine = std::make_unique<engine::ProgressEngine>([raw](const std::exception_ptr& ep) {
@@ -77,7 +82,7 @@ std::shared_ptr<World> MakeWorld(std::unique_ptr<transport::Transport> tx,
 std::shared_ptr<GroupImpl> MakeWorldGroup(std::shared_ptr<World> world) {
   int size = world->transport->size();
   int rank = world->transport->rank();
-  size_t scratch = GroupImpl::DefaultScratchBytes();
+  size_t scratch = world->scratch_bytes;
   size_t need = GroupImpl::AreaBytes(size, world->slots, scratch);
   auto off = world->heap->Allocate(need);
   if (!off)
@@ -97,9 +102,8 @@ std::shared_ptr<GroupImpl> MakeWorldGroup(std::shared_ptr<World> world) {
     Fingerprint fp;
     fp.kind = static_cast<uint16_t>(OpKind::kInit);
     fp.count = static_cast<uint64_t>(ctx.g->size());
-    // Algorithms plan their windows from these settings: every rank must
-    // use the same (MC2_SCRATCH_BYTES, MC2_DETERMINISTIC).
-    // Settings every rank must share: the collectives' paths depend on them.
+    // Settings every rank must share: the collectives' paths and windows
+    // depend on them (WorldOptions::scratch_bytes, MC2_DETERMINISTIC).
     fp.aux = (static_cast<uint64_t>(ctx.g->scratch_bytes()) << 2) |
              (ctx.g->world().strict_check ? 2 : 0) | (ctx.g->world().deterministic ? 1 : 0);
     // And the slot window (GroupImpl::SlotsFor), which places every
@@ -234,7 +238,7 @@ Group Group::Split(int color, int key) const {
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return all[a].key < all[b].key; });
   int new_size = static_cast<int>(order.size());
-  size_t scratch = GroupImpl::DefaultScratchBytes();
+  size_t scratch = g->world().scratch_bytes;
   uint64_t mine = internal::kPrivate;
   if (color >= 0) {
     if (auto off = g->world().heap->Allocate(GroupImpl::AreaBytes(new_size, g->slots(), scratch))) {

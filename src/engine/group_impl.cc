@@ -153,13 +153,14 @@ P2PEngine& World::P2P() {
 }
 
 size_t ControlArea::DefaultScratchBytes() {
-  static const size_t bytes = [] {
-    size_t b = core::EnvBytes("MC2_SCRATCH_BYTES", size_t{2} << 20);
-    MC2_CHECK_ARG(b >= 4096 && b % 64 == 0,
-                  "MC2_SCRATCH_BYTES={} is invalid: expected a multiple of 64 bytes, at least 4K",
-                  b);
-    return b;
-  }();
+  static const size_t bytes = CheckScratchBytes(
+      core::EnvBytes("MC2_SCRATCH_BYTES", size_t{2} << 20), "MC2_SCRATCH_BYTES");
+  return bytes;
+}
+
+size_t ControlArea::CheckScratchBytes(size_t bytes, const char* source) {
+  MC2_CHECK_ARG(bytes >= 4096 && bytes % 64 == 0,
+                "{}={} is invalid: expected a multiple of 64 bytes, at least 4K", source, bytes);
   return bytes;
 }
 

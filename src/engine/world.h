@@ -38,6 +38,9 @@ struct World {
   // Operation slots every group of this world cycles through (<=
   // GroupImpl::kSlots; see there). Every rank must use the same (init).
   uint64_t slots = 0;
+  // Scratch per half of every group of this world
+  // (WorldOptions::scratch_bytes). Every rank must use the same (init).
+  size_t scratch_bytes = 0;
   // Point-to-point progress, started by the first message.
   P2PEngine& P2P();
   std::once_flag p2p_once;

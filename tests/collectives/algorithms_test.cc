@@ -3,7 +3,7 @@
 // deterministic results must match bit for bit), against scalar references
 // for integer reductions, and against the inputs for data movement.
 //
-// The scratch space is made small (MC2_SCRATCH_BYTES=8192) so that every
+// The scratch space is made small (WorldOptions::scratch_bytes = 8192) so that every
 // algorithm runs its multi-round paths; buffers are private, symmetric or
 // mixed (odd ranks symmetric), in and out of place.
 #include <gtest/gtest.h>
@@ -23,12 +23,6 @@
 
 namespace mc2 {
 namespace {
-
-// Before any group exists: GroupImpl::DefaultScratchBytes() caches it.
-[[maybe_unused]] const bool kSmallScratch = [] {
-  setenv("MC2_SCRATCH_BYTES", "8192", 1);
-  return true;
-}();
 
 constexpr size_t kBig = 65536 + 5;
 
@@ -355,10 +349,12 @@ const size_t kSizes[] = {0, 1, 7, 4099};
 
 size_t MaxBytes(int n) { return (static_cast<size_t>(n) * (kBig + 32) + 64) * 8; }
 
+// An 8 KiB scratch: large messages stage in several windows.
 WorldOptions Options(bool deterministic) {
   WorldOptions o;
   o.timeout = std::chrono::seconds(60);
   o.deterministic = deterministic ? 1 : 0;
+  o.scratch_bytes = 8192;
   return o;
 }
 

@@ -21,16 +21,12 @@
 namespace mc2 {
 namespace {
 
-// Before any group exists: GroupImpl::DefaultScratchBytes() caches it.
-// Streams above 8 KiB then use the scratch, above 32 KiB its windows.
-[[maybe_unused]] const bool kSmallScratch = [] {
-  setenv("MC2_SCRATCH_BYTES", "16384", 1);
-  return true;
-}();
-
+// A 16 KiB scratch: streams above 8 KiB use the scratch, above 32 KiB its
+// windows.
 WorldOptions Quick() {
   WorldOptions o;
   o.timeout = std::chrono::seconds(20);
+  o.scratch_bytes = 16384;
   return o;
 }
 

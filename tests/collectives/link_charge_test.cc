@@ -11,7 +11,7 @@
 //   batch                        the sum of its entries'
 //
 // Accounting only: the link is fast and no time is asserted. The scratch is
-// small (MC2_SCRATCH_BYTES=8192) so that the staged multi-round paths run;
+// small (WorldOptions::scratch_bytes = 8192) so that the staged multi-round paths run;
 // buffers are private, symmetric (read in place) or mixed, and sizes take
 // the eager, inline (MC2_CHECK=1), exposed and staged paths.
 #include <gtest/gtest.h>
@@ -35,13 +35,9 @@
 namespace mc2 {
 namespace {
 
-// Before any group exists: GroupImpl::DefaultScratchBytes() caches it.
-[[maybe_unused]] const bool kSmallScratch = [] {
-  setenv("MC2_SCRATCH_BYTES", "8192", 1);
-  return true;
-}();
-
 constexpr const char* kLink = "bw=100GB/s,lat=0";
+// An 8 KiB scratch: large messages stage in several windows.
+constexpr size_t kScratchBytes = 8192;
 
 enum class Mem { kPrivate, kSymmetric, kMixed };
 const char* MemName(Mem m) {
@@ -180,6 +176,7 @@ std::vector<Case> Cases(size_t c) {
 void CheckCharges(const std::vector<size_t>& sizes) {
   WorldOptions wo;
   wo.link = kLink;
+  wo.scratch_bytes = kScratchBytes;
   for (int n : {2, 3, 4})
     for (Mem mem : {Mem::kPrivate, Mem::kSymmetric, Mem::kMixed}) {
       std::vector<std::string> wrong;
@@ -224,6 +221,7 @@ TEST(LinkCharge, InlineStagedCallsAreChargedAtArrival) {
 TEST(LinkCharge, RabenseifnerAllReduceIsChargedTwoNMinusOneOverN) {
   WorldOptions wo;
   wo.link = kLink;
+  wo.scratch_bytes = kScratchBytes;
   const size_t count = 12 * 1500;  // above the direct cut-over; every N below divides it
   for (int n : {2, 3, 4})
     for (Mem mem : {Mem::kPrivate, Mem::kSymmetric}) {

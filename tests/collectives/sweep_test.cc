@@ -5,15 +5,18 @@
 // (integration/processes_test.cc).
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-
 #include "common/collective_cases.h"
 
 namespace mc2::testing {
 namespace {
 
-// Must run before the first group caches MC2_SCRATCH_BYTES.
-const bool kSmallScratch = [] { return setenv("MC2_SCRATCH_BYTES", "16384", 1) == 0; }();
+// A 16 KiB scratch: messages above it stage in several windows.
+WorldOptions SmallScratch(size_t heap_bytes = 0) {
+  WorldOptions o;
+  o.heap_bytes = heap_bytes;
+  o.scratch_bytes = 16384;
+  return o;
+}
 
 class Sweep : public ::testing::TestWithParam<int> {};
 
@@ -40,7 +43,7 @@ TEST_P(Sweep, EveryCaseMatchesReference) {
       EXPECT_EQ(wrong, 0u) << "n=" << n << " rank " << g.rank() << ": " << Describe(c);
       if (g.rank() == 0) ++ran;
     }
-  });
+  }, SmallScratch());
   EXPECT_GT(ran, cases.size() / 4);
   RecordProperty("ran", static_cast<int>(ran));
 }
@@ -56,7 +59,7 @@ TEST_P(Sweep, LargeMessagesMatchReference) {
         if (e.code() != ErrorCode::kInvalidArgument) throw;
       }
     }
-  }, {.heap_bytes = size_t{192} << 20});
+  }, SmallScratch(size_t{192} << 20));
 }
 
 // Deterministic mode: every algorithm gives the bitwise-identical result on
@@ -83,7 +86,7 @@ TEST_P(Sweep, DeterministicAcrossAlgorithms) {
               }
               EXPECT_TRUE(out == ref) << "n=" << n << ": " << Describe(c);
             }
-        });
+        }, SmallScratch());
       }
     }
   }

@@ -54,7 +54,7 @@ std::set<std::string> ShmEntries() {
   return names;
 }
 
-// True if `pid` no longer runs. A zombie counts as gone: it runs no code and
+// True if `pid` has ended. A zombie counts as gone: it runs no code and
 // holds no memory, and whether it is reaped depends on whoever is pid 1.
 bool ProcessGone(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");

@@ -29,7 +29,7 @@ std::vector<std::string> Lines(const std::string& text);
 std::vector<std::string> LinesWithPrefix(const std::string& text, const std::string& prefix);
 // Names of the mc2-* entries in /dev/shm.
 std::set<std::string> ShmEntries();
-// True if `pid` no longer runs (a zombie counts as gone).
+// True if `pid` has ended (a zombie counts as gone).
 bool ProcessGone(pid_t pid);
 bool WaitUntilGone(const std::vector<pid_t>& pids, double seconds);
 // Every job Spawn starts carries kJobTagVariable=JobTag() (unique to this

@@ -8,7 +8,9 @@ Usage: gen_benchmarks_test.py SOURCE_DIR
 
 import importlib.util
 import json
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -135,6 +137,17 @@ BOX_LINK = record("box_link", "box_link", {
         {"figure": "all_reduce 16777216 B", "unit": "ms", "box": 1500.0, "emulated": 1400.0,
          "real_over_emulated": 1500.0 / 1400.0}]},
     emulated="bw=12.5000MB/s,lat=300.0us (one-host side)", command="bench/box_link.sh --hosts 2")
+
+
+# A stand-in for the mc2 command: `mc2 bench ... --json FILE` writes a
+# result to FILE, so that the recorder runs without a benchmark.
+FAKE_MC2 = """#!/bin/sh
+while [ $# -gt 0 ]; do
+  if [ "$1" = --json ]; then echo '{"rows": [], "fake": true}' > "$2"; fi
+  shift
+done
+echo fake bench ran
+"""
 
 
 def run_gen(*args):
@@ -289,6 +302,20 @@ class GenBenchmarksTest(unittest.TestCase):
         self.assertIn("box 2 hosts x 1 rank, real TCP at 100mbit, MTU 1500 / **emulated** "
                       "`bw=12.5000MB/s,lat=300.0us`", page)
 
+    def test_sources_say_which_records_had_uncommitted_changes(self):
+        clean = dict(COMPARE, name="clean")
+        dirty = dict(COMPARE, name="dirty", dirty=True)
+        listed = dict(COMPARE, name="listed", dirty=True, dirty_files=["src/a.cc", "b.h"])
+        self.write(clean, dirty, listed)
+        lines = {name: [l for l in self.generate().splitlines() if f"`{name}.json`" in l]
+                 for name in ("clean", "dirty", "listed")}
+        for name, found in lines.items():
+            self.assertEqual(len(found), 1, name)
+        self.assertNotIn("uncommitted", lines["clean"][0])
+        self.assertIn("commit `0123456789ab` (uncommitted changes)", lines["dirty"][0])
+        self.assertIn("commit `0123456789ab` (uncommitted changes to `src/a.cc`, `b.h`)",
+                      lines["listed"][0])
+
     def test_check_detects_drift(self):
         self.write(COMPARE)
         self.generate()
@@ -360,6 +387,79 @@ class RecordBenchTest(unittest.TestCase):
         self.assertEqual(self.rec.emulated_link("box_link", ["bench/box_link.sh"],
                                                 {"emulated_link": "bw=1MB/s,lat=5us"}),
                          "bw=1MB/s,lat=5us (one-host side)")
+
+
+
+class RecordBenchTreeTest(unittest.TestCase):
+    """The recorder on a repository of its own (a copy of the script in a
+    fresh git repository), running a stand-in for mc2."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.repo = pathlib.Path(self.tmp.name)
+        (self.repo / "scripts").mkdir()
+        shutil.copy(SOURCE / "scripts" / "record_bench.py", self.repo / "scripts")
+        (self.repo / "bench" / "results").mkdir(parents=True)
+        (self.repo / "code.cc").write_text("int x;\n")
+        (self.repo / "other.h").write_text("int z;\n")
+        self.mc2 = self.repo / "tools" / "mc2"
+        self.mc2.parent.mkdir()
+        self.mc2.write_text(FAKE_MC2)
+        self.mc2.chmod(0o755)
+        env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+                   GIT_COMMITTER_EMAIL="t@t")
+        for cmd in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "base"]):
+            subprocess.run(["git", "-C", str(self.repo), *cmd], check=True, env=env,
+                           capture_output=True)
+        self.head = subprocess.run(["git", "-C", str(self.repo), "rev-parse", "--short=12", "HEAD"],
+                                   check=True, capture_output=True, text=True).stdout.strip()
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def record(self, *opts):
+        return subprocess.run([sys.executable, str(self.repo / "scripts" / "record_bench.py"), "r",
+                               *opts, "--", str(self.mc2), "bench", "all_reduce"],
+                              capture_output=True, text=True)
+
+    def result(self):
+        return json.loads((self.repo / "bench" / "results" / "r.json").read_text())
+
+    def test_a_clean_tree_records_its_commit(self):
+        proc = self.record()
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        r = self.result()
+        self.assertEqual(r["commit"], self.head)
+        self.assertIs(r["dirty"], False)
+        self.assertNotIn("dirty_files", r)
+        self.assertEqual(r["result"], {"rows": [], "fake": True})
+
+    def test_a_dirty_tree_is_refused_naming_the_changed_files(self):
+        (self.repo / "code.cc").write_text("int y;\n")
+        proc = self.record()
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("uncommitted changes (code.cc)", proc.stderr)
+        self.assertIn("--allow-dirty", proc.stderr)
+        self.assertNotIn("fake bench ran", proc.stdout, "the command ran")
+        self.assertFalse((self.repo / "bench" / "results" / "r.json").exists())
+
+    def test_allow_dirty_records_and_marks_the_record(self):
+        (self.repo / "code.cc").write_text("int y;\n")
+        subprocess.run(["git", "-C", str(self.repo), "add", "code.cc"], check=True)  # staged
+        (self.repo / "other.h").write_text("int w;\n")  # and not
+        proc = self.record("--allow-dirty")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("fake bench ran", proc.stdout)
+        r = self.result()
+        self.assertEqual(r["commit"], self.head)
+        self.assertIs(r["dirty"], True)
+        self.assertEqual(sorted(r["dirty_files"]), ["code.cc", "other.h"])
+
+    def test_untracked_files_do_not_make_the_tree_dirty(self):
+        (self.repo / "notes.txt").write_text("scratch\n")
+        proc = self.record()
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIs(self.result()["dirty"], False)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -290,21 +292,28 @@ namespace {
 
 // may_run_inline = false keeps even a tiny call in the background: the call
 // returns at once while a peer is late, and completes when it arrives.
+// Rank 1 arrives only once rank 0's call has returned (or after a deadline
+// that only a call blocking on rank 1 can reach), so returning first is an
+// ordering of events, not a duration.
 TEST(Group, BackgroundCallsReturnBeforeTheyComplete) {
+  std::promise<void> rank0_returned;
+  std::shared_future<void> returned = rank0_returned.get_future().share();
+  std::atomic<bool> peer_arrived_first{false};
   Group::RunInProcess(2, [&](Group& g) {
     int32_t v = 1, out = 0;
-    if (g.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    auto t0 = std::chrono::steady_clock::now();
+    if (g.rank() == 1 &&
+        returned.wait_for(std::chrono::seconds(20)) != std::future_status::ready)
+      peer_arrived_first = true;
     Work w = AllReduce(g, &v, &out, 1, DType::kI32, ReduceOp::kSum,
                        {.may_run_inline = false});
-    auto returned = std::chrono::steady_clock::now() - t0;
     if (g.rank() == 0) {
-      EXPECT_LT(returned, std::chrono::milliseconds(100));
-      EXPECT_FALSE(w.Test());
+      EXPECT_FALSE(w.Test()) << "complete before rank 1 called";
+      rank0_returned.set_value();
     }
     w.Wait();
     EXPECT_EQ(out, 2);
   });
+  EXPECT_FALSE(peer_arrived_first.load()) << "rank 0's call waited for rank 1";
 }
 
 // A task may hold the last handle of its group when the caller let go of
@@ -324,13 +333,52 @@ TEST(Group, TheLastHandleMayGoOnTheWorldsProgressThread) {
         "hold", /*inline_ok=*/false, [copy = g, go](internal::OpContext&) { go.wait(); },
         /*collective=*/false);
   });
-  ASSERT_FALSE(world.expired()) << "the task no longer holds the group";
+  ASSERT_FALSE(world.expired()) << "the task does not hold the group";
   callers_gone.set_value();
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (!world.expired() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_TRUE(world.expired()) << "the world was never released";
   internal::WaitForDeferredWorlds();
+}
+
+}  // namespace
+}  // namespace mc2
+
+namespace mc2 {
+namespace {
+
+// WorldOptions::scratch_bytes sizes the scratch of the world group and of
+// every group split from it; an invalid size fails the world, naming the
+// option.
+TEST(Group, ScratchBytesOptionReachesEveryGroupOfTheWorld) {
+  std::atomic<int> wrong{0};
+  WorldOptions o;
+  o.scratch_bytes = 8192;
+  Group::RunInProcess(
+      3,
+      [&](Group& g) {
+        wrong += internal::Access::Impl(g)->scratch_bytes() != 8192;
+        Group sub = g.Split(g.rank() % 2, g.rank());
+        wrong += internal::Access::Impl(sub)->scratch_bytes() != 8192;
+        int32_t v = 1, out = 0;
+        AllReduce(sub, &v, &out, 1, DType::kI32, ReduceOp::kSum).Wait();
+        wrong += out != sub.size();
+      },
+      o);
+  EXPECT_EQ(wrong.load(), 0);
+  for (size_t bad : {size_t{4032}, size_t{8200}}) {
+    o.scratch_bytes = bad;
+    try {
+      Group::RunInProcess(2, [](Group&) {}, o);
+      ADD_FAILURE() << "scratch_bytes " << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("WorldOptions::scratch_bytes=" + std::to_string(bad)),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace

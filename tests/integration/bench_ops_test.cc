@@ -332,7 +332,7 @@ TEST(BenchOpsUsage, UnwritableOutputFailsBeforeTheRun) {
   std::filesystem::remove(kept);
 }
 
-TEST(FusedOnProcesses, RankKilledMidFusedCallFailsEveryoneWithinTheTimeout) {
+TEST(FusedOnProcesses, RankKilledMidFusedCallFailsEveryoneBeforeTheTimeout) {
   const auto shm_before = ShmEntries();
   Result r = RunMc2({"run", "-n", "3", TestProgram("fused_fault_probe"), "kill"},
                     {{"MC2_HEAP_BYTES", "64M"}, {"MC2_TIMEOUT", "20s"}}, 60);
@@ -347,14 +347,13 @@ TEST(FusedOnProcesses, RankKilledMidFusedCallFailsEveryoneWithinTheTimeout) {
   for (int rank : {0, 2}) {
     ASSERT_TRUE(lines.count(rank)) << r.out << r.err;
     EXPECT_THAT(lines[rank], HasSubstr("failed after")) << lines[rank];
-    EXPECT_TRUE(lines[rank].find("peer_died") != std::string::npos ||
-                lines[rank].find("aborted") != std::string::npos)
-        << lines[rank];
-    std::smatch m;
-    ASSERT_TRUE(std::regex_search(lines[rank], m, std::regex("after (\\d+) ms")));
     // Killed at 300 ms; the timeout is 20 s: the failure must come from the
-    // health checks, long before it.
-    EXPECT_LT(std::stod(m[1]), 5000) << lines[rank];
+    // health checks (peer_died, or aborted by the survivor that saw the death
+    // first), not from the timeout, whose expiry would be the error's code.
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(lines[rank], m, std::regex("after \\d+ ms: ([a-z_]+):")))
+        << lines[rank];
+    EXPECT_TRUE(m[1] == "peer_died" || m[1] == "aborted") << lines[rank];
   }
   EXPECT_EQ(lines.count(1), 0u) << "rank 1 was killed: " << lines[1];
   auto left = TaggedProcesses();

@@ -151,10 +151,9 @@ TEST_F(CliTest, DemoDpReportsTheGradientAllReducesAndTheirOverlap) {
   EXPECT_FALSE(fs::exists(out));
 }
 
-TEST_F(CliTest, BenchFailsFastOnAnUnwritableJsonFile) {
+TEST_F(CliTest, BenchRefusesAnUnwritableJsonFileBeforeRunning) {
   for (const std::string& path :
        {std::string("/nonexistent-mc2-dir/x.json"), dir_.string() /* a directory */}) {
-    const auto start = Clock::now();
     const Result r =
         RunMc2({"bench", "all_reduce", "-n", "2", "-b", "8", "-e", "64M", "--json", path}, {}, 60);
     EXPECT_EQ(r.status, 2) << r.err;
@@ -163,7 +162,6 @@ TEST_F(CliTest, BenchFailsFastOnAnUnwritableJsonFile) {
                 HasSubstr(path == dir_.string() ? "Is a directory" : "No such file or directory"));
     // No sweep ran: no row was printed.
     EXPECT_THAT(r.out, Not(HasSubstr("Avg bus bandwidth")));
-    EXPECT_LT(SecondsSince(start), 5.0);
   }
 }
 
@@ -219,12 +217,13 @@ TEST_F(CliTest, OtherToolsSpellingsGetMc2sName) {
   EXPECT_THAT(r.err, HasSubstr("hint: mc2 spells --seq as --seq-len"));
 }
 
-TEST_F(CliTest, BenchFailsFastOnAReadOnlyDirectory) {
+TEST_F(CliTest, BenchRefusesAReadOnlyDirectoryBeforeRunning) {
   if (geteuid() == 0) GTEST_SKIP() << "root writes into read-only directories";
   fs::permissions(dir_, fs::perms::owner_read | fs::perms::owner_exec);
   const Result r = RunMc2({"bench", "all_reduce", "--json", (dir_ / "x.json").string()});
   EXPECT_EQ(r.status, 2) << r.err;
   EXPECT_THAT(r.err, HasSubstr("Permission denied"));
+  EXPECT_THAT(r.out, Not(HasSubstr("Avg bus bandwidth"))) << "a sweep ran";
 }
 
 TEST_F(CliTest, TraceOutputsAreCheckedBeforeTheTraceIsRead) {
@@ -287,7 +286,7 @@ TEST_F(CliTest, VersionPrintsTheProjectVersion) {
 }
 
 TEST_F(CliTest, BenchRanksAndSizesUseTheCommonGrammar) {
-  // -n 0 used to run 2 ranks silently.
+  // -n 0 is refused, not run as some other count.
   Result r = RunMc2({"bench", "all_reduce", "-n", "0"});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("--nranks: Value 0 not in range 1 to 256"));

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
@@ -312,8 +313,10 @@ TEST_F(LauncherTest, PropagatesTheExitStatusOfTheFailingRank) {
   EXPECT_THAT(r.err, HasSubstr("mc2 run: rank 1 (pid " + std::to_string(pid) +
                                ") exited with status 3; terminating the "
                                "other ranks\n"));
-  // The others are SIGKILLed after the 1.5 s grace period.
-  EXPECT_LT(r.seconds, 2.5);
+  // The others end by the launcher's SIGKILL, not by their `sleep 30`: the
+  // launcher returned within RunMc2's 10 s, and no rank outlives it. (How
+  // soon is not asserted: a loaded machine may delay any step.)
+  EXPECT_TRUE(WaitUntilGone(RankPids(), 0)) << "the launcher reaps its ranks";
   EXPECT_THAT(r.err, HasSubstr("ranks 0,2: terminated by mc2 run (SIGKILL)"));
   EXPECT_THAT(r.err, HasSubstr("rank 1: exited with status 3 (first failure)"));
 }
@@ -361,7 +364,7 @@ TEST_F(LauncherTest, RecordsTheFailureInTheControlBlock) {
   EXPECT_THAT(Lines(r.out), ::testing::Contains("[0] ctl 1 2 9"));
 }
 
-TEST_F(LauncherTest, KilledRankEndsTheOthersWithinTwoSeconds) {
+TEST_F(LauncherTest, KilledRankEndsTheOthers) {
   const std::string killed_at = dir_ + "/killed_at";
   const Result r = RunMc2({"run", "-n", "4", "sh", "-c",
                            RecordPid() +
@@ -370,23 +373,18 @@ TEST_F(LauncherTest, KilledRankEndsTheOthersWithinTwoSeconds) {
                                killed_at +
                                "; kill -9 $$; "
                                "fi; exec sleep 30"});
-  const auto ended = std::chrono::system_clock::now();
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.status, 128 + SIGKILL) << r.err;
   const pid_t pid = RankPidMap()[2];
   EXPECT_THAT(r.err, HasSubstr("mc2 run: rank 2 (pid " + std::to_string(pid) +
                                ") was killed by signal 9 (Killed); "
                                "terminating the other ranks\n"));
-  // Every rank must be gone (the launcher reaps them before it exits)
-  // within 2 s of the kill.
+  // Every rank is gone when the launcher exits (it reaps them first): the
+  // others were ended by the launcher, not by their `sleep 30`, which had
+  // not run out when the launcher returned within RunMc2's 10 s.
   int64_t killed_ns = 0;
   std::ifstream(killed_at) >> killed_ns;
-  ASSERT_GT(killed_ns, 0);
-  const double since_kill =
-      (std::chrono::duration_cast<std::chrono::nanoseconds>(ended.time_since_epoch()).count() -
-       killed_ns) /
-      1e9;
-  EXPECT_LT(since_kill, 2.0);
+  ASSERT_GT(killed_ns, 0) << "rank 2 never reached its kill";
   EXPECT_EQ(RankPidMap().size(), 4u);
   EXPECT_TRUE(WaitUntilGone(RankPids(), 0));
 }
@@ -397,7 +395,9 @@ TEST_F(LauncherTest, SigkilledLauncherTakesItsRanksAlong) {
   ASSERT_EQ(kill(launch_.pid, SIGKILL), 0);
   const Result r = Wait(launch_);
   EXPECT_EQ(r.status, 128 + SIGKILL);
-  EXPECT_TRUE(WaitUntilGone(RankPids(), 2.0)) << "ranks survived the launcher";
+  // A polling deadline for the kernel's death signal to land, not a speed
+  // check: the ranks' `sleep 30` would outlast it.
+  EXPECT_TRUE(WaitUntilGone(RankPids(), 20.0)) << "ranks survived the launcher";
 }
 
 TEST_F(LauncherTest, SigtermEndsAllRanksEvenThoseIgnoringIt) {
@@ -409,7 +409,9 @@ TEST_F(LauncherTest, SigtermEndsAllRanksEvenThoseIgnoringIt) {
   ASSERT_EQ(kill(launch_.pid, SIGTERM), 0);
   const Result r = Wait(launch_);
   EXPECT_EQ(r.status, 143) << r.err;
-  EXPECT_LT(SecondsSince(signalled), 2.0);
+  // A lower bound the launcher guarantees: rank 1 ignores SIGTERM, so it
+  // ends only by the SIGKILL sent once the 1.5 s grace period is over.
+  EXPECT_GE(SecondsSince(signalled), 1.5);
   EXPECT_TRUE(WaitUntilGone(RankPids(), 0)) << "the launcher reaps its ranks";
   EXPECT_THAT(r.err, HasSubstr("mc2 run: received SIGTERM; terminating the "
                                "ranks\n"));
@@ -423,7 +425,8 @@ TEST_F(LauncherTest, SigintExitsWith130) {
   ASSERT_EQ(kill(launch_.pid, SIGINT), 0);
   const Result r = Wait(launch_);
   EXPECT_EQ(r.status, 130) << r.err;
-  EXPECT_LT(r.seconds, 5.0);
+  // Ended by the launcher's signal, not by their `sleep 30`: every rank is
+  // gone when the launcher exits.
   EXPECT_TRUE(WaitUntilGone(RankPids(), 0));
 }
 
@@ -434,16 +437,18 @@ TEST_F(LauncherTest, KillsWhatAFailedRankLeftInItsProcessGroup) {
       {"run", "-n", "1", "sh", "-c", "sleep 30 & echo \"0 $!\" >> " + pid_file_ + "; exit 7"});
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.status, 7);
-  EXPECT_LT(r.seconds, 1.5);
-  EXPECT_TRUE(WaitUntilGone(RankPids(), 2.0));
+  // Not waiting for it is an ordering of events: the launcher returned
+  // within RunMc2's 10 s (not timed out), before the `sleep 30` could end.
+  // The wait below is a polling deadline for the kill to land, not a speed
+  // check.
+  EXPECT_TRUE(WaitUntilGone(RankPids(), 20.0));
 }
 
-TEST_F(LauncherTest, HugeHeapFailsFastNamingTheDirectory) {
+TEST_F(LauncherTest, HugeHeapFailsBeforeAnyRankStartsNamingTheDirectory) {
   const Result r = RunMc2({"run", "-n", "2", "sh", "-c", "touch " + dir_ + "/ran"},
                           {{"MC2_HEAP_BYTES", "100G"}});
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.status, 1);
-  EXPECT_LT(r.seconds, 2.0);
   EXPECT_THAT(r.err, AllOf(HasSubstr("[shm_exhausted]"), HasSubstr("/dev/shm"),
                            HasSubstr("2 ranks x 107374182400 bytes"), HasSubstr("free"),
                            HasSubstr("MC2_HEAP_BYTES"), HasSubstr("--heap")));
@@ -642,21 +647,23 @@ TEST_F(JobSegmentsTest, ConcurrentRecordersAgreeOnOneWinner) {
 TEST_F(JobSegmentsTest, RecordingWakesFutexWaiters) {
   shm::JobSegments s = shm::CreateJobSegments(1, 4096, dir_);
   shm::JobControl* ctl = s.control;
-  double waited = -1;
+  // Woken, not timed out: no wait of the waiter may end by its timeout (a
+  // wait that starts after the record returns EAGAIN, the value changed).
+  int timeouts = 0;
   std::thread waiter([&] {
-    const auto start = Clock::now();
-    const struct timespec timeout = {5, 0};
-    while (ctl->aborted.load(std::memory_order_acquire) == 0 && SecondsSince(start) < 5) {
+    const struct timespec timeout = {30, 0};
+    while (ctl->aborted.load(std::memory_order_acquire) == 0) {
       // Shared (non-private) futex, as ranks in other processes would use.
-      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&ctl->aborted), FUTEX_WAIT, 0, &timeout,
-              nullptr, 0);
+      if (syscall(SYS_futex, reinterpret_cast<uint32_t*>(&ctl->aborted), FUTEX_WAIT, 0, &timeout,
+                  nullptr, 0) != 0 &&
+          errno == ETIMEDOUT)
+        ++timeouts;
     }
-    waited = SecondsSince(start);
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   shm::RecordFailure(ctl, 0, shm::FailureKind::kAbort, 0, "boom");
   waiter.join();
-  EXPECT_LT(waited, 1.0);
+  EXPECT_EQ(timeouts, 0) << "the record did not wake the futex waiter";
   shm::CloseJobSegments(s);
 }
 
@@ -665,9 +672,9 @@ TEST_F(JobSegmentsTest, ALostClaimIsPublishedEvenIfItsWinnerDied) {
   shm::JobControl* ctl = s.control;
   // As if a rank had claimed the record and been killed before publishing.
   ctl->failure_kind.store(static_cast<int>(shm::FailureKind::kAbort));
-  const auto start = Clock::now();
+  // RecordFailure returns (a wait for the dead winner would hang here) and
+  // publishes the abort itself.
   EXPECT_FALSE(shm::RecordFailure(ctl, -1, shm::FailureKind::kLauncher, 2, ""));
-  EXPECT_LT(SecondsSince(start), 1.0);
   EXPECT_EQ(ctl->aborted.load(), 1u) << "waiters must not hang";
   shm::CloseJobSegments(s);
 }

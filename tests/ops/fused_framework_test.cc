@@ -315,18 +315,18 @@ TEST(FusedFramework, RowCountsThatOverflowTogetherAreInvalidArguments) {
 
 // ------------------------------------------------------------ tags
 
-// A user message sent with the tag the MoE and batch operators used to
-// send with is in flight while those operators run: the operators do not
-// take it, and the user's Recv gets it intact afterwards.
+// A user message is in flight while the MoE and batch operators run, with
+// tags that spell "MC2" and a letter as an operator's own might: the
+// operators do not take it, and the user's Recv gets it intact afterwards.
 TEST(FusedFramework, OperatorMessagesNeverTakeAUsersMessage) {
-  constexpr int kOldTags[] = {0x4d43324d, 0x4d43324e, 0x4d433242};
+  constexpr int kMc2LikeTags[] = {0x4d43324d, 0x4d43324e, 0x4d433242};
   Group::RunInProcess(2, [&](Group& g) {
     const int me = g.rank(), peer = 1 - me;
     std::vector<Work> sends;
     std::vector<std::vector<int>> payload;
-    for (int tag : kOldTags) payload.push_back({tag, me, 7, 11, 13});
+    for (int tag : kMc2LikeTags) payload.push_back({tag, me, 7, 11, 13});
     for (size_t i = 0; i < payload.size(); ++i) {
-      sends.push_back(g.Send(payload[i].data(), payload[i].size() * 4, peer, kOldTags[i]));
+      sends.push_back(g.Send(payload[i].data(), payload[i].size() * 4, peer, kMc2LikeTags[i]));
     }
     // MoE: every token of each rank goes to an expert of the other rank.
     const size_t T = 6, d = 5, h = 3;
@@ -402,8 +402,8 @@ TEST(FusedFramework, OperatorMessagesNeverTakeAUsersMessage) {
     // The user's messages arrive intact, each at its own Recv.
     for (size_t i = 0; i < payload.size(); ++i) {
       std::vector<int> in(payload[i].size(), -1);
-      g.Recv(in.data(), in.size() * 4, peer, kOldTags[i]).Wait();
-      EXPECT_EQ(in, (std::vector<int>{kOldTags[i], peer, 7, 11, 13}));
+      g.Recv(in.data(), in.size() * 4, peer, kMc2LikeTags[i]).Wait();
+      EXPECT_EQ(in, (std::vector<int>{kMc2LikeTags[i], peer, 7, 11, 13}));
     }
     for (Work& s : sends) s.Wait();
   });

@@ -311,16 +311,15 @@ TEST(MoeOps, UnderEmulatedLinkBitwise) {
 // that has not arrived (dispatch), or once every chunk is multiplied and
 // sent, before waiting for them (combine), so the peer, which needs this
 // rank's rows still on the link, cannot have returned from the call yet.
-// (Before the fix, MatmulAllToAll ran it only after every transfer had
-// completed, so the MoE backward's expert wgrads hid under nothing.) Serial
-// runs it after the call's communication: its result is then complete.
+// (Run only after every transfer completed, the MoE backward's expert
+// wgrads would hide under nothing.) Serial runs it after the call's
+// communication: its result is then complete.
 TEST(MoeOps, OverlapWorkRunsOnceUnderTheTransfers) {
   WorldOptions wo;
   // Slow enough (a block of 32 KB takes 640 ms) that a rank descheduled
   // for a while under ThreadSanitizer on a busy host still starts its
-  // overlap work before the peer's call can end (at 1 MB/s, 32 ms, it once
-  // did not; at 200 KB/s, 160 ms, it failed once more in a fresh-clone
-  // TSan stage with both cores running tests).
+  // overlap work before the peer's call can end (a block of 32 or 160 ms
+  // is not: a descheduled rank can miss it with both cores running tests).
   wo.link = "bw=50KB/s,lat=20us";
   std::atomic<int> wrong_count{0}, not_bitwise{0}, serial_incomplete{0}, not_overlapped{0};
   std::atomic<int> finished[2] = {0, 0};  // calls each rank has returned from

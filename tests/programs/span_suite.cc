@@ -50,8 +50,8 @@ uint64_t Hash(const void* p, size_t n) {
 // shows in its last bits.
 float FloatInput(int rank, int kase, size_t i) {
   double x = std::sin(0.37 * static_cast<double>(i) + 1.7 * rank + 0.11 * kase);
-  // (The exponent in int: in size_t it wrapped, and half the inputs were
-  // infinite.)
+  // (The exponent in int: in size_t it would wrap, and half the inputs
+  // would be infinite.)
   return static_cast<float>(x * std::pow(10.0, static_cast<int>((rank * 3 + i) % 7) - 3));
 }
 int32_t IntInput(int rank, int kase, size_t i) {

@@ -238,14 +238,14 @@ TEST_F(RecorderTest, ValidateEnvironmentChecksMC2_TRACE) {
   ::unsetenv("MC2_TRACE");
 }
 
-// A span when tracing is off: one relaxed load and a branch, never on.
-// The cost is printed (a benchmark figure, not asserted: speed is not a
-// unit test's business, and sanitizers multiply it).
-TEST_F(RecorderTest, DisabledSpanCostsNearlyNothing) {
+// A span when tracing is off is never on and records nothing, neither a
+// library span nor a user scope. (What it costs is measured by
+// bench/trace_overhead.sh: speed is not a unit test's business.)
+TEST_F(RecorderTest, DisabledSpansRecordNothing) {
   Disable();
-  constexpr int kIters = 20'000'000;
+  const size_t before = Snapshot().size();
+  constexpr int kIters = 1'000'000;
   int on = 0;
-  auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < kIters; ++i) {
     ScopedSpan s(Category::kComm);
     if (s.on()) {
@@ -254,12 +254,8 @@ TEST_F(RecorderTest, DisabledSpanCostsNearlyNothing) {
     }
     Scope u("x");
   }
-  double ns =
-      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
-      kIters;
-  std::printf("[ overhead ] disabled library span + user scope: %.2f ns per iteration\n", ns);
-  RecordProperty("disabled_span_ns", std::to_string(ns));
   EXPECT_EQ(on, 0);
+  EXPECT_EQ(Snapshot().size(), before);
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // Regression tests for inputs the trace-file fuzz target (fuzz/
-// trace_file_fuzz.cc) showed to break trace::ParseChromeTrace, the reader
-// behind `mc2 trace report|merge|plot`. Each must now fail with
-// mc2::Error(kInvalidArgument) naming the file and what is wrong, instead
-// of an uncaught JSON type_error (std::terminate) or signed overflow.
+// trace_file_fuzz.cc) found to break trace::ParseChromeTrace, the reader
+// behind `mc2 trace report|merge|plot`. Each must fail with
+// mc2::Error(kInvalidArgument) naming the file and what is wrong, never
+// with an uncaught JSON type_error (std::terminate) or signed overflow.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -62,8 +62,9 @@ TEST(TraceFuzzRegressionTest, HugeTimesAreInvalidNotAnOverflow) {
 
 TEST(TraceFuzzRegressionTest, StepMarkerAtAnAbsurdTimeIsInvalid) {
   // Found by trace_file_fuzz (fuzz/corpus/trace_file_fuzz/regression-svg-
-  // overflow, reduced): a step marker at ts = 1.1e66 us became INT64_MIN
-  // through llround, and the SVG timeline overflowed subtracting it.
+  // overflow, reduced): a step marker at ts = 1.1e66 us is out of range for
+  // llround (it would give INT64_MIN, and the SVG timeline would overflow
+  // subtracting it).
   const Error e = ParseError(
       R"({"traceEvents": [{"ph": "X", "name": "gemm", "cat": "compute", "pid": 0, "tid": 1,
           "ts": 1000.0, "dur": 50.5},
@@ -89,8 +90,8 @@ TEST(TraceFuzzRegressionTest, LargeButSaneValuesStillParse) {
 }
 
 TEST(TraceFuzzRegressionTest, HugeOrNegativeByteCountsSaturate) {
-  // Found by trace_file_fuzz (make test-fuzz, 2026-12-01): "bytes": 4e96
-  // was converted from double to uint64 (UBSan: outside the range of
+  // Found by trace_file_fuzz (make test-fuzz): converting "bytes": 4e96
+  // from double to uint64 is undefined (UBSan: outside the range of
   // representable values). Byte and flop counts are informational: out of
   // range they saturate, negative or NaN-like ones read as 0.
   const TraceData t = ParseChromeTrace(

@@ -176,8 +176,8 @@ TEST_F(LinkTransport, PayloadBecomesVisibleAfterItsTransferTime) {
   EXPECT_TRUE(early == 0 || Clock::now() - t0 >= 1ms) << "visible before its transfer time";
   const double ms = Ms(WaitFor(0, 1) - t0);
   std::printf("1 MB at 1 GB/s became visible after %.3f ms (model: 1 ms)\n", ms);
+  // A lower bound the model guarantees; a loaded machine only makes it later.
   EXPECT_GE(ms, 1.0);
-  EXPECT_LT(ms, 1.0 + 200);  // generous: a loaded machine only makes it later
   // Without a payload: immediate.
   txs_[0]->Publish(Off(1), 7, 0);
   EXPECT_EQ(txs_[1]->Peek(0, Off(1)), 7u);
@@ -192,7 +192,6 @@ TEST_F(LinkTransport, BackToBackPayloadsSerializeOnThePort) {
   std::printf("4 x 1 MB at 1 GB/s, lat 100 us: visible at %.3f %.3f %.3f %.3f ms\n", at[0], at[1],
               at[2], at[3]);
   for (int i = 0; i < 4; ++i) EXPECT_GE(at[i], (i + 1) * 1.0 + 0.1) << i;
-  EXPECT_LT(at[3], 4.1 + 200);
   EXPECT_EQ(txs_[0]->link()->bytes_posted(), 4000000u);
 }
 
@@ -288,10 +287,12 @@ TEST_F(LinkTransport, WaitingBurnsNoCpu) {
 
 TEST_F(LinkTransport, DestructionDeliversWhatIsPending) {
   Make("bw=1MB/s");
-  txs_[0]->Publish(Off(0), 42, 10000000);  // 10 s
   const auto t0 = Clock::now();
+  txs_[0]->Publish(Off(0), 42, 10000000);  // 10 s
   txs_[0].reset();
-  EXPECT_LT(Ms(Clock::now() - t0), 1000.0);
+  // Delivered, not waited for: the transfer the model says ends 10 s after
+  // the publish had not ended when the destructor returned.
+  EXPECT_LT(Ms(Clock::now() - t0), 10000.0);
   EXPECT_EQ(txs_[1]->Peek(0, Off(0)), 42u);
 }
 
@@ -302,11 +303,12 @@ TEST_F(LinkTransport, DrainWaitsForTheModelButNotInAFailedWorld) {
   txs_[0]->Drain();
   EXPECT_GE(Ms(Clock::now() - t0), 2.0);
   EXPECT_EQ(txs_[1]->Peek(0, Off(0)), 1u);
+  t0 = Clock::now();
   txs_[0]->Publish(Off(0), 2, 10000000000);  // 10 s
   txs_[0]->Abort(Error(ErrorCode::kInternal, "test"));
-  t0 = Clock::now();
   txs_[0]->Drain();
-  EXPECT_LT(Ms(Clock::now() - t0), 1000.0);
+  // Not waited for: Drain returned before the modeled 10 s transfer ended.
+  EXPECT_LT(Ms(Clock::now() - t0), 10000.0);
   EXPECT_EQ(txs_[1]->Peek(0, Off(0)), 2u);
 }
 
@@ -452,8 +454,9 @@ TEST(LinkCollectives, AllReduceTakesTheModeledTime) {
   // At least the 4 MiB the reduce-scatter phase stages for the peer plus the
   // 4 MiB chunk the all-gather phase hands it: 8 MiB, 8.39 ms at 1 GB/s.
   EXPECT_GT(modeled, 8.0);
+  // A lower bound the link model guarantees (an upper one would be broken
+  // by any load on the machine).
   EXPECT_GE(ms, 0.95 * modeled);
-  EXPECT_LT(ms, 2.0 * modeled + raw_ms + 100.0);
 }
 
 }  // namespace
