@@ -7,7 +7,7 @@
 #include "demo_job.h"
 #include "mc2/trace.h"
 #include "output_paths.h"
-#include "trace/timeline_svg.h"
+#include "trace_tools/timeline_svg.h"
 
 namespace mc2::tools {
 

@@ -15,8 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "trace/analysis.h"
-#include "trace/trace_file.h"
+#include "trace_tools/analysis.h"
+#include "mc2/trace_file.h"
 
 namespace mc2::tools {
 
