@@ -33,21 +33,31 @@ struct SymmetricAllocation {
   ~SymmetricAllocation() { world->heap->Free(offsets[rank]); }
 };
 
-std::shared_ptr<World> MakeWorld(std::unique_ptr<transport::Transport> tx,
-                                 const WorldOptions& options) {
-  // MC2_TRACE, the thread's rank and name for spans (see trace/recorder.h).
-  bool own_identity = options.trace_rank < 0 && options.trace_world_size < 0;
-  if (!own_identity && !(options.trace_rank >= 0 && options.trace_rank < options.trace_world_size))
+namespace {
+
+// The rank and world size the world's spans are recorded under
+// (WorldOptions::trace_rank): the options' pair, else the transport's own.
+std::pair<int, int> TraceIdentity(const WorldOptions& options, const transport::Transport& tx) {
+  if (options.trace_rank < 0 && options.trace_world_size < 0) return {tx.rank(), tx.size()};
+  if (!(options.trace_rank >= 0 && options.trace_rank < options.trace_world_size))
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("WorldOptions: trace_rank {} and trace_world_size {} must be set "
                             "together, with 0 <= trace_rank < trace_world_size",
                             options.trace_rank, options.trace_world_size));
+  return {options.trace_rank, options.trace_world_size};
+}
+
+}  // namespace
+
+std::shared_ptr<World> MakeWorld(std::unique_ptr<transport::Transport> tx,
+                                 const WorldOptions& options) {
+  const auto [trace_rank, trace_world_size] = TraceIdentity(options, *tx);
   const size_t scratch_bytes =
       options.scratch_bytes != 0
           ? GroupImpl::CheckScratchBytes(options.scratch_bytes, "WorldOptions::scratch_bytes")
           : GroupImpl::DefaultScratchBytes();
-  int trace_rank = own_identity ? tx->rank() : options.trace_rank;
-  trace::OnWorldStart(trace_rank, own_identity ? tx->size() : options.trace_world_size);
+  // MC2_TRACE, the thread's rank and name for spans (see trace/recorder.h).
+  trace::OnWorldStart(trace_rank, trace_world_size);
   std::shared_ptr<World> world(new World, DestroyWorld);
   world->trace_rank = trace_rank;
   world->timeout = options.timeout.count() > 0
