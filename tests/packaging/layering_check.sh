@@ -132,84 +132,68 @@ compile() {
     > "$tmp/$layer.log" 2>&1
 }
 
+# must_fail LAYER INCLUDES HEADER WHERE WHY: the probe of LAYER including
+# HEADER fails to compile, and because HEADER is not found.
+must_fail() {
+  local layer=$1 includes=$2 header=$3 where=$4 why=$5
+  if compile "$layer" "$includes" "$header"; then
+    fail "a file of $where compiled with #include \"$header\": $why"
+  fi
+  if ! grep -q "$header" "$tmp/$layer.log" || ! grep -qiE 'no such file|file not found' "$tmp/$layer.log"; then
+    cat "$tmp/$layer.log"
+    fail "the probe failed, but not because $header was not found"
+  fi
+  head -3 "$tmp/$layer.log"
+}
+
+# must_compile LAYER INCLUDES HEADER WHERE: the probe of LAYER including
+# HEADER compiles.
+must_compile() {
+  local layer=$1 includes=$2 header=$3 where=$4
+  compile "$layer" "$includes" "$header" ||
+    { cat "$tmp/$layer.log"; fail "a file of $where cannot include $header"; }
+}
+
 echo "== layering_check: core includes engine/group_impl.h (must fail)"
-if compile core "$core_includes" engine/group_impl.h; then
-  fail "a file of src/core compiled with #include \"engine/group_impl.h\": layering is not enforced"
-fi
-if ! grep -q 'engine/group_impl.h' "$tmp/core.log" || ! grep -qiE 'no such file|file not found' "$tmp/core.log"; then
-  cat "$tmp/core.log"
-  fail "the probe failed, but not because engine/group_impl.h was not found"
-fi
-head -3 "$tmp/core.log"
+must_fail core "$core_includes" engine/group_impl.h "src/core" \
+  "layering is not enforced"
 
 echo "== layering_check: engine includes core/env.h (must compile)"
-compile engine "$engine_includes" core/env.h ||
-  { cat "$tmp/engine.log"; fail "a file of src/engine cannot include core/env.h"; }
+must_compile engine "$engine_includes" core/env.h "src/engine"
 
 echo "== layering_check: engine includes engine/group_impl.h (must compile)"
-compile engine "$engine_includes" engine/group_impl.h ||
-  { cat "$tmp/engine.log"; fail "a file of src/engine cannot include engine/group_impl.h"; }
+must_compile engine "$engine_includes" engine/group_impl.h "src/engine"
 
 echo "== layering_check: ops includes transport/transport.h (must fail)"
-if compile ops "$ops_includes" transport/transport.h; then
-  fail "a file of src/ops compiled with #include \"transport/transport.h\": the operators see a transport"
-fi
-if ! grep -q 'transport/transport.h' "$tmp/ops.log" || ! grep -qiE 'no such file|file not found' "$tmp/ops.log"; then
-  cat "$tmp/ops.log"
-  fail "the probe failed, but not because transport/transport.h was not found"
-fi
-head -3 "$tmp/ops.log"
+must_fail ops "$ops_includes" transport/transport.h "src/ops" \
+  "the operators see a transport"
 
 echo "== layering_check: ops includes engine/channel.h (must compile)"
-compile ops "$ops_includes" engine/channel.h ||
-  { cat "$tmp/ops.log"; fail "a file of src/ops cannot include engine/channel.h"; }
+must_compile ops "$ops_includes" engine/channel.h "src/ops"
 
 echo "== layering_check: models includes ops/gemm.h (must fail)"
-if compile models "$models_includes" ops/gemm.h; then
-  fail "a file of src/models compiled with #include \"ops/gemm.h\": the models see internals"
-fi
-if ! grep -q 'ops/gemm.h' "$tmp/models.log" || ! grep -qiE 'no such file|file not found' "$tmp/models.log"; then
-  cat "$tmp/models.log"
-  fail "the probe failed, but not because ops/gemm.h was not found"
-fi
-head -3 "$tmp/models.log"
+must_fail models "$models_includes" ops/gemm.h "src/models" \
+  "the models see internals"
 
 echo "== layering_check: models includes models/kernels.h and mc2/ops.h (must compile)"
-compile models "$models_includes" models/kernels.h ||
-  { cat "$tmp/models.log"; fail "a file of src/models cannot include models/kernels.h"; }
-compile models "$models_includes" mc2/ops.h ||
-  { cat "$tmp/models.log"; fail "a file of src/models cannot include mc2/ops.h"; }
+must_compile models "$models_includes" models/kernels.h "src/models"
+must_compile models "$models_includes" mc2/ops.h "src/models"
 
 for header in trace/recorder.h collectives/selector.h; do
   echo "== layering_check: tools include $header (must fail)"
-  if compile tools "$tools_includes" "$header"; then
-    fail "a file of tools/ compiled with #include \"$header\": the tools see that layer"
-  fi
-  if ! grep -q "$header" "$tmp/tools.log" || ! grep -qiE 'no such file|file not found' "$tmp/tools.log"; then
-    cat "$tmp/tools.log"
-    fail "the probe failed, but not because $header was not found"
-  fi
-  head -3 "$tmp/tools.log"
+  must_fail tools "$tools_includes" "$header" "tools/" "the tools see that layer"
 done
 
 echo "== layering_check: tools include trace_tools/analysis.h, mc2/trace_file.h, mc2/tuning.h (must compile)"
 for header in trace_tools/analysis.h mc2/trace_file.h mc2/tuning.h; do
-  compile tools "$tools_includes" "$header" ||
-    { cat "$tmp/tools.log"; fail "a file of tools/ cannot include $header"; }
+  must_compile tools "$tools_includes" "$header" "tools/"
 done
 
 echo "== layering_check: trace tools include core/env.h (must fail)"
-if compile trace_tools "$trace_tools_includes" core/env.h; then
-  fail "a file of tools/lib/trace_tools compiled with #include \"core/env.h\": it sees internals"
-fi
-if ! grep -q 'core/env.h' "$tmp/trace_tools.log" || ! grep -qiE 'no such file|file not found' "$tmp/trace_tools.log"; then
-  cat "$tmp/trace_tools.log"
-  fail "the probe failed, but not because core/env.h was not found"
-fi
-head -3 "$tmp/trace_tools.log"
+must_fail trace_tools "$trace_tools_includes" core/env.h "tools/lib/trace_tools" \
+  "it sees internals"
 
 echo "== layering_check: trace tools include trace_tools/timeline_svg.h (must compile)"
-compile trace_tools "$trace_tools_includes" trace_tools/timeline_svg.h ||
-  { cat "$tmp/trace_tools.log"; fail "a file of tools/lib/trace_tools cannot include trace_tools/timeline_svg.h"; }
+must_compile trace_tools "$trace_tools_includes" trace_tools/timeline_svg.h "tools/lib/trace_tools"
 
 echo "layering_check: OK: a wrong include fails to build, allowed ones compile"
