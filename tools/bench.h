@@ -94,10 +94,10 @@ int RunTuneRank(const std::string& result_path);
 // writes the tuning table to `output` ("" = the default path).
 int RunTune(const std::string& self_exe, const std::vector<int>& nranks,
             const std::string& output);
-// --tune inside an mpirun job across hosts (bench_tune_span.cc): measures
+// --tune inside an mpirun job across hosts (bench_tune_net.cc): measures
 // the node level and the level across hosts; rank 0 writes the table to
 // `output` ("" = the default path). Exit status identical on every rank.
-int RunTuneSpan(const std::string& output);
+int RunTuneNet(const std::string& output);
 // Heap per rank that a --tune job needs.
 size_t TuneHeapBytes();
 

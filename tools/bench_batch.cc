@@ -14,7 +14,7 @@
 // the separate call's output bit for bit (#wrong). Private buffers, as a
 // framework's gradients usually are. Inside a job (mc2 run, mpirun or
 // `mc2 run --hosts`: then across hosts, where the batch is fused into few
-// span collectives) it runs on the job's ranks; outside one the command
+// net collectives) it runs on the job's ranks; outside one the command
 // launches itself on N local ranks (default 2). Rank 0 prints and writes
 // the JSON.
 #include <fmt/format.h>

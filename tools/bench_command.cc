@@ -139,7 +139,7 @@ void RunCallback(const BenchArgs& a) {
     if (Group::LaunchedByMpi()) {  // an mpirun job, across hosts: both levels
       if (a.nranks) Usage("-n goes with --tune outside a job (inside one: the job's ranks)");
       if (!a.output.empty()) CheckOutput(a.output, "--output");
-      const int status = bench::RunTuneSpan(a.output);
+      const int status = bench::RunTuneNet(a.output);
       if (status != 0) throw CLI::RuntimeError(status);
       return;
     }

@@ -1,5 +1,5 @@
 // The pieces of `mc2 bench --tune` (bench_tune.cc) that the tuning across
-// hosts (bench_tune_span.cc) shares: measuring a group's algorithms,
+// hosts (bench_tune_net.cc) shares: measuring a group's algorithms,
 // turning the timings into table entries, reading and writing the table.
 #ifndef MC2_TOOLS_BENCH_TUNE_H_
 #define MC2_TOOLS_BENCH_TUNE_H_

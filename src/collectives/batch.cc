@@ -212,7 +212,7 @@ Work Batch(const Group& g, std::span<const BatchEntry> entries, const Collective
                 AlgorithmName(opts.algorithm));
   BatchPlan plan = MakePlan(g, entries);
   GroupImpl* gi = internal::Access::Impl(g);
-  if (gi->span) return SpanBatch(g, std::move(plan), opts);
+  if (gi->net_group) return NetBatch(g, std::move(plan), opts);
   internal::Fingerprint fp;
   fp.kind = static_cast<uint16_t>(OpKind::kBatch);
   fp.count = plan.items.size();

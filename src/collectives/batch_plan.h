@@ -52,10 +52,10 @@ inline constexpr size_t kBatchAlign = 64;
 void RunBatchExchange(internal::OpContext& ctx, const BatchPlan& plan,
                       const internal::Fingerprint& fp);
 
-// The batch on a group that spans hosts (span_batch.cc): checks that every
+// The batch on a group that spans hosts (net_batch.cc): checks that every
 // rank passed the same entries, then runs them fused into as few span
 // collectives as their kinds, dtypes and ops allow, as one operation.
-Work SpanBatch(const Group& g, BatchPlan&& plan, const CollectiveOptions& opts);
+Work NetBatch(const Group& g, BatchPlan&& plan, const CollectiveOptions& opts);
 
 }  // namespace mc2::collectives
 

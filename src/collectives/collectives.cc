@@ -9,8 +9,8 @@
 #include <optional>
 
 #include "collectives/algorithm.h"
+#include "collectives/net_algorithms.h"
 #include "collectives/selector.h"
-#include "collectives/span_algorithms.h"
 #include "core/checked.h"
 #include "core/enforce.h"
 #include "core/log.h"
@@ -191,10 +191,9 @@ void RunBody(OpContext& ctx, const CollArgs& a, const Plan& p) {
 // (only a queued one moves them into its task).
 Work Launch(const Group& g, CollArgs&& a, const CollectiveOptions& opts, size_t select_bytes) {
   GroupImpl* gi = internal::Access::Impl(g);
-  // A group that spans hosts has algorithms of its own (span_algorithms.h).
-  if (gi->span)
-    return LaunchSpan(g, std::move(a), opts,
-                      opts.may_run_inline && select_bytes <= kInlineMaxBytes);
+  // A group that spans hosts has algorithms of its own (net_algorithms.h).
+  if (gi->net_group)
+    return LaunchNet(g, std::move(a), opts, opts.may_run_inline && select_bytes <= kInlineMaxBytes);
   const int n = gi->size();
   a.esize = DTypeSize(a.dtype);
   a.deterministic = gi->world().deterministic;
@@ -217,9 +216,9 @@ Work Launch(const Group& g, CollArgs&& a, const CollectiveOptions& opts, size_t 
   // in-place all-to-allv).
   const bool a2a_stages_in_place = a.in_place && !eager && a.kind == OpKind::kAllToAll;
   if (a.in_place && !eager && a.kind == OpKind::kAllToAllV) {
-    size_t span = 0;
-    for (int r = 0; r < n; ++r) span = std::max(span, a.send_displs[r] + a.send_counts[r]);
-    a.owned_send = gi->CopyOfInput(a.send, span * a.esize);
+    size_t extent = 0;
+    for (int r = 0; r < n; ++r) extent = std::max(extent, a.send_displs[r] + a.send_counts[r]);
+    a.owned_send = gi->CopyOfInput(a.send, extent * a.esize);
     a.send = a.owned_send->data();
   }
   internal::Fingerprint fp = MakeFingerprint(a.kind, a.dtype, a.op, a.root, a.count, algo);
@@ -295,7 +294,8 @@ std::optional<Work> TryEagerAllReduce(const Group& g, const void* send, void* re
                                       DType dtype, ReduceOp op, const CollectiveOptions& opts,
                                       size_t bytes) {
   GroupImpl* gi = internal::Access::Impl(g);
-  if (gi->span || bytes > GroupImpl::kInlineBytes || !opts.may_run_inline || gi->strict_check())
+  if (gi->net_group || bytes > GroupImpl::kInlineBytes || !opts.may_run_inline ||
+      gi->strict_check())
     return std::nullopt;
   const int n = gi->size();
   const Algorithm algo = SelectAlgorithm(OpKind::kAllReduce, opts.algorithm, n, bytes);
@@ -407,13 +407,14 @@ Work GatherLike(const Group& g, OpKind kind, const char* name, const void* send,
   bool receives = root < 0 || g.rank() == root;
   // Counts and displacements agree across ranks (the fingerprint checks
   // them), so every rank checks the whole output extent and all fail alike.
-  size_t span = 0;
+  size_t extent = 0;
   for (int r = 0; r < n; ++r)
-    span =
-        std::max(span, core::CheckedAdd(displs[r], counts[r], "{}: displs[{}] {} + counts[{}] {}",
-                                        name, r, displs[r], r, counts[r]));
+    extent =
+        std::max(extent, core::CheckedAdd(displs[r], counts[r], "{}: displs[{}] {} + counts[{}] {}",
+                                          name, r, displs[r], r, counts[r]));
   // Every block lies within the extent, so no block's byte size overflows.
-  const size_t span_bytes = core::CheckedBytes(name, "the output extent (elements)", span, dtype);
+  const size_t extent_bytes =
+      core::CheckedBytes(name, "the output extent (elements)", extent, dtype);
   for (int r = 0; r < n && receives; ++r)
     for (int q = r + 1; q < n; ++q)
       MC2_CHECK_ARG(!collectives::Overlap(reinterpret_cast<void*>(displs[r] * e + 1), counts[r] * e,
@@ -423,8 +424,8 @@ Work GatherLike(const Group& g, OpKind kind, const char* name, const void* send,
   char* recvc = static_cast<char*>(recv);
   bool in_place = receives && collectives::IsAt(send, recv, displs[g.rank()] * e);
   if (!in_place) CheckPtr(name, "send", send, mine);
-  if (receives) CheckPtr(name, "recv", recv, span_bytes);
-  MC2_CHECK_ARG(in_place || !receives || !collectives::Overlap(send, mine, recv, span_bytes),
+  if (receives) CheckPtr(name, "recv", recv, extent_bytes);
+  MC2_CHECK_ARG(in_place || !receives || !collectives::Overlap(send, mine, recv, extent_bytes),
                 "{}: send overlaps recv without being this rank's block of it (in place)", name);
   CollArgs a;
   a.kind = kind;
@@ -437,7 +438,7 @@ Work GatherLike(const Group& g, OpKind kind, const char* name, const void* send,
   a.counts = std::move(counts);
   a.displs = std::move(displs);
   a.send_bytes = mine;
-  a.recv_bytes = receives ? span_bytes : 0;
+  a.recv_bytes = receives ? extent_bytes : 0;
   size_t maxb = *std::max_element(a.counts.begin(), a.counts.end()) * e;
   return Launch(g, std::move(a), opts, maxb);
 }

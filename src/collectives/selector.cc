@@ -249,17 +249,17 @@ OpKind BaseKind(OpKind kind) {
   }
 }
 
-bool IsSpanChoice(Algorithm a) { return a == Algorithm::kDirect || a == Algorithm::kHierarchical; }
+bool IsNetChoice(Algorithm a) { return a == Algorithm::kDirect || a == Algorithm::kHierarchical; }
 
 }  // namespace
 
-std::string SpanTableKind(OpKind kind, int per_host) {
+std::string NetTableKind(OpKind kind, int per_host) {
   return fmt::format("{}@{}", internal::OpKindName(BaseKind(kind)), per_host);
 }
 
-Algorithm SelectSpanAlgorithm(OpKind kind, Algorithm requested, int hosts, int per_host,
-                              size_t bytes, bool use_table) {
-  if (IsSpanChoice(requested)) return requested;
+Algorithm SelectNetAlgorithm(OpKind kind, Algorithm requested, int hosts, int per_host,
+                             size_t bytes, bool use_table) {
+  if (IsNetChoice(requested)) return requested;
   if (auto& env = AlgoEnv(); !env.empty()) {
     // MC2_ALGO keys: the collective's name or its V form's ("all_to_all"
     // is stored as "all_to_allv"), else the blanket entry.
@@ -271,13 +271,13 @@ Algorithm SelectSpanAlgorithm(OpKind kind, Algorithm requested, int hosts, int p
     for (const char* key : {internal::OpKindName(kind), internal::OpKindName(base),
                             internal::OpKindName(v), ""})
       if (auto it = env.find(key); it != env.end()) {
-        if (IsSpanChoice(it->second)) return it->second;
+        if (IsNetChoice(it->second)) return it->second;
         break;
       }
   }
   if (use_table && !Table().rules.empty()) {
-    Algorithm a = Table().Lookup(SpanTableKind(kind, per_host), hosts, bytes);
-    if (IsSpanChoice(a)) return a;
+    Algorithm a = Table().Lookup(NetTableKind(kind, per_host), hosts, bytes);
+    if (IsNetChoice(a)) return a;
   }
   return Algorithm::kAuto;
 }

@@ -33,15 +33,15 @@ bool Implements(Algorithm algo, OpKind kind);
 // Chooses the algorithm for a call. `bytes` is the per-rank payload.
 Algorithm SelectAlgorithm(OpKind kind, Algorithm requested, int ranks, size_t bytes);
 
-// Groups that span hosts (collectives/span_dispatch.cc): kHierarchical or
+// Groups that span hosts (collectives/net_dispatch.cc): kHierarchical or
 // kDirect (flat) when the call's options, MC2_ALGO or (if `use_table`) the
 // tuning table choose one, else kAuto (the caller's default). Any other
 // requested algorithm counts as kAuto. The table's entries across hosts are
-// keyed SpanTableKind(kind, ranks per host), with the number of hosts as
+// keyed NetTableKind(kind, ranks per host), with the number of hosts as
 // their rank count.
-Algorithm SelectSpanAlgorithm(OpKind kind, Algorithm requested, int hosts, int per_host,
-                              size_t bytes, bool use_table);
-std::string SpanTableKind(OpKind kind, int per_host);
+Algorithm SelectNetAlgorithm(OpKind kind, Algorithm requested, int hosts, int per_host,
+                             size_t bytes, bool use_table);
+std::string NetTableKind(OpKind kind, int per_host);
 
 }  // namespace mc2::collectives
 

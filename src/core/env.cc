@@ -184,7 +184,8 @@ void ValidateEnvironment() {
       "MC2_RANK", "MC2_WORLD_SIZE", "MC2_LOCAL_RANK", "MC2_LOCAL_SIZE", "MC2_JOB_ID", "MC2_SHM_FDS",
       "MC2_HEAP_BYTES", "MC2_SHM_DIR", "MC2_TIMEOUT", "MC2_ALGO", "MC2_DETERMINISTIC", "MC2_CHECK",
       "MC2_SCRATCH_BYTES", "MC2_SPIN_US", "MC2_LOG_LEVEL", "MC2_TUNING_FILE", "MC2_OPS_TUNING_FILE",
-      "MC2_KERNELS", "MC2_TRACE", "MC2_LINK", "MC2_GEMM_THREADS", "MC2_GEMM_TILED", "MC2_BIND",
+      "MC2_KERNELS", "MC2_TRACE", "MC2_TRACE_CLOCK_SKEW_NS", "MC2_LINK", "MC2_GEMM_THREADS",
+      "MC2_GEMM_TILED", "MC2_BIND",
       // Jobs across hosts (docs/multi-host.md).
       "MC2_HOSTNAME", "MC2_MPI_PIECE_BYTES",
       // Set by `mc2 bench` for its ranks (a person watches its stderr).

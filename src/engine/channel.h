@@ -7,10 +7,13 @@
 // news from a peer (with a description of what is missing when it does not
 // come), and two-sided messages in a tag space the user cannot reach.
 //
-// Backends. Over shared memory (a group within one host) the window is a
-// symmetric allocation read in place; over MPI (a group that spans hosts,
-// engine/span_channel.h) the bytes travel with the notification into a
-// mirror of the producer's window. The operators see no difference.
+// Backends (ChannelBackend below). Over shared memory (a group within one
+// host, engine/shm_channel.h) the window is a symmetric allocation read in
+// place; over the net transport (a net group, engine/net_channel.h) the
+// bytes travel with the notification into a mirror of the producer's
+// window. The operators see no difference. Channel itself keeps what every
+// backend shares: the call's information, the per-call counts (consumed_),
+// the trace spans of transfers and waits, and the measured host link.
 //
 // Ownership. Every group owns at most one channel (created on first use by
 // Channel::Of, released with the group). The channel owns its window: a
@@ -82,7 +85,6 @@
 namespace mc2::internal {
 
 class GroupImpl;
-class SpanChannel;  // engine/span_channel.h
 
 // Tags of the engine's internal two-sided messages. User tags are ints >= 0
 // (Group::Send/Recv reject negative ones); internal tags lie above every
@@ -102,6 +104,38 @@ struct LinkInfo {
   bool emulated() const { return bytes_per_second > 0; }
 };
 
+// What a call tells the channel once: the operator's name (errors), the
+// label of its transfer spans (must outlive the process's trace files) and
+// its timeout (zero: the group's).
+struct ChannelCall {
+  const char* op = "";
+  const char* trace_label = "";
+  std::chrono::nanoseconds timeout{0};
+};
+
+// What a channel needs from the way its group's ranks reach each other.
+// Counts are absolute (over the life of the group); Channel turns the
+// per-call counts of its contract into them. Thread safety as Channel's.
+class ChannelBackend {
+ public:
+  virtual ~ChannelBackend() = default;
+  // Makes the window at least `window_bytes` (see Channel::Begin).
+  // `call.timeout` is set.
+  virtual void Begin(size_t window_bytes, const ChannelCall& call) = 0;
+  virtual char* Window() const = 0;
+  virtual const char* View(int src, size_t offset, size_t bytes) const = 0;
+  // Returns when the transfer ends as modeled (steady clock, ns) where the
+  // backend knows it (link emulation), else 0.
+  virtual int64_t Notify(int dst, int phase, size_t offset, size_t bytes) const = 0;
+  virtual bool Landed(int src, int phase, uint64_t total) const = 0;
+  virtual void Wait(int src, int phase, uint64_t total, const ChannelCall& call,
+                    const std::function<std::string()>& describe_missing) const = 0;
+  virtual Work Async(std::function<void()> body) const = 0;
+  virtual Work SendRecv(bool send, char* data, size_t bytes, int peer, InternalTag tag) const = 0;
+  virtual LinkInfo link() const = 0;
+  virtual void Abort(const Error& error) const = 0;
+};
+
 class Channel {
  public:
   // Phases: independent sets of counters, for pipelines whose consumers
@@ -109,14 +143,7 @@ class Channel {
   // all-gather).
   static constexpr int kPhases = 2;
 
-  // What a call tells the channel once: the operator's name (errors), the
-  // label of its transfer spans (must outlive the process's trace files)
-  // and its timeout (zero: the group's).
-  struct CallInfo {
-    const char* op = "";
-    const char* trace_label = "";
-    std::chrono::nanoseconds timeout{0};
-  };
+  using CallInfo = ChannelCall;
 
   // The channel of `g` (valid), created empty on first use. Not collective.
   static Channel& Of(const Group& g);
@@ -177,14 +204,9 @@ class Channel {
   void Abort(const Error& error) const;
 
  private:
-  uint64_t CounterOff(int owner, int phase, int src) const;
-  void Grow(size_t bytes);
-
-  GroupImpl* const g_;                 // owns this channel
-  std::unique_ptr<SpanChannel> span_;  // a group that spans hosts: the MPI backend
+  GroupImpl* const g_;  // owns this channel
+  std::unique_ptr<ChannelBackend> backend_;
   CallInfo call_;
-  SymmetricBuffer counters_, window_;
-  std::vector<uint64_t> counter_off_, window_off_;  // every member's heap offsets
   std::array<std::vector<uint64_t>, kPhases> consumed_;
   mutable std::mutex host_link_mu_;
   std::optional<LinkInfo> host_link_;  // guarded by host_link_mu_

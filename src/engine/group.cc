@@ -18,7 +18,7 @@
 #include "core/placement.h"
 #include "engine/access.h"
 #include "engine/group_impl.h"
-#include "engine/span.h"
+#include "engine/net.h"
 #include "trace/recorder.h"
 
 namespace mc2 {
@@ -149,8 +149,8 @@ Group Group::FromEnv(const WorldOptions& options) {
   // own (core/placement.h).
   const core::Placement& place = core::PlaceThisProcess();
   // Started by mpirun or srun rather than `mc2 run`: the job's world over
-  // MPI between hosts and shared memory within each (engine/span.h).
-  if (!transport::LaunchedByMc2() && internal::LaunchedByMpi())
+  // MPI between hosts and shared memory within each (engine/net.h).
+  if (!transport::LaunchedByMc2() && transport::LaunchedByMpi())
     return internal::MakeNetWorldGroup(-1, options);
   auto tx = transport::CreateTransportFromEnv(options.link);
   auto world = internal::MakeWorld(std::move(tx), options);
@@ -166,7 +166,7 @@ Group FromMPIHandle(int64_t comm_f, const WorldOptions& options) {
 }
 }  // namespace internal
 
-bool Group::LaunchedByMpi() { return !transport::LaunchedByMc2() && internal::LaunchedByMpi(); }
+bool Group::LaunchedByMpi() { return !transport::LaunchedByMc2() && transport::LaunchedByMpi(); }
 
 bool Group::LaunchedByMc2() { return transport::LaunchedByMc2(); }
 
@@ -229,7 +229,7 @@ bool Group::deterministic() const { return impl_->world().deterministic; }
 
 Group Group::Split(int color, int key) const {
   MC2_CHECK_ARG(impl_, "Split on an invalid (empty) group");
-  if (impl_->span) return internal::SpanSplit(*impl_, color, key);
+  if (impl_->net_group) return internal::NetSplit(*impl_, color, key);
   GroupImpl* g = impl_.get();
   int n = g->size();
   struct Entry {
@@ -305,7 +305,8 @@ SymmetricBuffer Group::AllocSymmetric(size_t bytes) const {
   core::CheckBufferBytes("AllocSymmetric", "a request", bytes);
   // Across hosts the buffer is symmetric within each host: collectives use
   // it in place inside the node; Put, Get and signals are not offered.
-  if (impl_->span) return internal::Access::MakeGroup(impl_->span->node).AllocSymmetric(bytes);
+  if (impl_->net_group)
+    return internal::Access::MakeGroup(impl_->net_group->node).AllocSymmetric(bytes);
   GroupImpl* g = impl_.get();
   auto off = g->world().heap->Allocate(bytes);
   uint64_t mine = off ? *off : internal::kPrivate;
@@ -346,7 +347,7 @@ SymmetricBuffer Group::AllocSymmetric(size_t bytes) const {
 }
 
 bool Group::IsSymmetric(const void* ptr, size_t bytes) const {
-  if (impl_->span) return impl_->span->node->HeapOffset(ptr, bytes) != internal::kPrivate;
+  if (impl_->net_group) return impl_->net_group->node->HeapOffset(ptr, bytes) != internal::kPrivate;
   return impl_->HeapOffset(ptr, bytes) != internal::kPrivate;
 }
 
@@ -354,7 +355,7 @@ namespace {
 char* PeerAddress(const Group& g, const SymmetricBuffer& b,
                   const std::shared_ptr<internal::SymmetricAllocation>& a, int peer,
                   size_t offset, size_t bytes, const char* what) {
-  MC2_CHECK_ARG(!internal::Access::Impl(g)->span,
+  MC2_CHECK_ARG(!internal::Access::Impl(g)->net_group,
                 "{}: one-sided access is not available on a group that spans hosts (its "
                 "members on other hosts share no memory with this rank); use Send/Recv or a "
                 "collective",
@@ -390,8 +391,8 @@ void Group::Get(const SymmetricBuffer& buffer, int peer, size_t offset, void* ds
 }
 
 namespace {
-void CheckNotSpan(const GroupImpl* g, const char* what) {
-  MC2_CHECK_ARG(!g->span,
+void CheckNotNet(const GroupImpl* g, const char* what) {
+  MC2_CHECK_ARG(!g->net_group,
                 "{}: signals are not available on a group that spans hosts (its members on other "
                 "hosts share no memory with this rank); use Send/Recv or a collective",
                 what);
@@ -399,7 +400,7 @@ void CheckNotSpan(const GroupImpl* g, const char* what) {
 }  // namespace
 
 void Group::SignalAdd(int peer, int slot, uint64_t value) const {
-  CheckNotSpan(impl_.get(), "SignalAdd");
+  CheckNotNet(impl_.get(), "SignalAdd");
   MC2_CHECK_ARG(peer >= 0 && peer < size(), "SignalAdd: peer {} out of range [0, {})", peer,
                 size());
   MC2_CHECK_ARG(slot >= 0 && slot < kNumSignals, "SignalAdd: slot {} out of range [0, {})", slot,
@@ -409,7 +410,7 @@ void Group::SignalAdd(int peer, int slot, uint64_t value) const {
 }
 
 void Group::WaitSignal(int slot, uint64_t value) const {
-  CheckNotSpan(impl_.get(), "WaitSignal");
+  CheckNotNet(impl_.get(), "WaitSignal");
   MC2_CHECK_ARG(slot >= 0 && slot < kNumSignals, "WaitSignal: slot {} out of range [0, {})",
                 slot, kNumSignals);
   transport::WaitContext wc;
@@ -424,7 +425,7 @@ void Group::WaitSignal(int slot, uint64_t value) const {
 }
 
 uint64_t Group::ReadSignal(int slot) const {
-  CheckNotSpan(impl_.get(), "ReadSignal");
+  CheckNotNet(impl_.get(), "ReadSignal");
   MC2_CHECK_ARG(slot >= 0 && slot < kNumSignals, "ReadSignal: slot {} out of range [0, {})",
                 slot, kNumSignals);
   return impl_->tx().Peek(world_rank(), impl_->Abs(rank(), GroupImpl::SignalOff(slot)));
@@ -440,9 +441,9 @@ Work Group::Send(const void* data, size_t bytes, int peer, int tag) const {
                 "Send: peer {} must be another rank in [0, {})", peer, size());
   MC2_CHECK_ARG(data || bytes == 0, "Send: null buffer with {} bytes", bytes);
   core::CheckBufferRange("Send", "data", data, bytes);
-  if (impl_->span)
-    return internal::SpanSendRecv(*impl_, true, static_cast<char*>(const_cast<void*>(data)), bytes,
-                                  peer, tag);
+  if (impl_->net_group)
+    return internal::NetSendRecv(*impl_, true, static_cast<char*>(const_cast<void*>(data)), bytes,
+                                 peer, tag);
   return impl_->world().P2P().Post(impl_, true, static_cast<char*>(const_cast<void*>(data)),
                                    bytes, peer, tag);
 }
@@ -454,8 +455,8 @@ Work Group::Recv(void* data, size_t bytes, int peer, int tag) const {
                 "Recv: peer {} must be another rank in [0, {})", peer, size());
   MC2_CHECK_ARG(data || bytes == 0, "Recv: null buffer with {} bytes", bytes);
   core::CheckBufferRange("Recv", "data", data, bytes);
-  if (impl_->span)
-    return internal::SpanSendRecv(*impl_, false, static_cast<char*>(data), bytes, peer, tag);
+  if (impl_->net_group)
+    return internal::NetSendRecv(*impl_, false, static_cast<char*>(data), bytes, peer, tag);
   return impl_->world().P2P().Post(impl_, false, static_cast<char*>(data), bytes, peer, tag);
 }
 

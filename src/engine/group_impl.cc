@@ -1,5 +1,4 @@
 #include "engine/group_impl.h"
-#include "engine/span.h"
 
 #include <fmt/format.h>
 
@@ -15,6 +14,7 @@
 #include "core/env.h"
 #include "core/log.h"
 #include "engine/channel.h"
+#include "engine/net.h"
 #include "mc2/collectives.h"
 #include "trace/recorder.h"
 
@@ -226,14 +226,23 @@ GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int
 }
 
 GroupImpl::GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int rank,
-                     std::shared_ptr<SpanGroup> span_group)
-    : world_(std::move(world)), members_(std::move(members)), rank_(rank),
-      size_(static_cast<int>(members_.size())), heap_bytes_(0), scratch_bytes_(0),
-      inline_off_(0), scratch_off_(0), hint_polls_(0), arrive_slot_stage_bytes_(0),
-      slots_(world_->slots), slot_mask_(world_->slots - 1), span(std::move(span_group)) {}
+                     std::shared_ptr<NetGroup> net_group)
+    : world_(std::move(world)),
+      members_(std::move(members)),
+      rank_(rank),
+      size_(static_cast<int>(members_.size())),
+      heap_bytes_(0),
+      scratch_bytes_(0),
+      inline_off_(0),
+      scratch_off_(0),
+      hint_polls_(0),
+      arrive_slot_stage_bytes_(0),
+      slots_(world_->slots),
+      slot_mask_(world_->slots - 1),
+      net_group(std::move(net_group)) {}
 
 GroupImpl::~GroupImpl() {
-  if (span) return;  // no control area, no channel buffers of its own
+  if (net_group) return;  // no control area, no channel buffers of its own
   // Channel buffers and the control area are returned to the heap. Peers
   // may not use them any more: a group is destroyed only when its last
   // handle goes, after its last operation completed on this rank; any peer

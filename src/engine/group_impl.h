@@ -35,7 +35,7 @@ using transport::Clock;
 
 class GroupImpl;
 class Channel;     // engine/channel.h
-struct SpanGroup;  // engine/span.h
+struct NetGroup;   // engine/net.h
 
 // Per-operation context handed to algorithm bodies.
 struct OpContext {
@@ -57,11 +57,11 @@ class GroupImpl : public ControlArea, public std::enable_shared_from_this<GroupI
   // `area_offsets[i]`: heap offset of member i's control area.
   GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int rank,
             std::vector<uint64_t> area_offsets, size_t scratch_bytes);
-  // A group whose members span hosts (engine/span.h): members are global
+  // A group whose members span hosts (engine/net.h): members are global
   // ranks, `world` is this rank's node world; it has no control area, and
   // every entry point routes it through `span`.
   GroupImpl(std::shared_ptr<World> world, std::vector<int> members, int rank,
-            std::shared_ptr<SpanGroup> span);
+            std::shared_ptr<NetGroup> net_group);
   ~GroupImpl();
 
   World& world() const { return *world_; }
@@ -313,7 +313,7 @@ class GroupImpl : public ControlArea, public std::enable_shared_from_this<GroupI
 
  public:
   // Set for a group whose members span hosts (see the constructor above).
-  const std::shared_ptr<SpanGroup> span;
+  const std::shared_ptr<NetGroup> net_group;
   // The group's channel for the fused operators (engine/channel.h),
   // created on first use. Touched only by the thread issuing the group's
   // operations. Declared last so that it is released first, while the

@@ -20,7 +20,7 @@
 
 namespace mc2::internal {
 
-struct NetWorld;  // engine/span.h
+struct NetWorld;  // engine/net.h
 class GroupImpl;
 
 struct World {
@@ -47,7 +47,7 @@ struct World {
   std::unique_ptr<P2PEngine> p2p;
   // Last so that it is destroyed first: its thread may still use the rest.
   std::unique_ptr<engine::ProgressEngine> engine;
-  // The net world (engine/span.h) of a rank whose job spans hosts; its
+  // The net world (engine/net.h) of a rank whose job spans hosts; its
   // engine runs tasks that use this world's groups, so it goes first.
   std::shared_ptr<NetWorld> net;
   ~World();

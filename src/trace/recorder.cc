@@ -24,11 +24,17 @@ namespace mc2::trace {
 
 namespace internal {
 std::atomic<bool> g_enabled{false};
+// MC2_TRACE_CLOCK_SKEW_NS, read at the first world's start: added to this
+// process's trace clock, so that a test on one machine can give its ranks
+// clocks as far apart as separate machines' and check that the traces are
+// aligned all the same.
+std::atomic<int64_t> g_clock_skew_ns{0};
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+             .count() +
+         g_clock_skew_ns.load(std::memory_order_relaxed);
 }
 }  // namespace internal
 
@@ -70,7 +76,7 @@ thread_local ThreadBuffer* t_buf = nullptr;
 thread_local const char* t_name = nullptr;
 thread_local int t_rank = -1;
 std::atomic<int> g_process_rank{0};
-// OnSpanWorldStart: spans of rank g_remap_from are rank g_remap_to's
+// OnNetWorldStart: spans of rank g_remap_from are rank g_remap_to's
 // (g_remap_from < 0: none).
 std::atomic<int> g_remap_from{-1};
 std::atomic<int> g_remap_to{-1};
@@ -307,6 +313,9 @@ int ThreadRank() { return t_rank >= 0 ? t_rank : g_process_rank.load(std::memory
 void OnWorldStart(int rank, int size) {
   static std::once_flag env_once;
   std::call_once(env_once, [] {
+    internal::g_clock_skew_ns.store(
+        core::EnvInt("MC2_TRACE_CLOCK_SKEW_NS", 0, -kMaxClockSkewNs, kMaxClockSkewNs),
+        std::memory_order_relaxed);
     if (auto dir = core::GetEnv("MC2_TRACE")) Enable(*dir);
   });
   SetThreadRank(rank);
@@ -315,14 +324,14 @@ void OnWorldStart(int rank, int size) {
   Registry& r = Reg();
   std::lock_guard<std::mutex> lock(r.mu);
   // Every rank of a world on one host reads the same CLOCK_MONOTONIC, so the
-  // offset to rank 0 is exactly zero; a multi-host engine measures it and
+  // offset to rank 0 is exactly zero; a world across hosts measures it and
   // calls SetClockOffset. It is stored in every file, and merge applies it.
   RankMeta& m = r.ranks[rank];
   m.world_size = size;
   m.clock_offset_ns = 0;
 }
 
-void OnSpanWorldStart(int node_rank, int global_rank, int global_size) {
+void OnNetWorldStart(int node_rank, int global_rank, int global_size) {
   Registry& r = Reg();
   std::lock_guard<std::mutex> lock(r.mu);
   g_remap_to.store(global_rank, std::memory_order_relaxed);

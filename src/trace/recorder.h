@@ -125,10 +125,12 @@ void OnWorldEnd(int rank);
 // then on this process's spans of `node_rank` are recorded as
 // `global_rank`'s (of `global_size`), and its file is rank-<global_rank>,
 // so that the ranks of different hosts do not write the same file.
-void OnSpanWorldStart(int node_rank, int global_rank, int global_size);
+void OnNetWorldStart(int node_rank, int global_rank, int global_size);
 // Records the clock offset of `rank` (its clock minus rank 0's), for
 // engines whose ranks do not share a clock; merge subtracts it.
 void SetClockOffset(int rank, int64_t offset_ns);
+// The bound of MC2_TRACE_CLOCK_SKEW_NS (a day).
+inline constexpr long kMaxClockSkewNs = 86'400'000'000'000L;
 
 // Writes the file of one rank (see Flush()).
 void FlushRank(int rank);

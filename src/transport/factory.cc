@@ -1,13 +1,15 @@
 // The one place that names concrete transports.
+#include <time.h>
+
 #include "core/enforce.h"
 #include "core/env.h"
 #include "core/link_config.h"
 #include "transport/link_emulation.h"
+#include "transport/mpi/mpi_transport.h"
+#include "transport/net_transport.h"
 #include "transport/shm/rendezvous.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/transport.h"
-
-#include <time.h>
 
 namespace mc2::transport {
 namespace {
@@ -28,6 +30,15 @@ Clock::time_point CoarseNow() {
 }
 
 bool LaunchedByMc2() { return core::GetEnv("MC2_SHM_FDS").has_value(); }
+
+bool LaunchedByMpi() {
+  return core::GetEnv("OMPI_COMM_WORLD_SIZE") || core::GetEnv("PMIX_RANK") ||
+         core::GetEnv("PMI_RANK");
+}
+
+std::shared_ptr<NetTransport> StartNetTransport(const NetTransportOptions& options) {
+  return mpi::MpiTransport::Start(options.mpi_comm_f);
+}
 
 std::unique_ptr<Transport> CreateTransportFromEnv(std::string_view link) {
   core::LinkConfig config = LinkConfigFor(link);  // invalid text fails before any set-up

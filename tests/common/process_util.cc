@@ -78,6 +78,11 @@ bool WaitUntilGone(const std::vector<pid_t>& pids, double seconds) {
 
 
 Launch Spawn(const std::vector<std::string>& args, EnvOverrides env) {
+  return SpawnProgram(kMc2, args, std::move(env));
+}
+
+Launch SpawnProgram(const std::string& program, const std::vector<std::string>& args,
+                    EnvOverrides env) {
   // Cheap jobs by default, and no MC2_* from the caller's environment.
   EnvOverrides all = {{"MC2_HEAP_BYTES", std::to_string(kTestHeapBytes)},
                       {"MC2_SHM_DIR", std::nullopt},
@@ -94,7 +99,7 @@ Launch Spawn(const std::vector<std::string>& args, EnvOverrides env) {
   for (auto& [key, value] : all) {
     if (value) env_strings.push_back(key + "=" + *value);
   }
-  std::vector<std::string> argv_strings = {kMc2};
+  std::vector<std::string> argv_strings = {program};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv, envp;
   for (auto& s : argv_strings) argv.push_back(s.data());

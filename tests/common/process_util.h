@@ -62,6 +62,9 @@ using EnvOverrides = std::map<std::string, std::optional<std::string>>;
 // Starts `mc2 ARGS...` with MC2_HEAP_BYTES=kTestHeapBytes, no MC2_* variable
 // from the caller's environment, and `env` applied on top.
 Launch Spawn(const std::vector<std::string>& args, EnvOverrides env = {});
+// The same for another program (an absolute path), e.g. mpirun.
+Launch SpawnProgram(const std::string& program, const std::vector<std::string>& args,
+                    EnvOverrides env = {});
 // Collects the output and the exit status; kills the launcher if it is still
 // running after `timeout` seconds (then timed_out is set).
 Result Wait(Launch& launch, double timeout = 10);

@@ -2,7 +2,7 @@
 // all-reduce, run as one job: on one host (`mc2 run -n N`: one level, no
 // choice) or across hosts (mpirun on the cluster in a box).
 //
-//   test_prog_span_grad hosts|one-host   (what the job's ranks span)
+//   test_prog_net_grad hosts|one-host   (what the job's ranks span)
 //
 // Three GradSyncs with the same parameters and gradients (bucket_algorithm
 // kAuto, kHierarchical, kFlat) and the reference, one all-reduce per
@@ -12,7 +12,7 @@
 // levels, kAuto measured both algorithms (agreed: the same numbers on every
 // rank) and kHierarchical / kFlat ran what they name; on one host no bucket
 // spans levels. Rank 0 prints a line per kAuto bucket; every rank prints
-// "rank R: span_grad ok" or the first failure and exits 1.
+// "rank R: net_grad ok" or the first failure and exits 1.
 #include <fmt/format.h>
 #include <mc2/mc2.h>
 
@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
       }
     }
     mc2::Barrier(g).Wait();
-    if (!g_failures) std::printf("rank %d: span_grad ok\n", r);
+    if (!g_failures) std::printf("rank %d: net_grad ok\n", r);
     return g_failures ? 1 : 0;
   } catch (const mc2::Error& e) {
     std::printf("error: %s\n", e.what());

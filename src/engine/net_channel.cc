@@ -1,5 +1,5 @@
-// The channel of a group that spans hosts: see span_channel.h.
-#include "engine/span_channel.h"
+// The channel of a group that spans hosts: see net_channel.h.
+#include "engine/net_channel.h"
 
 #include <fmt/format.h>
 #include <sched.h>
@@ -15,14 +15,14 @@
 
 #include "core/enforce.h"
 #include "engine/group_impl.h"
-#include "engine/span.h"
+#include "engine/net.h"
 #include "engine/world.h"
 #include "transport/transport.h"
 
 namespace mc2::internal {
 
-using transport::mpi::Completion;
-using transport::mpi::MpiEngine;
+using transport::Completion;
+using transport::NetTransport;
 using SteadyClock = std::chrono::steady_clock;
 
 namespace {
@@ -60,16 +60,16 @@ struct Buffer {
 
 }  // namespace
 
-struct SpanChannel::State {
-  MpiEngine* mpi;  // the callbacks run on its thread, which it outlives
-  transport::mpi::CommId comm;
+struct NetChannel::State {
+  NetTransport* tx;  // the callbacks run on its thread, which it outlives
+  transport::CommId comm;
   int n, me, phases;
   Buffer window;
-  std::vector<Buffer> mirror;                      // per source; MPI thread writes
+  std::vector<Buffer> mirror;                      // per source; transport's thread writes
   std::vector<Header> header_in;                   // per source
   std::unique_ptr<std::atomic<uint64_t>[]> count;  // [phase * n + src]
   // Per source, the phases of the notifications whose bytes are still on
-  // their way, in order, and whether each landed (MPI thread only).
+  // their way, in order, and whether each landed (transport's thread only).
   struct InFlight {
     int phase;
     bool landed;
@@ -113,19 +113,19 @@ struct SpanChannel::State {
       // The callback holds the state (the receive writes into it); the
       // cycle through `standing` ends when the receive completes or the
       // destructor takes `standing`.
-      st->standing[src] = st->mpi->IrecvStanding(st->comm, src, kHeaderTag, &st->header_in[src],
-                                                 sizeof(Header), [st, src](std::exception_ptr ep) {
-                                                   // Cancelled (closing, engine stopping) or
-                                                   // failed: the engine has recorded any failure,
-                                                   // which every waiter checks.
-                                                   if (!ep) OnHeader(st, src);
-                                                 });
+      st->standing[src] = st->tx->IrecvStanding(st->comm, src, kHeaderTag, &st->header_in[src],
+                                                sizeof(Header), [st, src](std::exception_ptr ep) {
+                                                  // Cancelled (closing, engine stopping) or
+                                                  // failed: the engine has recorded any failure,
+                                                  // which every waiter checks.
+                                                  if (!ep) OnHeader(st, src);
+                                                });
     } catch (const Error&) {
-      // The engine stopped (process exit): nothing more will arrive.
+      // The transport stopped (process exit): nothing more will arrive.
     }
   }
 
-  // MPI thread: a header from `src` landed.
+  // transport's thread: a header from `src` landed.
   static void OnHeader(const std::shared_ptr<State>& st, int src) {
     const Header h = st->header_in[src];
     State& s = *st;
@@ -133,19 +133,19 @@ struct SpanChannel::State {
     const bool fits = h.phase < static_cast<uint64_t>(s.phases) && h.offset <= h.window &&
                       h.bytes <= h.window - h.offset;
     if (!fits) {
-      s.mpi->Abort(Error(ErrorCode::kInternal,
-                         fmt::format("channel: malformed notification from rank {}: phase {}, "
-                                     "[{}, +{}) of a {}-byte window",
-                                     src, h.phase, h.offset, h.bytes, h.window)));
+      s.tx->Abort(Error(ErrorCode::kInternal,
+                        fmt::format("channel: malformed notification from rank {}: phase {}, "
+                                    "[{}, +{}) of a {}-byte window",
+                                    src, h.phase, h.offset, h.bytes, h.window)));
       return;
     }
     if (m.bytes < h.window) {
       // The first chunk of a call with a larger window: nothing of src's
-      // mirror is being read (span_channel.h, reuse safety).
+      // mirror is being read (net_channel.h, reuse safety).
       try {
         m.Resize(std::max<size_t>(h.window, m.bytes * 2));
       } catch (const Error& e) {
-        s.mpi->Abort(e);
+        s.tx->Abort(e);
         return;
       }
     }
@@ -155,10 +155,12 @@ struct SpanChannel::State {
       s.Landed(src, seq);
     } else {
       try {
-        s.mpi->Irecv(s.comm, src, kDataTag, m.data.get() + h.offset, h.bytes,
-                     [st, src, seq](std::exception_ptr ep) {
-                       if (!ep) st->Landed(src, seq);
-                     });
+        s.tx->Irecv(
+            s.comm, src, kDataTag, m.data.get() + h.offset, h.bytes,
+            [st, src, seq](std::exception_ptr ep) {
+              if (!ep) st->Landed(src, seq);
+            },
+            NetTransport::kNoDeadline);
       } catch (const Error&) {
         return;
       }
@@ -167,10 +169,10 @@ struct SpanChannel::State {
   }
 };
 
-SpanChannel::SpanChannel(GroupImpl* group, int phases) : g_(group) {
-  SpanGroup& s = *g_->span;
+NetChannel::NetChannel(GroupImpl* group, int phases) : g_(group) {
+  NetGroup& s = *g_->net_group;
   auto st = std::make_shared<State>();
-  st->mpi = s.net->mpi.get();
+  st->tx = s.net->transport.get();
   st->comm = s.chan;
   st->n = g_->size();
   st->me = g_->rank();
@@ -187,7 +189,7 @@ SpanChannel::SpanChannel(GroupImpl* group, int phases) : g_(group) {
     if (src != st_->me) State::PostHeader(st_, src);
 }
 
-SpanChannel::~SpanChannel() {
+NetChannel::~NetChannel() {
   std::vector<std::shared_ptr<Completion>> standing;
   {
     std::lock_guard<std::mutex> lock(st_->standing_mu);
@@ -195,19 +197,21 @@ SpanChannel::~SpanChannel() {
     standing.swap(st_->standing);
   }
   for (auto& c : standing)
-    if (c) st_->mpi->Cancel(c);
+    if (c) st_->tx->Cancel(c);
   // The window, the mirrors and the counters stay with the callbacks that
   // still hold the state (sends in flight).
 }
 
-void SpanChannel::Begin(size_t window_bytes, std::chrono::nanoseconds timeout, const char* op) {
+void NetChannel::Begin(size_t window_bytes, const ChannelCall& call) {
   State& s = *st_;
+  const auto timeout = call.timeout;
+  const char* op = call.op;
   if (s.sends.load(std::memory_order_acquire) > 0) {
     // Normally done long ago: the consumers received every chunk.
     const auto deadline = SteadyClock::now() + timeout;
     while (s.sends.load(std::memory_order_acquire) > 0) {
-      g_->span->net->mpi->CheckHealth();
-      g_->span->node->tx().CheckHealth(/*thorough=*/false);
+      g_->net_group->net->transport->CheckHealth();
+      g_->net_group->node->tx().CheckHealth(/*thorough=*/false);
       if (SteadyClock::now() > deadline)
         throw Error(ErrorCode::kTimeout,
                     fmt::format("the previous call's transfers to other hosts did not complete "
@@ -225,10 +229,9 @@ void SpanChannel::Begin(size_t window_bytes, std::chrono::nanoseconds timeout, c
     s.window.Resize(std::max(window_bytes, std::min(s.window.bytes * 2, window_bytes * 2)));
 }
 
-char* SpanChannel::Window() const { return st_->window.data.get(); }
-size_t SpanChannel::window_bytes() const { return st_->window.bytes; }
+char* NetChannel::Window() const { return st_->window.data.get(); }
 
-const char* SpanChannel::View(int src, size_t offset, size_t bytes) const {
+const char* NetChannel::View(int src, size_t offset, size_t bytes) const {
   const Buffer& b = src == st_->me ? st_->window : st_->mirror[src];
   // An empty view of a peer that sent nothing yet: any address will do.
   if (bytes == 0 && !b.data) return st_->window.data.get();
@@ -237,7 +240,7 @@ const char* SpanChannel::View(int src, size_t offset, size_t bytes) const {
   return b.data.get() + offset;
 }
 
-void SpanChannel::Notify(int dst, int phase, size_t offset, size_t bytes) const {
+int64_t NetChannel::Notify(int dst, int phase, size_t offset, size_t bytes) const {
   State& s = *st_;
   MC2_ENFORCE(offset + bytes <= s.window.bytes, "notify [{}, {}) of a {}-byte window", offset,
               offset + bytes, s.window.bytes);
@@ -250,25 +253,30 @@ void SpanChannel::Notify(int dst, int phase, size_t offset, size_t bytes) const 
   };
   std::lock_guard<std::mutex> lock(s.send_mu);
   s.sends.fetch_add(bytes ? 2 : 1, std::memory_order_acq_rel);
-  s.mpi->Isend(s.comm, dst, kHeaderTag, h.get(), sizeof(Header),
-               [h, done](std::exception_ptr ep) { done(ep); });
-  if (bytes) s.mpi->Isend(s.comm, dst, kDataTag, s.window.data.get() + offset, bytes, done);
+  s.tx->Isend(
+      s.comm, dst, kHeaderTag, h.get(), sizeof(Header),
+      [h, done](std::exception_ptr ep) { done(ep); }, NetTransport::kNoDeadline);
+  if (bytes)
+    s.tx->Isend(s.comm, dst, kDataTag, s.window.data.get() + offset, bytes, done,
+                NetTransport::kNoDeadline);
+  return 0;
 }
 
-bool SpanChannel::Landed(int src, int phase, uint64_t total) const {
+bool NetChannel::Landed(int src, int phase, uint64_t total) const {
   return st_->count[phase * st_->n + src].load(std::memory_order_acquire) >= total;
 }
 
-void SpanChannel::Wait(int src, int phase, uint64_t total, const char* op,
-                       std::chrono::nanoseconds timeout,
-                       const std::function<std::string()>& describe_missing) const {
+void NetChannel::Wait(int src, int phase, uint64_t total, const ChannelCall& call,
+                      const std::function<std::string()>& describe_missing) const {
+  const auto timeout = call.timeout;
+  const char* op = call.op;
   if (Landed(src, phase, total)) return;
   const auto spin_until = SteadyClock::now() + std::chrono::microseconds(50);
   while (SteadyClock::now() < spin_until) {
     if (Landed(src, phase, total)) return;
     sched_yield();
   }
-  SpanGroup& sg = *g_->span;
+  NetGroup& sg = *g_->net_group;
   const auto deadline = SteadyClock::now() + timeout;
   while (!Landed(src, phase, total)) {
     {
@@ -277,26 +285,29 @@ void SpanChannel::Wait(int src, int phase, uint64_t total, const char* op,
                             [&] { return Landed(src, phase, total); });
     }
     if (Landed(src, phase, total)) return;
-    sg.net->mpi->CheckHealth();
+    sg.net->transport->CheckHealth();
     sg.node->tx().CheckHealth(/*thorough=*/false);
     if (SteadyClock::now() > deadline)
       throw Error(ErrorCode::kTimeout,
-                  fmt::format("timed out waiting for {} (global rank {}, over MPI)",
+                  fmt::format("timed out waiting for {} (global rank {}, across hosts)",
                               describe_missing ? describe_missing() : std::string("a chunk"),
                               sg.members[src]),
                   g_->rank(), op);
   }
 }
 
-Work SpanChannel::Async(std::function<void()> body) const {
-  return SpanSubmit(*g_, "channel_async", {},
-                    [b = std::move(body)](SpanGroup&, SteadyClock::time_point) { b(); });
+Work NetChannel::Async(std::function<void()> body) const {
+  return NetSubmit(*g_, "channel_async", {},
+                   [b = std::move(body)](NetGroup&, SteadyClock::time_point) { b(); });
 }
 
-Work SpanChannel::SendRecv(bool send, char* data, size_t bytes, int peer, int tag) const {
-  return SpanSendRecv(*g_, send, data, bytes, peer, kSendRecvTag + tag, /*internal=*/true);
+Work NetChannel::SendRecv(bool send, char* data, size_t bytes, int peer, InternalTag tag) const {
+  const int index = static_cast<int>(static_cast<int64_t>(tag) - kInternalTagBase);
+  return NetSendRecv(*g_, send, data, bytes, peer, kSendRecvTag + index, /*internal=*/true);
 }
 
-void SpanChannel::Abort(const Error& error) const { SpanAbort(g_->span->net, &g_->world(), error); }
+void NetChannel::Abort(const Error& error) const {
+  NetAbort(g_->net_group->net, &g_->world(), error);
+}
 
 }  // namespace mc2::internal

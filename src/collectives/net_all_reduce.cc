@@ -2,7 +2,7 @@
 //
 // Works as follows (N ranks on H hosts, L = N / H per host, a vector of
 // B bytes; used when every host holds a contiguous power-of-two block of
-// ranks, SpanGroup::aligned):
+// ranks, NetGroup::aligned):
 // 1. inside each node, a reduce-scatter over shared memory: local rank j
 //    holds shard j (B / L bytes) reduced over its host's ranks. With the
 //    aligned layout that partial result is the subtree of the canonical
@@ -36,7 +36,7 @@
 #include <optional>
 #include <vector>
 
-#include "collectives/span_algorithms.h"
+#include "collectives/net_algorithms.h"
 #include "engine/access.h"
 
 namespace mc2::collectives {
@@ -60,7 +60,7 @@ struct Chunk {
   char* in = nullptr;  // the other hosts' partials of this rank's piece
   std::unique_ptr<char[]> part_store, in_store;
   Work node;             // the node step in flight (reduce-scatter, then all-gather)
-  std::optional<SpanXfer> rs, ag;  // the exchanges across hosts
+  std::optional<NetXfer> rs, ag;  // the exchanges across hosts
 };
 
 // Waits for every chunk's node step, also when the algorithm fails half
@@ -81,7 +81,7 @@ struct NodeSteps {
 
 }  // namespace
 
-void HierarchicalAllReduce(SpanGroup& s, const CollArgs& a, Deadline deadline) {
+void HierarchicalAllReduce(NetGroup& s, const CollArgs& a, Deadline deadline) {
   const int n = static_cast<int>(s.members.size());
   const int hosts = static_cast<int>(s.hosts.size());
   const int local = static_cast<int>(s.hosts[s.my_host].size());
@@ -148,7 +148,7 @@ void HierarchicalAllReduce(SpanGroup& s, const CollArgs& a, Deadline deadline) {
     char* mine = k.part + soff * e;
     std::vector<const void*> srcs(hosts);
     for (int h = 0; h < hosts; ++h) srcs[h] = h == me ? k.own + soff * e : k.in + h * slen * e;
-    SpanReduceBlocks(a, n, mine, srcs, slen);
+    NetReduceBlocks(a, n, mine, srcs, slen);
     for (int h = 0; h < hosts; ++h) {
       if (h == me) continue;
       size_t poff, plen;

@@ -14,7 +14,7 @@
 // ((H-1) x the host's bytes out) and every other host's blocks once in;
 // the flat all-gather carries each block L times into a host of L ranks.
 //
-// reduce_scatter(v) (SpanGroup::aligned: every host a contiguous block of
+// reduce_scatter(v) (NetGroup::aligned: every host a contiguous block of
 // L ranks, L a power of two; the dispatch runs the flat one otherwise):
 // 1. inside each host: a reduce-scatter over shared memory of the input
 //    rearranged so that local rank j's shard is the blocks of the ranks of
@@ -31,12 +31,12 @@
 // kAvg sums inside the host and divides once, at the end, by N.
 #include <cstring>
 
-#include "collectives/span_algorithms.h"
+#include "collectives/net_algorithms.h"
 #include "engine/access.h"
 
 namespace mc2::collectives {
 
-void HierarchicalAllGatherV(SpanGroup& s, const CollArgs& a, Deadline deadline) {
+void HierarchicalAllGatherV(NetGroup& s, const CollArgs& a, Deadline deadline) {
   const int n = static_cast<int>(s.members.size());
   const int hosts = static_cast<int>(s.hosts.size());
   const std::vector<int>& here = s.hosts[s.my_host];
@@ -62,7 +62,7 @@ void HierarchicalAllGatherV(SpanGroup& s, const CollArgs& a, Deadline deadline) 
   if (my_bytes)
     std::memcpy(mine, a.in_place ? a.recv + a.displs[me] * e : a.send, my_bytes);
   // 1. Between hosts (empty blocks are known empty on both sides: skipped).
-  SpanXfer x(s, deadline, "all_gather");
+  NetXfer x(s, deadline, "all_gather");
   size_t at = a.counts[me];
   for (size_t k = 1; k < held[j].size(); ++k) {
     const int p = held[j][k];
@@ -90,7 +90,7 @@ void HierarchicalAllGatherV(SpanGroup& s, const CollArgs& a, Deadline deadline) 
   }
 }
 
-void HierarchicalReduceScatterV(SpanGroup& s, const CollArgs& a, Deadline deadline) {
+void HierarchicalReduceScatterV(NetGroup& s, const CollArgs& a, Deadline deadline) {
   const int n = static_cast<int>(s.members.size());
   const int hosts = static_cast<int>(s.hosts.size());
   const int local = static_cast<int>(s.hosts[s.my_host].size());
@@ -129,7 +129,7 @@ void HierarchicalReduceScatterV(SpanGroup& s, const CollArgs& a, Deadline deadli
   const size_t mine = a.counts[me] * e;
   std::vector<char> in(static_cast<size_t>(hosts) * mine);
   std::vector<const void*> srcs(hosts);
-  SpanXfer x(s, deadline, "reduce_scatter");
+  NetXfer x(s, deadline, "reduce_scatter");
   size_t off = 0;
   for (int h = 0; h < hosts; ++h) {
     const int peer = s.hosts[h][j];
@@ -144,7 +144,7 @@ void HierarchicalReduceScatterV(SpanGroup& s, const CollArgs& a, Deadline deadli
     off += b;
   }
   x.WaitAll();
-  SpanReduceBlocks(a, n, a.recv, srcs, a.counts[me]);
+  NetReduceBlocks(a, n, a.recv, srcs, a.counts[me]);
 }
 
 }  // namespace mc2::collectives

@@ -7,18 +7,18 @@
 // host's link B once, whatever its number of ranks.
 #include <cstring>
 
-#include "collectives/span_algorithms.h"
+#include "collectives/net_algorithms.h"
 #include "engine/access.h"
 
 namespace mc2::collectives {
 
-void HierarchicalBroadcast(SpanGroup& s, const CollArgs& a, Deadline deadline) {
+void HierarchicalBroadcast(NetGroup& s, const CollArgs& a, Deadline deadline) {
   const int hosts = static_cast<int>(s.hosts.size());
   const int root_host = s.host_of[a.root];
   const size_t bytes = a.count * a.esize;
   auto leader = [&](int h) { return h == root_host ? a.root : s.hosts[h][0]; };
   const bool is_root = s.rank == a.root;
-  SpanXfer x(s, deadline, "broadcast");
+  NetXfer x(s, deadline, "broadcast");
   if (is_root) {
     for (int h = 0; h < hosts; ++h)
       if (h != root_host) x.Send(leader(h), kTagBroadcast, a.send, bytes);

@@ -1,5 +1,5 @@
 // The choice between the hierarchical and the flat algorithm of groups that
-// span hosts (collectives/selector.h SelectSpanAlgorithm): the call's
+// span hosts (collectives/selector.h SelectNetAlgorithm): the call's
 // options, the tuning table's entries across hosts ("COLLECTIVE@L", host
 // count), the V forms sharing their collective's entries; and the names.
 // MC2_TUNING_FILE names a table written here before the selector reads it.
@@ -17,8 +17,8 @@
 namespace mc2 {
 namespace {
 
-using collectives::SelectSpanAlgorithm;
-using collectives::SpanTableKind;
+using collectives::NetTableKind;
+using collectives::SelectNetAlgorithm;
 using internal::OpKind;
 
 // all_gather on 2 hosts of 2 ranks: flat up to 1 KiB, hierarchical beyond;
@@ -33,48 +33,46 @@ const std::string kTablePath = [] {
   return path;
 }();
 
-TEST(SpanSelector, Names) {
+TEST(NetSelector, Names) {
   EXPECT_EQ(ParseAlgorithm("hierarchical"), Algorithm::kHierarchical);
   EXPECT_EQ(ParseAlgorithm("flat"), Algorithm::kDirect);
   EXPECT_STREQ(AlgorithmName(Algorithm::kHierarchical), "hierarchical");
   auto env = collectives::ParseAlgoEnv("all_gather=hierarchical,all_to_all=flat");
   EXPECT_EQ(env.at("all_gather"), Algorithm::kHierarchical);
   EXPECT_EQ(env.at("all_to_allv"), Algorithm::kDirect);
-  EXPECT_EQ(SpanTableKind(OpKind::kAllGatherV, 2), "all_gather@2");
-  EXPECT_EQ(SpanTableKind(OpKind::kReduceScatterV, 4), "reduce_scatter@4");
-  EXPECT_EQ(SpanTableKind(OpKind::kAllToAllV, 1), "all_to_all@1");
+  EXPECT_EQ(NetTableKind(OpKind::kAllGatherV, 2), "all_gather@2");
+  EXPECT_EQ(NetTableKind(OpKind::kReduceScatterV, 4), "reduce_scatter@4");
+  EXPECT_EQ(NetTableKind(OpKind::kAllToAllV, 1), "all_to_all@1");
 }
 
-TEST(SpanSelector, OptionsThenTable) {
+TEST(NetSelector, OptionsThenTable) {
   // The call's choice wins over the table.
-  EXPECT_EQ(SelectSpanAlgorithm(OpKind::kAllGather, Algorithm::kHierarchical, 2, 2, 8, true),
+  EXPECT_EQ(SelectNetAlgorithm(OpKind::kAllGather, Algorithm::kHierarchical, 2, 2, 8, true),
             Algorithm::kHierarchical);
-  EXPECT_EQ(SelectSpanAlgorithm(OpKind::kAllToAll, Algorithm::kDirect, 2, 2, 8, true),
+  EXPECT_EQ(SelectNetAlgorithm(OpKind::kAllToAll, Algorithm::kDirect, 2, 2, 8, true),
             Algorithm::kDirect);
   // The table, by size, for the plain and the V form.
   for (OpKind k : {OpKind::kAllGather, OpKind::kAllGatherV}) {
-    EXPECT_EQ(SelectSpanAlgorithm(k, Algorithm::kAuto, 2, 2, 512, true), Algorithm::kDirect);
-    EXPECT_EQ(SelectSpanAlgorithm(k, Algorithm::kAuto, 2, 2, 4096, true),
-              Algorithm::kHierarchical);
+    EXPECT_EQ(SelectNetAlgorithm(k, Algorithm::kAuto, 2, 2, 512, true), Algorithm::kDirect);
+    EXPECT_EQ(SelectNetAlgorithm(k, Algorithm::kAuto, 2, 2, 4096, true), Algorithm::kHierarchical);
     // Another one-host algorithm counts as auto.
-    EXPECT_EQ(SelectSpanAlgorithm(k, Algorithm::kRing, 2, 2, 4096, true),
-              Algorithm::kHierarchical);
+    EXPECT_EQ(SelectNetAlgorithm(k, Algorithm::kRing, 2, 2, 4096, true), Algorithm::kHierarchical);
   }
   // The nearest host count at or below; none for another L or fewer hosts.
-  EXPECT_EQ(SelectSpanAlgorithm(OpKind::kAllToAll, Algorithm::kAuto, 5, 2, 64, true),
+  EXPECT_EQ(SelectNetAlgorithm(OpKind::kAllToAll, Algorithm::kAuto, 5, 2, 64, true),
             Algorithm::kHierarchical);
-  EXPECT_EQ(SelectSpanAlgorithm(OpKind::kAllToAll, Algorithm::kAuto, 2, 4, 64, true),
+  EXPECT_EQ(SelectNetAlgorithm(OpKind::kAllToAll, Algorithm::kAuto, 2, 4, 64, true),
             Algorithm::kAuto);
-  EXPECT_EQ(SelectSpanAlgorithm(OpKind::kAllGather, Algorithm::kAuto, 1, 2, 4096, true),
+  EXPECT_EQ(SelectNetAlgorithm(OpKind::kAllGather, Algorithm::kAuto, 1, 2, 4096, true),
             Algorithm::kAuto);
   // Without the table (an all_to_allv), and where it names one-host ones.
-  EXPECT_EQ(SelectSpanAlgorithm(OpKind::kAllToAllV, Algorithm::kAuto, 2, 2, 64, false),
+  EXPECT_EQ(SelectNetAlgorithm(OpKind::kAllToAllV, Algorithm::kAuto, 2, 2, 64, false),
             Algorithm::kAuto);
-  EXPECT_EQ(SelectSpanAlgorithm(OpKind::kAllReduce, Algorithm::kAuto, 2, 2, 64, true),
+  EXPECT_EQ(SelectNetAlgorithm(OpKind::kAllReduce, Algorithm::kAuto, 2, 2, 64, true),
             Algorithm::kAuto);
 }
 
-TEST(SpanSelector, HierarchicalOnOneHostIsRefused) {
+TEST(NetSelector, HierarchicalOnOneHostIsRefused) {
   Group::RunInProcess(2, [](Group& g) {
     std::vector<float> v(8, 1.f);
     try {

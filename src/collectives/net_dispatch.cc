@@ -1,26 +1,26 @@
 // The dispatch of collectives on groups that span hosts: the algorithm per
-// collective and layout, and the task that runs it (span_algorithms.h).
+// collective and layout, and the task that runs it (net_algorithms.h).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstring>
 
+#include "collectives/net_algorithms.h"
 #include "collectives/selector.h"
-#include "collectives/span_algorithms.h"
 #include "core/reduce.h"
 #include "engine/access.h"
 
 namespace mc2::collectives {
 
-void SpanReduceBlocks(const CollArgs& a, int group_size, void* dst,
-                      const std::vector<const void*>& srcs, size_t count) {
+void NetReduceBlocks(const CollArgs& a, int group_size, void* dst,
+                     const std::vector<const void*>& srcs, size_t count) {
   if (count == 0) return;
   core::ReduceTree(a.dtype, a.op, dst, srcs.data(), static_cast<int>(srcs.size()), count,
                    group_size);
 }
 
-SpanChoice ChooseSpan(GroupImpl& gi, CollArgs& a, const CollectiveOptions& opts) {
-  SpanGroup& s = *gi.span;
+NetChoice ChooseNet(GroupImpl& gi, CollArgs& a, const CollectiveOptions& opts) {
+  NetGroup& s = *gi.net_group;
   a.esize = DTypeSize(a.dtype);
   a.deterministic = gi.world().deterministic;
   const int n = static_cast<int>(s.members.size());
@@ -49,12 +49,12 @@ SpanChoice ChooseSpan(GroupImpl& gi, CollArgs& a, const CollectiveOptions& opts)
     default: break;
   }
   const Algorithm choice =
-      SelectSpanAlgorithm(a.kind, opts.algorithm, hosts, per_host, bytes, use_table);
+      SelectNetAlgorithm(a.kind, opts.algorithm, hosts, per_host, bytes, use_table);
   // Hierarchical unless flat is asked for; `otherwise` when nothing is.
   auto hier = [&](bool otherwise) {
     return choice == Algorithm::kHierarchical || (choice == Algorithm::kAuto && otherwise);
   };
-  SpanFn fn = nullptr;
+  NetFn fn = nullptr;
   bool hierarchical = false;
   switch (a.kind) {
     case OpKind::kAllReduce:
@@ -89,28 +89,28 @@ SpanChoice ChooseSpan(GroupImpl& gi, CollArgs& a, const CollectiveOptions& opts)
     case OpKind::kBarrier: fn = FlatBarrier; break;
     default:
       throw Error(ErrorCode::kInternal,
-                  fmt::format("no span algorithm for {}", internal::OpKindName(a.kind)));
+                  fmt::format("no algorithm across hosts for {}", internal::OpKindName(a.kind)));
   }
   return {fn, hierarchical};
 }
 
-Work LaunchSpan(const Group& g, CollArgs&& a, const CollectiveOptions& opts, bool may_run_inline) {
+Work LaunchNet(const Group& g, CollArgs&& a, const CollectiveOptions& opts, bool may_run_inline) {
   GroupImpl* gi = internal::Access::Impl(g);
-  const SpanChoice choice = ChooseSpan(*gi, a, opts);
-  const SpanFn fn = choice.fn;
+  const NetChoice choice = ChooseNet(*gi, a, opts);
+  const NetFn fn = choice.fn;
   const char* algo = choice.hierarchical ? "hierarchical" : "flat";
   // In place, an all-to-all overwrites blocks of its input that peers have
   // yet to receive: the messages leave from a private copy.
   if (a.in_place && (a.kind == OpKind::kAllToAll || a.kind == OpKind::kAllToAllV)) {
-    size_t span = 0;
+    size_t extent = 0;
     for (size_t r = 0; r < a.send_counts.size(); ++r)
-      span = std::max(span, a.send_displs[r] + a.send_counts[r]);
-    a.owned_send = std::make_shared<std::vector<char>>(a.send, a.send + span * a.esize);
+      extent = std::max(extent, a.send_displs[r] + a.send_counts[r]);
+    a.owned_send = std::make_shared<std::vector<char>>(a.send, a.send + extent * a.esize);
     a.send = a.owned_send->data();
   }
-  return internal::SpanSubmit(
+  return internal::NetSubmit(
       *gi, internal::OpKindName(a.kind), opts.timeout,
-      [a = std::move(a), fn](SpanGroup& sg, Deadline deadline) { fn(sg, a, deadline); }, algo,
+      [a = std::move(a), fn](NetGroup& sg, Deadline deadline) { fn(sg, a, deadline); }, algo,
       may_run_inline);
 }
 

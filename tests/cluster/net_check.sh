@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # mc2 across hosts on the cluster in a box (scripts/cluster.sh): the
-# collective suite (tests/programs/span_suite.cc) on 2 hosts x 2 ranks
+# collective suite (tests/programs/net_suite.cc) on 2 hosts x 2 ranks
 # (started by `mc2 run --hosts`) and on 4 hosts x 1 rank (by mpirun) must
 # write, rank by rank, the very bytes of the same suite run by
 # `mc2 run -n 4` on one host; so must the fused-operator suite
-# (tests/programs/span_ops.cc: every operator, every pipeline), and a bad
+# (tests/programs/net_ops.cc: every operator, every pipeline), and a bad
 # shape on one rank must raise an mc2::Error on every rank of every host
 # (no hang), and a stalled producer must time out naming the missing
 # chunk; a few training steps of the reference transformer on 4 hosts x 1
@@ -20,23 +20,23 @@
 # batch's errors must reach every rank.
 # Needs root; without it the check is skipped (exit 77) with the reason.
 #
-# Usage: span_check.sh --build-dir DIR --source-dir DIR
+# Usage: net_check.sh --build-dir DIR --source-dir DIR
 set -euo pipefail
 build="" src=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-dir) build=$2; shift 2 ;;
     --source-dir) src=$2; shift 2 ;;
-    *) echo "span_check.sh: unknown argument $1" >&2; exit 2 ;;
+    *) echo "net_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 skip() { echo "SKIPPED: $*"; exit 77; }
 fail() { echo "FAILED: $*"; exit 1; }
 [[ $(id -u) -eq 0 ]] || skip "needs root (network namespaces, veth, tc)"
 command -v mpirun >/dev/null || skip "mpirun is missing (Debian package openmpi-bin)"
-prog=$build/tests/test_prog_span_suite
-ops=$build/tests/test_prog_span_ops
-hier=$build/tests/test_prog_span_hier
+prog=$build/tests/test_prog_net_suite
+ops=$build/tests/test_prog_net_ops
+hier=$build/tests/test_prog_net_hier
 mc2=$build/tools/mc2
 [[ -x $prog && -x $ops && -x $hier && -x $mc2 ]] || fail "$prog, $ops, $hier or $mc2 was not built"
 
@@ -106,14 +106,14 @@ echo "batch: mismatched entries and a bad root raised their errors on every rank
 
 # The hierarchical and flat algorithms of all_gather(v), reduce_scatter(v),
 # all_to_all(v) and broadcast against each other and a reference
-# (tests/programs/span_hier.cc), on aligned layouts, on layouts that are
+# (tests/programs/net_hier.cc), on aligned layouts, on layouts that are
 # not (hosts of unequal sizes; ranks dealt round robin over the hosts),
 # and with a tuning table that the defaults must follow.
 hier_run() {  # LABEL MPIRUN-ARGS... -- PROGRAM-ARGS...
   local label=$1; shift
   local args=() ; while [[ $1 != -- ]]; do args+=("$1"); shift; done; shift
   timeout 60 mpirun "${margs[@]}" "${args[@]}" "$hier" "$@" >"$work/hier.log" 2>&1 ||
-    { cat "$work/hier.log"; fail "span_hier $label failed"; }
+    { cat "$work/hier.log"; fail "net_hier $label failed"; }
 }
 hier_run 2x2 -np 4 -H ${name}h0:2,${name}h1:2 -- aligned
 hier_run 4x1 -np 4 -H "$("${cluster[@]}" hosts 1)" -- single
@@ -211,13 +211,13 @@ echo "topo: 4 ranks on 2 hosts mapped, cross-host link measured"
 # GradSync over hosts: each bucket's all-reduce hierarchical or flat
 # (measured, agreed across ranks, forced either way), every result bitwise
 # the per-tensor all-reduce's; on one host nothing spans levels.
-grad=$build/tests/test_prog_span_grad
+grad=$build/tests/test_prog_net_grad
 "$mc2" run -n 4 "$grad" one-host >"$work/grad1.log" 2>&1 ||
   { cat "$work/grad1.log"; fail "GradSync levels failed on one host"; }
 for hosts in ${name}h0:2,${name}h1:2 "$("${cluster[@]}" hosts 1)"; do
   timeout 120 mpirun "${margs[@]}" -np 4 -H "$hosts" "$grad" hosts >"$work/grad.log" 2>&1 ||
     { cat "$work/grad.log"; fail "GradSync levels failed on $hosts"; }
-  [[ $(grep -c "span_grad ok" "$work/grad.log") -eq 4 ]] ||
+  [[ $(grep -c "net_grad ok" "$work/grad.log") -eq 4 ]] ||
     { cat "$work/grad.log"; fail "GradSync levels: not every rank passed on $hosts"; }
   echo "GradSync on $hosts: $(grep -c '^bucket ' "$work/grad.log") buckets measured hierarchical vs flat, results bitwise per-tensor"
 done
@@ -300,10 +300,10 @@ echo "fused fault: mpirun exited $status in ${elapsed_ms} ms; ranks 0, 2, 3 rais
 "${cluster[@]}" down >/dev/null
 sleep 1
 # The programs themselves (their path), not e.g. a build naming them.
-left="/tests/test_prog_(span_suite|span_ops|fused_fault_probe)( |$)"
+left="/tests/test_prog_(net_suite|net_ops|fused_fault_probe)( |$)"
 if pgrep -f "$left" >/dev/null; then fail "processes left behind: $(pgrep -af "$left")"; fi
 if pgrep -f "orted.*${name}h" >/dev/null; then fail "orted left behind"; fi
 if ip netns list | grep -q "^${name}h"; then fail "namespaces left behind"; fi
 [[ "$(ls /dev/shm | sort)" == "$shm_before" ]] ||
   fail "/dev/shm changed: $(comm -13 <(echo "$shm_before") <(ls /dev/shm | sort) | tr '\n' ' ')"
-echo "span check passed"
+echo "net check passed"

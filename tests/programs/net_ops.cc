@@ -2,29 +2,29 @@
 // (under `mc2 run -n N` on one host, or under mpirun across the cluster in
 // a box).
 //
-//   test_prog_span_ops suite OUTDIR   every fused operator, every pipeline;
+//   test_prog_net_ops suite OUTDIR   every fused operator, every pipeline;
 //                                     each rank writes OUTDIR/rank<R>.txt
-//   test_prog_span_ops train OUTDIR   a few training steps of the reference
+//   test_prog_net_ops train OUTDIR   a few training steps of the reference
 //                                     transformer (TP over 4 ranks; TP 2 x
 //                                     DP 2 with MoE over EP 2; on 4 ranks
 //                                     also TP 2 x PP 2, 1F1B and
 //                                     interleaved): each rank
 //                                     writes its losses and a hash of its
 //                                     parameters to OUTDIR/rank<R>.txt
-//   test_prog_span_ops stall          rank 1 stops producing in the middle
+//   test_prog_net_ops stall          rank 1 stops producing in the middle
 //                                     of a fused MatmulAllReduce (its
 //                                     overlap work sleeps 5 s); the others
 //                                     must fail with the call's 1 s timeout
 //                                     naming the missing chunk; each rank
 //                                     prints "rank R error: WHAT", exits 3
-//   test_prog_span_ops stall_recv     rank 0 receives from rank 3, which
+//   test_prog_net_ops stall_recv     rank 0 receives from rank 3, which
 //                                     never sends (MC2_TIMEOUT set short);
 //                                     the receive must fail with kTimeout
 //                                     naming rank 3 and every other rank
 //                                     (in a barrier) must learn of it; each
 //                                     rank prints "rank R error: WHAT",
 //                                     exits 3
-//   test_prog_span_ops bad            a bad shape on one rank: every rank
+//   test_prog_net_ops bad            a bad shape on one rank: every rank
 //                                     must raise an mc2::Error, then the
 //                                     group must still work
 //

@@ -1,4 +1,4 @@
-#include "engine/termination.h"
+#include "transport/mpi/termination.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -12,7 +12,7 @@
 
 #include "mc2/error.h"
 
-namespace mc2::internal {
+namespace mc2::transport::mpi {
 namespace {
 
 int g_pipe[2] = {-1, -1};
@@ -27,28 +27,28 @@ void OnTerm(int) {
   errno = saved;
 }
 
-void Watch(std::weak_ptr<transport::mpi::MpiEngine> weak) {
+void Watch(std::weak_ptr<MpiTransport> weak) {
   char c;
   while (read(g_pipe[0], &c, 1) < 0 && errno == EINTR) {
   }
   const auto start = std::chrono::steady_clock::now();
   g_term_ns.store(start.time_since_epoch().count(), std::memory_order_release);
-  if (auto engine = weak.lock()) {
-    while (!engine->failed() && std::chrono::steady_clock::now() - start < kGraceWait)
+  if (auto tx = weak.lock()) {
+    while (!tx->failed() && std::chrono::steady_clock::now() - start < kGraceWait)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    if (!engine->failed())
-      engine->Abort(Error(ErrorCode::kAborted,
-                          "terminated by the launcher (SIGTERM) before any rank reported a "
-                          "failure: mpirun terminates every rank when one of them dies, "
-                          "and its own message names that rank",
-                          engine->rank()));
+    if (!tx->failed())
+      tx->Abort(Error(ErrorCode::kAborted,
+                      "terminated by the launcher (SIGTERM) before any rank reported a "
+                      "failure: mpirun terminates every rank when one of them dies, "
+                      "and its own message names that rank",
+                      tx->rank()));
   }
   std::this_thread::sleep_until(start + kGraceExit);
   signal(SIGTERM, SIG_DFL);
   raise(SIGTERM);
 }
 
-// At exit during the grace: wait for its end before the MPI engine's exit
+// At exit during the grace: wait for its end before the MPI transport's exit
 // handler runs, which after a failure calls MPI_Abort, and that makes
 // mpirun kill at once the ranks still printing their error.
 void WaitForGraceAtExit() {
@@ -61,7 +61,7 @@ void WaitForGraceAtExit() {
 
 }  // namespace
 
-void InstallTerminationGrace(const std::shared_ptr<transport::mpi::MpiEngine>& engine) {
+void InstallTerminationGrace(const std::shared_ptr<MpiTransport>& tx) {
   static std::once_flag once;
   std::call_once(once, [&] {
     struct sigaction old {};
@@ -69,7 +69,7 @@ void InstallTerminationGrace(const std::shared_ptr<transport::mpi::MpiEngine>& e
         (old.sa_flags & SA_SIGINFO))
       return;
     if (pipe2(g_pipe, O_CLOEXEC) != 0) return;
-    std::thread(Watch, std::weak_ptr<transport::mpi::MpiEngine>(engine)).detach();
+    std::thread(Watch, std::weak_ptr<MpiTransport>(tx)).detach();
     std::atexit(WaitForGraceAtExit);  // runs before FinalizeAtExit's handler
     struct sigaction sa {};
     sa.sa_handler = OnTerm;
@@ -79,4 +79,4 @@ void InstallTerminationGrace(const std::shared_ptr<transport::mpi::MpiEngine>& e
   });
 }
 
-}  // namespace mc2::internal
+}  // namespace mc2::transport::mpi

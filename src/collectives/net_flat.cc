@@ -16,26 +16,26 @@
 // - all_reduce: a reduce_scatter into N shards of the vector, then an
 //   all_gather of the reduced shards: 2 (N-1)/N of the vector each way.
 // - barrier: an empty message from every rank to every other.
-// One step each, all messages of a step in flight together (the MPI engine
+// One step each, all messages of a step in flight together (the net transport
 // cuts large ones into pieces).
 #include <cstring>
 
-#include "collectives/span_algorithms.h"
+#include "collectives/net_algorithms.h"
 
 namespace mc2::collectives {
 
 namespace {
 
-int Size(const SpanGroup& s) { return static_cast<int>(s.members.size()); }
+int Size(const NetGroup& s) { return static_cast<int>(s.members.size()); }
 
 }  // namespace
 
-void FlatAllGatherV(SpanGroup& s, const CollArgs& a, Deadline deadline) {
+void FlatAllGatherV(NetGroup& s, const CollArgs& a, Deadline deadline) {
   const int n = Size(s), me = s.rank;
   const size_t e = a.esize;
   char* mine = a.recv + a.displs[me] * e;
   const size_t mine_bytes = a.counts[me] * e;
-  SpanXfer x(s, deadline, "all_gather");
+  NetXfer x(s, deadline, "all_gather");
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
     x.Recv(p, kTagGather, a.recv + a.displs[p] * e, a.counts[p] * e);
@@ -45,10 +45,10 @@ void FlatAllGatherV(SpanGroup& s, const CollArgs& a, Deadline deadline) {
   x.WaitAll();
 }
 
-void FlatGather(SpanGroup& s, const CollArgs& a, Deadline deadline) {
+void FlatGather(NetGroup& s, const CollArgs& a, Deadline deadline) {
   const int n = Size(s), me = s.rank;
   const size_t e = a.esize;
-  SpanXfer x(s, deadline, "gather");
+  NetXfer x(s, deadline, "gather");
   if (me != a.root) {
     x.Send(a.root, kTagGather, a.send, a.counts[me] * e);
   } else {
@@ -60,10 +60,10 @@ void FlatGather(SpanGroup& s, const CollArgs& a, Deadline deadline) {
   x.WaitAll();
 }
 
-void FlatScatter(SpanGroup& s, const CollArgs& a, Deadline deadline) {
+void FlatScatter(NetGroup& s, const CollArgs& a, Deadline deadline) {
   const int n = Size(s), me = s.rank;
   const size_t b = a.count * a.esize;
-  SpanXfer x(s, deadline, "scatter");
+  NetXfer x(s, deadline, "scatter");
   if (me != a.root) {
     x.Recv(a.root, kTagScatter, a.recv, b);
   } else {
@@ -74,10 +74,10 @@ void FlatScatter(SpanGroup& s, const CollArgs& a, Deadline deadline) {
   x.WaitAll();
 }
 
-void FlatBroadcast(SpanGroup& s, const CollArgs& a, Deadline deadline) {
+void FlatBroadcast(NetGroup& s, const CollArgs& a, Deadline deadline) {
   const int n = Size(s), me = s.rank;
   const size_t bytes = a.count * a.esize;
-  SpanXfer x(s, deadline, "broadcast");
+  NetXfer x(s, deadline, "broadcast");
   if (me != a.root) {
     x.Recv(a.root, kTagBroadcast, a.recv, bytes);
   } else {
@@ -88,10 +88,10 @@ void FlatBroadcast(SpanGroup& s, const CollArgs& a, Deadline deadline) {
   x.WaitAll();
 }
 
-void FlatAllToAllV(SpanGroup& s, const CollArgs& a, Deadline deadline) {
+void FlatAllToAllV(NetGroup& s, const CollArgs& a, Deadline deadline) {
   const int n = Size(s), me = s.rank;
   const size_t e = a.esize;
-  SpanXfer x(s, deadline, "all_to_all");
+  NetXfer x(s, deadline, "all_to_all");
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
     x.Recv(p, kTagAllToAll, a.recv + a.recv_displs[p] * e, a.recv_counts[p] * e);
@@ -103,13 +103,13 @@ void FlatAllToAllV(SpanGroup& s, const CollArgs& a, Deadline deadline) {
   x.WaitAll();
 }
 
-void FlatReduceScatterV(SpanGroup& s, const CollArgs& a, Deadline deadline) {
+void FlatReduceScatterV(NetGroup& s, const CollArgs& a, Deadline deadline) {
   const int n = Size(s), me = s.rank;
   const size_t e = a.esize, mine = a.counts[me] * e;
   // Every peer's block `me`, in rank order; this rank's own from its input.
   std::vector<char> in(static_cast<size_t>(n) * mine);
   std::vector<const void*> srcs(n);
-  SpanXfer x(s, deadline, "reduce_scatter");
+  NetXfer x(s, deadline, "reduce_scatter");
   for (int p = 0; p < n; ++p) {
     if (p == me) {
       srcs[p] = a.send + a.displs[me] * e;
@@ -120,13 +120,13 @@ void FlatReduceScatterV(SpanGroup& s, const CollArgs& a, Deadline deadline) {
     x.Send(p, kTagReduceScatter, a.send + a.displs[p] * e, a.counts[p] * e);
   }
   x.WaitAll();
-  SpanReduceBlocks(a, n, a.recv, srcs, a.counts[me]);
+  NetReduceBlocks(a, n, a.recv, srcs, a.counts[me]);
 }
 
-void FlatReduce(SpanGroup& s, const CollArgs& a, Deadline deadline) {
+void FlatReduce(NetGroup& s, const CollArgs& a, Deadline deadline) {
   const int n = Size(s), me = s.rank;
   const size_t bytes = a.count * a.esize;
-  SpanXfer x(s, deadline, "reduce");
+  NetXfer x(s, deadline, "reduce");
   if (me != a.root) {
     x.Send(a.root, kTagReduce, a.send, bytes);
     x.WaitAll();
@@ -139,17 +139,17 @@ void FlatReduce(SpanGroup& s, const CollArgs& a, Deadline deadline) {
     if (p != me) x.Recv(p, kTagReduce, in.data() + p * bytes, bytes);
   }
   x.WaitAll();
-  SpanReduceBlocks(a, n, a.recv, srcs, a.count);
+  NetReduceBlocks(a, n, a.recv, srcs, a.count);
 }
 
-void FlatAllReduce(SpanGroup& s, const CollArgs& a, Deadline deadline) {
+void FlatAllReduce(NetGroup& s, const CollArgs& a, Deadline deadline) {
   const int n = Size(s), me = s.rank;
   const size_t e = a.esize;
   size_t off, len;
   Share(a.count, n, me, &off, &len);
   std::vector<char> in(static_cast<size_t>(n) * len * e);
   std::vector<const void*> srcs(n);
-  SpanXfer x(s, deadline, "all_reduce");
+  NetXfer x(s, deadline, "all_reduce");
   for (int p = 0; p < n; ++p) {
     if (p == me) {
       srcs[p] = a.send + off * e;
@@ -164,7 +164,7 @@ void FlatAllReduce(SpanGroup& s, const CollArgs& a, Deadline deadline) {
   // In place, this rank's shard of the output is written only after every
   // shard of the input left (the sends above completed).
   x.WaitAll();
-  SpanReduceBlocks(a, n, a.recv + off * e, srcs, len);
+  NetReduceBlocks(a, n, a.recv + off * e, srcs, len);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
     size_t poff, plen;
@@ -175,9 +175,9 @@ void FlatAllReduce(SpanGroup& s, const CollArgs& a, Deadline deadline) {
   x.WaitAll();
 }
 
-void FlatBarrier(SpanGroup& s, const CollArgs&, Deadline deadline) {
+void FlatBarrier(NetGroup& s, const CollArgs&, Deadline deadline) {
   const int n = Size(s), me = s.rank;
-  SpanXfer x(s, deadline, "barrier");
+  NetXfer x(s, deadline, "barrier");
   char dummy = 0;
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;

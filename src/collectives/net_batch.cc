@@ -1,5 +1,5 @@
 // A batch (include/mc2/batch.h) on a group that spans hosts: the entries
-// fused into as few span collectives as their semantics allow, run one
+// fused into as few net collectives as their semantics allow, run one
 // after another inside ONE operation of the span engine.
 //
 // The steps (in the order their first entry appears in the batch):
@@ -14,12 +14,12 @@
 //   (every rank computes every block's layout from the entries alone).
 // A step of one entry runs on that entry's own buffers, exactly as its
 // collective would (no copy). Each step runs the algorithm the span
-// dispatch selects for its kind, layout and size (span_dispatch.cc
-// ChooseSpan: hierarchical or flat, the tuning table, MC2_ALGO).
+// dispatch selects for its kind, layout and size (net_dispatch.cc
+// ChooseNet: hierarchical or flat, the tuning table, MC2_ALGO).
 //
 // Determinism: every span reduction realises the canonical order T(0, N)
 // of core/reduce.h element by element, whatever the algorithm and the
-// vector's length (span_algorithms.h). An element of a packed vector thus
+// vector's length (net_algorithms.h). An element of a packed vector thus
 // goes through the same reductions as in its entry's own collective, and
 // a fused result is bitwise the separate one. Packing needs one dtype and
 // one op per reduction, hence one step per (dtype, op).
@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "collectives/batch_plan.h"
-#include "collectives/span_algorithms.h"
+#include "collectives/net_algorithms.h"
 #include "engine/access.h"
 
 namespace mc2::collectives {
@@ -41,19 +41,19 @@ namespace {
 
 enum class StepKind : uint8_t { kAllReduce, kReduceScatter, kGather };
 
-// One span collective of the batch. `items` index the plan's items;
+// One net collective of the batch. `items` index the plan's items;
 // `at[k]` is where item k's part sits in the packed data: elements from
 // the start of the vector (all_reduce) or of each rank's block
 // (reduce_scatter), bytes from the start of each rank's block (all_gather)
 // or of the root's block (broadcast).
-struct SpanStep {
+struct NetStep {
   StepKind kind = StepKind::kAllReduce;
   std::vector<size_t> items;
   std::vector<size_t> at;
   size_t total = 0;     // all_reduce: elements; reduce_scatter: elements per block
   bool packed = false;  // false: one entry, run on its own buffers
   CollArgs args;        // buffers filled in when the step runs, if packed
-  SpanFn fn = nullptr;
+  NetFn fn = nullptr;
 };
 
 // The arguments of item `it`'s own collective on `n` ranks, as
@@ -87,8 +87,8 @@ CollArgs OwnArgs(const BatchItem& it, int n) {
 }
 
 // Groups the plan's items into steps and lays out each packed step.
-std::vector<SpanStep> MakeSteps(const BatchPlan& p, int n) {
-  std::vector<SpanStep> steps;
+std::vector<NetStep> MakeSteps(const BatchPlan& p, int n) {
+  std::vector<NetStep> steps;
   std::map<std::pair<int, int>, size_t> reduce_step;  // (kind, dtype x op) -> step
   size_t gather_step = SIZE_MAX;
   for (size_t i = 0; i < p.items.size(); ++i) {
@@ -112,7 +112,7 @@ std::vector<SpanStep> MakeSteps(const BatchPlan& p, int n) {
     }
     steps[s].items.push_back(i);
   }
-  for (SpanStep& st : steps) {
+  for (NetStep& st : steps) {
     const BatchItem& first = p.items[st.items.front()];
     st.packed = st.items.size() > 1;
     if (!st.packed) {
@@ -174,7 +174,7 @@ std::unique_ptr<char[]> Uninit(size_t bytes) {
 
 // Runs packed step `st` of `p` on this rank: packs, runs the collective,
 // unpacks.
-void RunPacked(SpanGroup& s, const BatchPlan& p, const SpanStep& st, Deadline deadline) {
+void RunPacked(NetGroup& s, const BatchPlan& p, const NetStep& st, Deadline deadline) {
   const int n = static_cast<int>(s.members.size()), me = s.rank;
   CollArgs a = st.args;
   const size_t e = a.esize;
@@ -258,20 +258,20 @@ void CheckSameEntries(const Group& g, const BatchPlan& p, const CollectiveOption
 
 }  // namespace
 
-Work SpanBatch(const Group& g, BatchPlan&& plan, const CollectiveOptions& opts) {
+Work NetBatch(const Group& g, BatchPlan&& plan, const CollectiveOptions& opts) {
   CheckSameEntries(g, plan, opts);
   GroupImpl* gi = internal::Access::Impl(g);
-  std::vector<SpanStep> steps = MakeSteps(plan, g.size());
+  std::vector<NetStep> steps = MakeSteps(plan, g.size());
   if (steps.empty()) return Work{};
   CollectiveOptions o = opts;
   o.algorithm = Algorithm::kAuto;
-  for (SpanStep& st : steps) st.fn = ChooseSpan(*gi, st.args, o).fn;
+  for (NetStep& st : steps) st.fn = ChooseNet(*gi, st.args, o).fn;
   // Each step has the call's timeout, as each separate collective would.
   const std::chrono::nanoseconds to = opts.timeout.count() > 0 ? opts.timeout : gi->world().timeout;
-  return internal::SpanSubmit(
+  return internal::NetSubmit(
       *gi, internal::OpKindName(OpKind::kBatch), opts.timeout,
-      [plan = std::move(plan), steps = std::move(steps), to](SpanGroup& s, Deadline deadline) {
-        for (const SpanStep& st : steps) {
+      [plan = std::move(plan), steps = std::move(steps), to](NetGroup& s, Deadline deadline) {
+        for (const NetStep& st : steps) {
           deadline = std::max(deadline, std::chrono::steady_clock::now() + to);
           if (st.packed)
             RunPacked(s, plan, st, deadline);

@@ -1,22 +1,22 @@
-// The channel of a group that spans hosts (engine/channel.h, over MPI).
+// The channel of a net group (engine/channel.h, over the net transport).
 //
 // Channel's contract, with the bytes carried by messages instead of read in
 // place: the window is private memory of this rank, and every peer's chunks
 // land in a local mirror of that peer's window, at the same offsets.
 //
 // Works as follows (producer p, consumer c, on the group's channel
-// communicator SpanGroup::chan, through the MPI engine):
+// communicator NetGroup::chan, through the net transport):
 //   1. Notify(c, phase, offset, bytes) on p posts two Isends to c: a header
 //      (phase, offset, bytes, the call's window size) on kHeaderTag, then
 //      the bytes at `offset` of p's window on kDataTag (none when empty).
 //      Both are posted under one lock, so the headers and the data of
 //      concurrent Notify calls (the caller and an Async body) go out in the
 //      same order.
-//   2. c's MPI thread keeps a standing header receive posted per peer. When
-//      p's header lands (its callback, on the MPI thread), it grows
+//   2. c's transport thread keeps a standing header receive posted per peer. When
+//      p's header lands (its callback, on the transport's thread), it grows
 //      mirror[p] to the call's window size if needed, posts the data
 //      receive into mirror[p] + offset and re-posts the header receive.
-//      MPI matches messages of one (communicator, peer, tag) in posting
+//      The transport matches messages of one (communicator, peer, tag) in posting
 //      order, so the k-th data receive takes the k-th chunk.
 //   3. When a data receive completes, the counter (phase, p) is bumped --
 //      in notification order: receives may complete out of order, so a
@@ -36,15 +36,15 @@
 // previous call completed before the window may be rewritten or regrown.
 //
 // Lifetime. The window, the mirrors and the counters live in a State
-// shared with the MPI callbacks (which hold no group). The destructor
+// shared with the transport's callbacks (which hold no group). The destructor
 // cancels the standing receives; a process that exits with the group alive
-// has them cancelled when the MPI engine stops.
+// has them cancelled when the net transport stops.
 //
 // Thread safety: as Channel (channel.h). Notify may run on the caller's
-// thread and on an Async body's at once; the callbacks run on the MPI
+// thread and on an Async body's at once; the callbacks run on the transport's
 // thread only, and they alone write the mirrors and the counters.
-#ifndef MC2_ENGINE_SPAN_CHANNEL_H_
-#define MC2_ENGINE_SPAN_CHANNEL_H_
+#ifndef MC2_ENGINE_NET_CHANNEL_H_
+#define MC2_ENGINE_NET_CHANNEL_H_
 
 #include <chrono>
 #include <cstddef>
@@ -53,6 +53,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/channel.h"
 #include "mc2/error.h"
 #include "mc2/work.h"
 
@@ -60,35 +61,36 @@ namespace mc2::internal {
 
 class GroupImpl;
 
-class SpanChannel {
+class NetChannel final : public ChannelBackend {
  public:
-  // `group` spans hosts (GroupImpl::span is set) and owns the channel that
+  // `group` spans hosts (GroupImpl::net_group is set) and owns the channel that
   // owns this. Posts the standing header receives.
-  explicit SpanChannel(GroupImpl* group, int phases);
-  ~SpanChannel();
-  SpanChannel(const SpanChannel&) = delete;
-  SpanChannel& operator=(const SpanChannel&) = delete;
+  explicit NetChannel(GroupImpl* group, int phases);
+  ~NetChannel() override;
+  NetChannel(const NetChannel&) = delete;
+  NetChannel& operator=(const NetChannel&) = delete;
 
   // Waits until every send of earlier calls completed (kTimeout after
-  // `timeout`, or the job's failure), then makes the window at least
+  // `call.timeout`, or the job's failure), then makes the window at least
   // `window_bytes`. Local: no message.
-  void Begin(size_t window_bytes, std::chrono::nanoseconds timeout, const char* op);
-  char* Window() const;
-  size_t window_bytes() const;
-  const char* View(int src, size_t offset, size_t bytes) const;
-  void Notify(int dst, int phase, size_t offset, size_t bytes) const;
-  // `total`: the absolute count (over the life of the group).
-  bool Landed(int src, int phase, uint64_t total) const;
-  void Wait(int src, int phase, uint64_t total, const char* op, std::chrono::nanoseconds timeout,
-            const std::function<std::string()>& describe_missing) const;
+  void Begin(size_t window_bytes, const ChannelCall& call) override;
+  char* Window() const override;
+  const char* View(int src, size_t offset, size_t bytes) const override;
+  // Returns 0: the bytes travel on the transport's thread after the post.
+  int64_t Notify(int dst, int phase, size_t offset, size_t bytes) const override;
+  bool Landed(int src, int phase, uint64_t total) const override;
+  void Wait(int src, int phase, uint64_t total, const ChannelCall& call,
+            const std::function<std::string()>& describe_missing) const override;
 
   // On the net world's engine (the caller computes meanwhile).
-  Work Async(std::function<void()> body) const;
-  // On the channel's communicator; `tag` is the internal tag's index.
-  Work SendRecv(bool send, char* data, size_t bytes, int peer, int tag) const;
-  void Abort(const Error& error) const;
+  Work Async(std::function<void()> body) const override;
+  // On the channel's communicator, where no user message travels.
+  Work SendRecv(bool send, char* data, size_t bytes, int peer, InternalTag tag) const override;
+  // Real links between hosts: none emulated.
+  LinkInfo link() const override { return {}; }
+  void Abort(const Error& error) const override;
 
-  struct State;  // shared with the MPI callbacks, in span_channel.cc
+  struct State;  // shared with the transport's callbacks, in net_channel.cc
 
  private:
   GroupImpl* const g_;
@@ -97,4 +99,4 @@ class SpanChannel {
 
 }  // namespace mc2::internal
 
-#endif  // MC2_ENGINE_SPAN_CHANNEL_H_
+#endif  // MC2_ENGINE_NET_CHANNEL_H_

@@ -18,12 +18,12 @@
 // message learns from them how it divides among the local ranks.
 #include <cstring>
 
-#include "collectives/span_algorithms.h"
+#include "collectives/net_algorithms.h"
 #include "engine/access.h"
 
 namespace mc2::collectives {
 
-void HierarchicalAllToAllV(SpanGroup& s, const CollArgs& a, Deadline deadline) {
+void HierarchicalAllToAllV(NetGroup& s, const CollArgs& a, Deadline deadline) {
   const int n = static_cast<int>(s.members.size());
   const int hosts = static_cast<int>(s.hosts.size());
   const std::vector<int>& here = s.hosts[s.my_host];
@@ -49,7 +49,7 @@ void HierarchicalAllToAllV(SpanGroup& s, const CollArgs& a, Deadline deadline) {
   // 1. Between hosts: one packed message to each other host, one from
   // each foreign rank this rank holds for.
   std::vector<std::vector<char>> out(hosts);
-  SpanXfer x(s, deadline, "all_to_all");
+  NetXfer x(s, deadline, "all_to_all");
   for (int h = 0; h < hosts; ++h) {
     if (h == s.my_host) continue;
     const std::vector<int>& there = s.hosts[h];

@@ -1,11 +1,11 @@
 // The collective suite for groups that span hosts, run as one job (under
 // `mc2 run -n N` on one host, or under mpirun across the cluster in a box).
 //
-//   test_prog_span_suite suite OUTDIR   every collective, Split, Send/Recv;
+//   test_prog_net_suite suite OUTDIR   every collective, Split, Send/Recv;
 //                                       each rank writes OUTDIR/rank<R>.txt
-//   test_prog_span_suite fault KILLRANK all_reduce in a loop; KILLRANK dies
+//   test_prog_net_suite fault KILLRANK all_reduce in a loop; KILLRANK dies
 //                                       by SIGKILL after a few calls
-//   test_prog_span_suite batch_bad      a batch's errors on every rank
+//   test_prog_net_suite batch_bad      a batch's errors on every rank
 //
 // suite: inputs are a pure function of (rank, case, index), so every rank
 // knows every rank's input. Integer cases are checked exactly here against
@@ -480,7 +480,7 @@ int BatchBad() {
 void PointToPoint(const mc2::Group& g, Out& out) {
   const int n = g.size(), r = g.rank();
   if (n < 2) return;
-  // A ring, with a message larger than the MPI engine's piece.
+  // A ring, with a message larger than the net transport's piece.
   for (size_t count : {size_t{5}, (size_t{5} << 20) / 4 + 1}) {
     std::vector<int32_t> s(count), d(count, 0);
     for (size_t i = 0; i < count; ++i) s[i] = IntInput(r, 60, i);

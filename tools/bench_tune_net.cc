@@ -34,16 +34,16 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-constexpr Coll kSpanTuned[] = {Coll::kAllReduce, Coll::kAllGather, Coll::kReduceScatter,
-                               Coll::kBroadcast, Coll::kAllToAll};
-constexpr Algorithm kSpanCandidates[] = {Algorithm::kHierarchical, Algorithm::kDirect};
+constexpr Coll kNetTuned[] = {Coll::kAllReduce, Coll::kAllGather, Coll::kReduceScatter,
+                              Coll::kBroadcast, Coll::kAllToAll};
+constexpr Algorithm kNetCandidates[] = {Algorithm::kHierarchical, Algorithm::kDirect};
 // Host links are slow: the sizes across hosts stop here.
-constexpr size_t kSpanMaxBytes = size_t{16} << 20;
+constexpr size_t kNetMaxBytes = size_t{16} << 20;
 constexpr size_t kNameBytes = 256;
 
 }  // namespace
 
-int RunTuneSpan(const std::string& output_arg) {
+int RunTuneNet(const std::string& output_arg) {
   Group g;
   try {
     g = Group::FromEnv();
@@ -101,13 +101,13 @@ int RunTuneSpan(const std::string& output_arg) {
     }
     Barrier(g).Wait();
     // The level across hosts.
-    SymmetricBuffer send = g.AllocSymmetric(kSpanMaxBytes);
-    SymmetricBuffer recv = g.AllocSymmetric(kSpanMaxBytes);
-    std::memset(send.data(), 0, kSpanMaxBytes);
-    std::memset(recv.data(), 0, kSpanMaxBytes);
-    json span_results = MeasureGroup(g, kSpanTuned, kSpanCandidates, TuneSizes(kSpanMaxBytes),
-                                     send.as<char>(), recv.as<char>(),
-                                     fmt::format("{} hosts", nhosts));
+    SymmetricBuffer send = g.AllocSymmetric(kNetMaxBytes);
+    SymmetricBuffer recv = g.AllocSymmetric(kNetMaxBytes);
+    std::memset(send.data(), 0, kNetMaxBytes);
+    std::memset(recv.data(), 0, kNetMaxBytes);
+    json span_results =
+        MeasureGroup(g, kNetTuned, kNetCandidates, TuneSizes(kNetMaxBytes), send.as<char>(),
+                     recv.as<char>(), fmt::format("{} hosts", nhosts));
     Barrier(g).Wait();
     int status = 0;
     if (lead) {
@@ -126,7 +126,7 @@ int RunTuneSpan(const std::string& output_arg) {
                    per_host == 1 ? "one rank per host" : "hosts have different rank counts");
       }
       fmt::print("# across hosts ({} hosts, at most {} ranks per host):\n", nhosts, per_host);
-      AddResults(table, span_results, kSpanTuned, fmt::format("@{}", per_host), nhosts);
+      AddResults(table, span_results, kNetTuned, fmt::format("@{}", per_host), nhosts);
       json meta = {{"generated_by", "mc2 bench --tune (across hosts)"},
                    {"dtype", DTypeName(kDType)},
                    {"hosts", layout},

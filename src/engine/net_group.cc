@@ -1,13 +1,12 @@
-// Worlds and groups that span hosts (engine/span.h): the start-up of a rank
+// Worlds and groups that span hosts (engine/net.h): the start-up of a rank
 // launched by mpirun, the host layout, Split, point-to-point messages and
-// the submission of span operations.
-#include "engine/span.h"
-
+// the submission of net group operations.
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <numeric>
 
@@ -16,14 +15,13 @@
 #include "core/log.h"
 #include "engine/access.h"
 #include "engine/group_impl.h"
-#include "engine/termination.h"
+#include "engine/net.h"
 #include "engine/world.h"
 #include "trace/recorder.h"
 
 namespace mc2::internal {
 
-using transport::mpi::CommId;
-using transport::mpi::MpiEngine;
+using transport::CommId;
 using SteadyClock = std::chrono::steady_clock;
 
 namespace {
@@ -37,7 +35,7 @@ std::string HostName() {
 }
 
 // Fills `s`'s layout from its members (global ranks) and the net world's.
-void Layout(SpanGroup& s) {
+void Layout(NetGroup& s) {
   const NetWorld& net = *s.net;
   std::vector<int> dense(net.host_names.size(), -1);
   const int n = static_cast<int>(s.members.size());
@@ -64,11 +62,11 @@ void Layout(SpanGroup& s) {
   }
 }
 
-std::shared_ptr<GroupImpl> MakeSpanGroupImpl(std::shared_ptr<World> node_world,
-                                             std::shared_ptr<NetWorld> net, CommId comm, CommId p2p,
-                                             CommId chan, std::vector<int> members, int rank,
-                                             std::shared_ptr<GroupImpl> node) {
-  auto s = std::make_shared<SpanGroup>();
+std::shared_ptr<GroupImpl> MakeNetGroupImpl(std::shared_ptr<World> node_world,
+                                            std::shared_ptr<NetWorld> net, CommId comm, CommId p2p,
+                                            CommId chan, std::vector<int> members, int rank,
+                                            std::shared_ptr<GroupImpl> node) {
+  auto s = std::make_shared<NetGroup>();
   s->net = std::move(net);
   s->comm = comm;
   s->p2p = p2p;
@@ -81,36 +79,68 @@ std::shared_ptr<GroupImpl> MakeSpanGroupImpl(std::shared_ptr<World> node_world,
                                      std::move(s));
 }
 
+// This rank's trace clock minus job rank 0's, as the trace files store it
+// (include/mc2/trace_file.h). Rank 0 answers each other rank's pings in
+// turn, kClockRounds each, with its clock; a rank takes the reading of
+// its round with the shortest round trip and assumes the answer was read
+// halfway through it, so the error is at most half that round trip (tens
+// of microseconds over TCP). Collective over the job.
+int64_t MeasureClockOffset(transport::NetTransport& tx) {
+  constexpr int kClockRounds = 8;
+  constexpr int kClockTag = 1000;  // above the collectives' tags (net_algorithms.h)
+  const auto none = transport::NetTransport::kNoDeadline;
+  const auto wait = [&](const std::shared_ptr<transport::Completion>& c) {
+    c->Wait(
+        SteadyClock::now() + std::chrono::seconds(60), [&] { tx.CheckHealth(); },
+        [] { return std::string("the clock offset measurement at start-up"); });
+  };
+  if (tx.rank() == 0) {
+    for (int r = 1; r < tx.size(); ++r)
+      for (int k = 0; k < kClockRounds; ++k) {
+        int64_t ping = 0;
+        wait(tx.Irecv(transport::kJobComm, r, kClockTag, &ping, sizeof(ping), {}, none));
+        const int64_t now = trace::NowNs();
+        wait(tx.Isend(transport::kJobComm, r, kClockTag, &now, sizeof(now), {}, none));
+      }
+    return 0;
+  }
+  int64_t best_rtt = INT64_MAX, offset = 0;
+  for (int k = 0; k < kClockRounds; ++k) {
+    int64_t ping = 0, theirs = 0;
+    const int64_t t0 = trace::NowNs();
+    auto recv = tx.Irecv(transport::kJobComm, 0, kClockTag, &theirs, sizeof(theirs), {}, none);
+    wait(tx.Isend(transport::kJobComm, 0, kClockTag, &ping, sizeof(ping), {}, none));
+    wait(recv);
+    const int64_t t1 = trace::NowNs();
+    if (t1 - t0 < best_rtt) {
+      best_rtt = t1 - t0;
+      offset = t0 + (t1 - t0) / 2 - theirs;
+    }
+  }
+  return offset;
+}
+
 }  // namespace
 
-SpanGroup::~SpanGroup() {
-  net->mpi->Free(chan);
-  net->mpi->Free(p2p);
-  net->mpi->Free(comm);
+NetGroup::~NetGroup() {
+  net->transport->Free(chan);
+  net->transport->Free(p2p);
+  net->transport->Free(comm);
 }
 
-bool LaunchedByMpi() {
-  return core::GetEnv("OMPI_COMM_WORLD_SIZE") || core::GetEnv("PMIX_RANK") ||
-         core::GetEnv("PMI_RANK");
-}
-
-void SpanAbort(const std::shared_ptr<NetWorld>& net, World* node_world, const Error& error) {
-  net->mpi->Abort(error);
+void NetAbort(const std::shared_ptr<NetWorld>& net, World* node_world, const Error& error) {
+  net->transport->Abort(error);
   if (node_world) node_world->transport->Abort(error);
 }
 
 Group MakeNetWorldGroup(int64_t comm_f, const WorldOptions& options) {
-  auto mpi = MpiEngine::Start(comm_f);
-  if (mpi->initialized_mpi()) {
-    MpiEngine::FinalizeAtExit(mpi);
-    InstallTerminationGrace(mpi);
-  }
+  auto tx = transport::StartNetTransport({.mpi_comm_f = comm_f});
   auto net = std::make_shared<NetWorld>();
-  net->mpi = mpi;
-  net->rank = mpi->rank();
-  net->size = mpi->size();
+  net->transport = tx;
+  net->rank = tx->rank();
+  net->size = tx->size();
   const std::string me = HostName();
-  std::vector<std::string> names = mpi->AllGatherStrings(transport::mpi::kWorldComm, me);
+  std::vector<std::string> names = tx->AllGatherStrings(transport::kJobComm, me);
   net->host_of.assign(net->size, 0);
   net->local_of.assign(net->size, 0);
   for (int r = 0; r < net->size; ++r) {
@@ -129,20 +159,20 @@ Group MakeNetWorldGroup(int64_t comm_f, const WorldOptions& options) {
   // The host's communicator, for the node world's rendezvous.
   std::optional<CommId> node_comm;
   if (local_size > 1)
-    node_comm = mpi->Split(transport::mpi::kWorldComm, host, net->local_of[net->rank]);
+    node_comm = tx->Split(transport::kJobComm, host, net->local_of[net->rank]);
   else
-    mpi->Split(transport::mpi::kWorldComm, -1, 0);  // collective: every rank calls it
+    tx->Split(transport::kJobComm, -1, 0);  // collective: every rank calls it
   auto allgather = [&](const std::string& mine) {
     if (!node_comm) return std::vector<std::string>{mine};
-    return mpi->AllGatherStrings(*node_comm, mine);
+    return tx->AllGatherStrings(*node_comm, mine);
   };
   // The host's ranks make their shared-memory world among themselves, as
   // `mc2 run` would (heap: WorldOptions, else MC2_HEAP_BYTES, else its
   // default).
-  auto tx = transport::CreateRendezvousTransport(net->local_of[net->rank], local_size,
-                                                 options.heap_bytes, allgather, options.link);
-  if (node_comm) mpi->Free(*node_comm);
-  std::shared_ptr<World> world = MakeWorld(std::move(tx), options);
+  auto node_tx = transport::CreateRendezvousTransport(net->local_of[net->rank], local_size,
+                                                      options.heap_bytes, allgather, options.link);
+  if (node_comm) tx->Free(*node_comm);
+  std::shared_ptr<World> world = MakeWorld(std::move(node_tx), options);
   std::weak_ptr<World> weak_world = world;
   std::weak_ptr<NetWorld> weak_net = net;
   net->where =
@@ -151,7 +181,7 @@ Group MakeNetWorldGroup(int64_t comm_f, const WorldOptions& options) {
                   fmt::join(net->host_ranks[host], ","));
   // A failure on this host (a local death, an aborted node world) is sent
   // to every host; one received from another host aborts the node world.
-  mpi->SetCallbacks(
+  tx->SetCallbacks(
       [weak_world](const Error& e) {
         if (auto w = weak_world.lock()) w->transport->Abort(e);
       },
@@ -173,9 +203,9 @@ Group MakeNetWorldGroup(int64_t comm_f, const WorldOptions& options) {
         try {
           std::rethrow_exception(ep);
         } catch (const Error& e) {
-          SpanAbort(n, w.get(), e);
+          NetAbort(n, w.get(), e);
         } catch (const std::exception& e) {
-          SpanAbort(n, w.get(), Error(ErrorCode::kInternal, e.what()));
+          NetAbort(n, w.get(), Error(ErrorCode::kInternal, e.what()));
         }
       });
   world->net = net;
@@ -184,26 +214,27 @@ Group MakeNetWorldGroup(int64_t comm_f, const WorldOptions& options) {
           net->host_names.size(), local_size);
   // One host: the world is the node world, pure shared memory.
   if (net->host_names.size() == 1) return Access::MakeGroup(std::move(node));
-  trace::OnSpanWorldStart(node->rank(), net->rank, net->size);
+  trace::OnNetWorldStart(node->rank(), net->rank, net->size);
+  trace::SetClockOffset(net->rank, MeasureClockOffset(*tx));
   std::vector<int> members(net->size);
   std::iota(members.begin(), members.end(), 0);
   // User messages go on a communicator of their own, so that no user tag
   // can match the collectives' traffic.
-  std::optional<CommId> p2p = mpi->Split(transport::mpi::kWorldComm, 0, net->rank);
-  std::optional<CommId> chan = mpi->Split(transport::mpi::kWorldComm, 0, net->rank);
-  return Access::MakeGroup(MakeSpanGroupImpl(world, net, transport::mpi::kWorldComm, *p2p, *chan,
-                                             std::move(members), net->rank, std::move(node)));
+  std::optional<CommId> p2p = tx->Split(transport::kJobComm, 0, net->rank);
+  std::optional<CommId> chan = tx->Split(transport::kJobComm, 0, net->rank);
+  return Access::MakeGroup(MakeNetGroupImpl(world, net, transport::kJobComm, *p2p, *chan,
+                                            std::move(members), net->rank, std::move(node)));
 }
 
-Work SpanSubmit(GroupImpl& g, const char* name, std::chrono::nanoseconds timeout, SpanBody body,
-                const char* algorithm, bool may_run_inline) {
+Work NetSubmit(GroupImpl& g, const char* name, std::chrono::nanoseconds timeout, NetBody body,
+               const char* algorithm, bool may_run_inline) {
   auto work = std::make_shared<WorkState>(0, name);
   if (algorithm) work->SetAlgorithm(algorithm);
   std::chrono::nanoseconds to = timeout.count() > 0 ? timeout : g.world().timeout;
   auto task = [self = g.shared_from_this(), body = std::move(body), to, name,
                algorithm]() mutable {
     std::shared_ptr<GroupImpl> keep = std::move(self);
-    SpanGroup& s = *keep->span;
+    NetGroup& s = *keep->net_group;
     // The operation in the trace, with the algorithm it ran (its node
     // phases record spans of their own).
     trace::ScopedSpan span(trace::Category::kComm);
@@ -213,7 +244,7 @@ Work SpanSubmit(GroupImpl& g, const char* name, std::chrono::nanoseconds timeout
       span.span().rank = s.net->rank;
     }
     try {
-      s.net->mpi->CheckHealth();
+      s.net->transport->CheckHealth();
       keep->tx().CheckHealth(/*thorough=*/false);
       body(s, SteadyClock::now() + to);
     } catch (const Error& e) {
@@ -227,13 +258,13 @@ Work SpanSubmit(GroupImpl& g, const char* name, std::chrono::nanoseconds timeout
     }
   };
   // Run here when nothing is queued: no hand-off to the engine's thread.
-  engine::ProgressEngine& engine = *g.span->net->engine;
+  engine::ProgressEngine& engine = *g.net_group->net->engine;
   if (!may_run_inline || !engine.TryRunInline(work, task)) engine.Submit(work, std::move(task));
   return Access::MakeWork(work);
 }
 
-void SpanWait(SpanGroup& s, const transport::mpi::Completion& c,
-              SteadyClock::time_point deadline, const char* op) {
+void NetWait(NetGroup& s, const transport::Completion& c, SteadyClock::time_point deadline,
+             const char* op) {
   if (c.done()) {
     c.Wait(deadline, nullptr, nullptr);  // rethrows a failure
     return;
@@ -242,20 +273,22 @@ void SpanWait(SpanGroup& s, const transport::mpi::Completion& c,
       deadline,
       [&] {
         s.node->tx().CheckHealth(/*thorough=*/false);
-        s.net->mpi->CheckHealth();
+        s.net->transport->CheckHealth();
       },
-      [&] { return fmt::format("{} on a group of {} ranks over {} hosts", op, s.members.size(),
-                               s.hosts.size()); });
+      [&] {
+        return fmt::format("{} on a group of {} ranks over {} hosts", op, s.members.size(),
+                           s.hosts.size());
+      });
 }
 
-Group SpanSplit(GroupImpl& g, int color, int key) {
+Group NetSplit(GroupImpl& g, int color, int key) {
   Group result;
-  SpanSubmit(g, "split", {}, [&](SpanGroup& s, SteadyClock::time_point) {
+  NetSubmit(g, "split", {}, [&](NetGroup& s, SteadyClock::time_point) {
     const int n = static_cast<int>(s.members.size());
     std::string mine(8, '\0');
     std::memcpy(mine.data(), &color, 4);
     std::memcpy(mine.data() + 4, &key, 4);
-    std::vector<std::string> all = s.net->mpi->AllGatherStrings(s.comm, mine);
+    std::vector<std::string> all = s.net->transport->AllGatherStrings(s.comm, mine);
     std::vector<int> colors(n), keys(n);
     for (int r = 0; r < n; ++r) {
       std::memcpy(&colors[r], all[r].data(), 4);
@@ -268,10 +301,10 @@ Group SpanSplit(GroupImpl& g, int color, int key) {
     bool one_host = true;
     for (int r : order) one_host = one_host && s.host_of[r] == s.host_of[order[0]];
     // Every member of the node group calls its Split, and every member of
-    // the group the MPI split: the node part of the new group, and its
+    // the group the transport's split: the node part of the new group, and its
     // communicator when it spans hosts.
     Group node_part = Access::MakeGroup(s.node).Split(color, key);
-    std::optional<CommId> comm = s.net->mpi->Split(s.comm, one_host ? -1 : color, key);
+    std::optional<CommId> comm = s.net->transport->Split(s.comm, one_host ? -1 : color, key);
     if (color < 0) return;
     if (one_host) {
       result = std::move(node_part);
@@ -283,26 +316,25 @@ Group SpanSplit(GroupImpl& g, int color, int key) {
       members.push_back(s.members[order[i]]);
       if (order[i] == s.rank) new_rank = static_cast<int>(i);
     }
-    MC2_ENFORCE(comm.has_value(), "MPI_Comm_split gave no communicator for color {}", color);
-    std::optional<CommId> p2p = s.net->mpi->Split(*comm, 0, new_rank);
-    std::optional<CommId> chan = s.net->mpi->Split(*comm, 0, new_rank);
-    result = Access::MakeGroup(MakeSpanGroupImpl(g.world_ptr(), s.net, *comm, *p2p, *chan,
-                                                 std::move(members),
-                                                 new_rank,
-                                                 Access::Impl(node_part)->shared_from_this()));
+    MC2_ENFORCE(comm.has_value(), "Split gave no communicator for color {}", color);
+    std::optional<CommId> p2p = s.net->transport->Split(*comm, 0, new_rank);
+    std::optional<CommId> chan = s.net->transport->Split(*comm, 0, new_rank);
+    result = Access::MakeGroup(MakeNetGroupImpl(g.world_ptr(), s.net, *comm, *p2p, *chan,
+                                                std::move(members), new_rank,
+                                                Access::Impl(node_part)->shared_from_this()));
   }).Wait();
   return result;
 }
 
-Work SpanSendRecv(GroupImpl& g, bool send, char* data, size_t bytes, int peer, int tag,
-                  bool internal) {
+Work NetSendRecv(GroupImpl& g, bool send, char* data, size_t bytes, int peer, int tag,
+                 bool internal) {
   // Posted at once, not queued behind the group's collectives: a message
   // completes when its peer posts the match, whatever either side does
   // meanwhile (as on one host).
-  SpanGroup& s = *g.span;
-  s.net->mpi->CheckHealth();
+  NetGroup& s = *g.net_group;
+  s.net->transport->CheckHealth();
   auto work = std::make_shared<WorkState>(0, send ? "send" : "recv");
-  // The callback runs on the MPI thread: it holds no group, whose last
+  // The callback runs on the transport's thread: it holds no group, whose last
   // reference must not go there (freeing its communicator needs that thread).
   auto on_done = [work](std::exception_ptr ep) {
     if (ep) {
@@ -311,7 +343,7 @@ Work SpanSendRecv(GroupImpl& g, bool send, char* data, size_t bytes, int peer, i
       work->Complete();
     }
   };
-  auto& mpi = *s.net->mpi;
+  auto& tx = *s.net->transport;
   const CommId comm = internal ? s.chan : s.p2p;
   // As on one host, a message that does not complete within the world's
   // timeout (a stalled peer) fails with kTimeout and breaks the world.
@@ -319,9 +351,9 @@ Work SpanSendRecv(GroupImpl& g, bool send, char* data, size_t bytes, int peer, i
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             g.world().timeout);
   if (send) {
-    mpi.Isend(comm, peer, tag, data, bytes, std::move(on_done), deadline);
+    tx.Isend(comm, peer, tag, data, bytes, std::move(on_done), deadline);
   } else {
-    mpi.Irecv(comm, peer, tag, data, bytes, std::move(on_done), deadline);
+    tx.Irecv(comm, peer, tag, data, bytes, std::move(on_done), deadline);
   }
   return Access::MakeWork(work);
 }

@@ -1,8 +1,8 @@
 // The flat and hierarchical collectives of groups that span hosts, each
 // against the other and against a reference computed here, run as one job
-// under mpirun on the cluster in a box (tests/cluster/span_check.sh).
+// under mpirun on the cluster in a box (tests/cluster/net_check.sh).
 //
-//   test_prog_span_hier LAYOUT [table]
+//   test_prog_net_hier LAYOUT [table]
 //   LAYOUT: what the job's hosts look like:
 //     aligned    every host a contiguous power-of-two block (2x2)
 //     single     one rank per host (4x1)
