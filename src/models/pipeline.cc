@@ -334,7 +334,73 @@ struct PipelineTransformer::Impl {
   }
 
   PipelineStepStats Step(int step);
+  // One forward of `o` on its chunk from `in` (null: the chunk's own
+  // input); returns the loss it adds (the last chunk's) or 0 after sending
+  // the activations on.
+  double Forward(int step, const ScheduleOp& o, Chunk& ch, const float* in);
+  // One backward of `o` on its chunk from the gradient `in` (null: the
+  // loss's); sends the input gradient on and keeps the weight gradients.
+  void Backward(const ScheduleOp& o, Chunk& ch, const float* in);
+  // After the schedule: the sends, the pipeline phase and the loss.
+  void FinishPipeline(PipelineStepStats& st, double loss_sum, double t0, double last_end);
+  // The accumulated gradients summed over DP, then the optimizer.
+  void SyncAndUpdate(PipelineStepStats& st);
+  int in_flight_ = 0;  // forwards whose backward has not run yet (this step)
 };
+
+double PipelineTransformer::Impl::Forward(int step, const ScheduleOp& o, Chunk& ch,
+                                          const float* in) {
+  trace::Scope span("pipeline.forward", trace::Category::kHost);
+  TransformerImpl& mm = *ch.m;
+  MicroState a;
+  if (ch.pool.empty()) {
+    a.acts = std::make_unique<Activations>(mm.dims);
+    a.ring = mm.MakeRings();
+    a.loss.local.assign(mm.loss.local.size(), 0.0);
+    a.loss.total = a.loss.local;
+  } else {
+    a = std::move(ch.pool.back());
+    ch.pool.pop_back();
+  }
+  std::swap(mm.acts, *a.acts);
+  std::swap(mm.ring, a.ring);
+  std::swap(mm.loss, a.loss);
+  const bool last = ch.index == chunks - 1;
+  std::vector<float> out;
+  if (!last) out.assign(MessageFloats(), 0.0f);
+  const double local_sum = mm.ChunkForward(step, o.micro, in, last ? nullptr : out.data());
+  if (mm.dims.n_moe > 0) SumMoeStats(mm);
+  std::swap(mm.acts, *a.acts);
+  std::swap(mm.ring, a.ring);
+  std::swap(mm.loss, a.loss);
+  ch.in_flight[o.micro] = std::move(a);
+  ++in_flight_;
+  if (last) return local_sum;
+  Send(std::move(out), /*forward=*/true, ch.index + 1, o.micro);
+  return 0;
+}
+
+void PipelineTransformer::Impl::Backward(const ScheduleOp& o, Chunk& ch, const float* in) {
+  trace::Scope span("pipeline.backward", trace::Category::kHost);
+  TransformerImpl& mm = *ch.m;
+  MicroState a = std::move(ch.in_flight.at(o.micro));
+  ch.in_flight.erase(o.micro);
+  std::swap(mm.acts, *a.acts);
+  std::swap(mm.ring, a.ring);
+  std::swap(mm.loss, a.loss);
+  const bool first = ch.index == 0;
+  std::vector<float> dx;
+  if (!first) dx.assign(MessageFloats(), 0.0f);
+  mm.ChunkBackward(in, first ? nullptr : dx.data());
+  if (mm.dims.n_moe > 0) KeepAux(ch, o.micro);
+  std::swap(mm.acts, *a.acts);
+  std::swap(mm.ring, a.ring);
+  std::swap(mm.loss, a.loss);
+  ch.pool.push_back(std::move(a));
+  --in_flight_;
+  Accumulate(ch, o.micro);
+  if (!first) Send(std::move(dx), /*forward=*/false, ch.index - 1, o.micro);
+}
 
 PipelineStepStats PipelineTransformer::Impl::Step(int step) {
   PipelineStepStats st;
@@ -348,14 +414,13 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
     Impl* self;
     ~Cleanup() { self->Drain(); }
   } cleanup{this};
-  int in_flight = 0;
+  in_flight_ = 0;
   for (size_t k = 0; k < ops.size(); ++k) {
     const ScheduleOp& o = ops[k];
     // The next operations' receives go up before this op computes, so
     // their transfers travel under it.
     for (size_t j = k; j < std::min(ops.size(), k + 1 + kRecvAhead); ++j) PostInput(ops[j]);
     Chunk& ch = local[o.local_chunk];
-    TransformerImpl& mm = *ch.m;
     PipelineOp rec;
     rec.forward = o.forward;
     rec.chunk = ch.index;
@@ -377,54 +442,10 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
     }
     const double start = Now();
     if (o.forward) {
-      trace::Scope span("pipeline.forward", trace::Category::kHost);
-      MicroState a;
-      if (ch.pool.empty()) {
-        a.acts = std::make_unique<Activations>(mm.dims);
-        a.ring = mm.MakeRings();
-        a.loss.local.assign(mm.loss.local.size(), 0.0);
-        a.loss.total = a.loss.local;
-      } else {
-        a = std::move(ch.pool.back());
-        ch.pool.pop_back();
-      }
-      std::swap(mm.acts, *a.acts);
-      std::swap(mm.ring, a.ring);
-      std::swap(mm.loss, a.loss);
-      const bool last = ch.index == chunks - 1;
-      std::vector<float> out;
-      if (!last) out.assign(MessageFloats(), 0.0f);
-      const double local_sum = mm.ChunkForward(step, o.micro, in, last ? nullptr : out.data());
-      if (mm.dims.n_moe > 0) SumMoeStats(mm);
-      std::swap(mm.acts, *a.acts);
-      std::swap(mm.ring, a.ring);
-      std::swap(mm.loss, a.loss);
-      ch.in_flight[o.micro] = std::move(a);
-      st.peak_in_flight = std::max(st.peak_in_flight, ++in_flight);
-      if (last) {
-        loss_sum += local_sum;
-      } else {
-        Send(std::move(out), /*forward=*/true, ch.index + 1, o.micro);
-      }
+      loss_sum += Forward(step, o, ch, in);
+      st.peak_in_flight = std::max(st.peak_in_flight, in_flight_);
     } else {
-      trace::Scope span("pipeline.backward", trace::Category::kHost);
-      MicroState a = std::move(ch.in_flight.at(o.micro));
-      ch.in_flight.erase(o.micro);
-      std::swap(mm.acts, *a.acts);
-      std::swap(mm.ring, a.ring);
-      std::swap(mm.loss, a.loss);
-      const bool first = ch.index == 0;
-      std::vector<float> dx;
-      if (!first) dx.assign(MessageFloats(), 0.0f);
-      mm.ChunkBackward(in, first ? nullptr : dx.data());
-      if (mm.dims.n_moe > 0) KeepAux(ch, o.micro);
-      std::swap(mm.acts, *a.acts);
-      std::swap(mm.ring, a.ring);
-      std::swap(mm.loss, a.loss);
-      ch.pool.push_back(std::move(a));
-      --in_flight;
-      Accumulate(ch, o.micro);
-      if (!first) Send(std::move(dx), /*forward=*/false, ch.index - 1, o.micro);
+      Backward(o, ch, in);
     }
     if (tag >= 0) recv_bufs.erase(tag);
     const double end = Now();
@@ -438,6 +459,24 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
     last_end = end;
     st.ops.push_back(rec);
   }
+  FinishPipeline(st, loss_sum, t0, last_end);
+  SyncAndUpdate(st);
+  st.step.step = step;
+  st.step.sync_wait_seconds = st.dp_sync_seconds;
+  st.step.optimizer_seconds = st.optimizer_seconds;
+  st.step.tokens = static_cast<int64_t>(cfg.batch) * cfg.seq_len;
+  st.step.seconds = std::chrono::duration<double>(Clock::now() - step_t0).count();
+  return st;
+}
+
+PipelineTransformer::PipelineTransformer(const ProcessGrid& grid, const TransformerConfig& config,
+                                         const PipelineConfig& pipe)
+    : impl_(std::make_unique<Impl>(grid, config, pipe)) {}
+
+PipelineTransformer::~PipelineTransformer() = default;
+
+void PipelineTransformer::Impl::FinishPipeline(PipelineStepStats& st, double loss_sum, double t0,
+                                               double last_end) {
   {
     trace::Scope span("pipeline.send_wait", trace::Category::kWait);
     const double w0 = Now();
@@ -464,6 +503,9 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
   const double aux = AuxLoss();
   st.step.loss = total / Tokens() + aux;  // as Transformer
   st.step.aux_loss = aux;
+}
+
+void PipelineTransformer::Impl::SyncAndUpdate(PipelineStepStats& st) {
   // The accumulated gradients, summed over DP, then AdamW.
   {
     trace::Scope span("pipeline.dp_sync", trace::Category::kHost);
@@ -496,19 +538,7 @@ PipelineStepStats PipelineTransformer::Impl::Step(int step) {
     }
     st.optimizer_seconds = Now() - w0;
   }
-  st.step.step = step;
-  st.step.sync_wait_seconds = st.dp_sync_seconds;
-  st.step.optimizer_seconds = st.optimizer_seconds;
-  st.step.tokens = static_cast<int64_t>(cfg.batch) * cfg.seq_len;
-  st.step.seconds = std::chrono::duration<double>(Clock::now() - step_t0).count();
-  return st;
 }
-
-PipelineTransformer::PipelineTransformer(const ProcessGrid& grid, const TransformerConfig& config,
-                                         const PipelineConfig& pipe)
-    : impl_(std::make_unique<Impl>(grid, config, pipe)) {}
-
-PipelineTransformer::~PipelineTransformer() = default;
 
 PipelineStepStats PipelineTransformer::TrainStep(int step) {
   trace::MarkStep(step);
