@@ -137,6 +137,10 @@ class Group {
   int size() const;
   // The rank of this process in the world the group belongs to.
   int world_rank() const;
+  // The number of hosts the group's ranks live on: 1 for a group within
+  // one host; more for a group of a job across hosts whose collectives
+  // then choose an algorithm per level (docs/multi-host.md).
+  int num_hosts() const;
   // Per-operation timeout used by this group's operations.
   std::chrono::nanoseconds timeout() const;
   bool deterministic() const;

@@ -1,8 +1,8 @@
 """mc2 from Python: collectives, fused compute+communication operators and a
 torch.distributed backend over mc2's shared-memory engine (docs/python.md).
 
-- mc2.world(), mc2.init(), mc2.Group: the ranks of `mc2 run`, or of
-  torchrun (joined on first use);
+- mc2.world(), mc2.init(), mc2.Group: the ranks of `mc2 run`, of mpirun
+  (across hosts), or of torchrun (joined on first use);
 - mc2.all_reduce(...) and the other collectives (mc2.collectives);
 - torch.distributed.init_process_group("mc2") (mc2.backend), and
   mc2.group_of(process_group) for the mc2.Group under an mc2 process group;
@@ -21,9 +21,12 @@ torch.distributed backend over mc2's shared-memory engine (docs/python.md).
 import torch  # noqa: F401  (registers torch's types before mc2._C needs them)
 import torch.distributed  # noqa: F401
 
-from ._C import Error, Group, MoeRouting, ProcessGroupMC2, Work, launched_by_mc2  # noqa: F401
+from ._C import (  # noqa: F401
+    Error, Group, MoeRouting, ProcessGroupMC2, Work, launched_by_mc2, launched_by_mpi)
 from ._world import init, world  # noqa: F401
 from . import backend  # noqa: F401  (registers the "mc2" backend)
+from . import _mpirun
+_mpirun.install()  # under mpirun: torch's env:// rendezvous without MASTER_ADDR
 from .backend import init_process_group  # noqa: F401
 from . import ddp  # noqa: F401
 from .compression import Compressor  # noqa: F401

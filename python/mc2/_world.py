@@ -1,6 +1,8 @@
 """mc2.world() and mc2.init(): the process's mc2 world, made on first use.
 
-Under `mc2 run` the world is the launcher's. Under torchrun (or any
+Under `mc2 run` the world is the launcher's; under mpirun, the job's ranks
+on every host (shared memory inside a host, the net transport between
+hosts). Under torchrun (or any
 launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT) the first
 call joins through torch's env:// rendezvous: it initialises
 torch.distributed with the mc2 backend (mc2.init_process_group()), or, when
@@ -39,8 +41,8 @@ def torchrun_environment():
 
 
 def _join(timeout):
-    if _C._has_world() or _C.launched_by_mc2():
-        return
+    if _C._has_world() or _C.launched_by_mc2() or _C.launched_by_mpi():
+        return  # the world is the launcher's, made by _C.world()
     if not torchrun_environment():
         raise no_launcher_error("world")
     if not dist.is_initialized():

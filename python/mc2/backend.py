@@ -1,10 +1,11 @@
 """The torch.distributed backend "mc2" (registered when mc2 is imported).
 
 torch.distributed.init_process_group("mc2") joins the world of `mc2 run`
-when the program runs under it, and otherwise makes a shared-memory world
-among the ranks through torch's store (torchrun, or RANK, WORLD_SIZE,
-MASTER_ADDR and MASTER_PORT with init_method="env://", which `mc2 run` sets
-too): all ranks must be on one host. new_group() gives a group of its own
+when the program runs under it, the job's world across hosts under mpirun
+(mc2._mpirun makes env:// work there), and otherwise makes a shared-memory
+world among the ranks through torch's store (torchrun, or RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT with init_method="env://", which
+`mc2 run` sets too): all ranks must then be on one host. new_group() gives a group of its own
 among its members.
 """
 import datetime
@@ -41,7 +42,9 @@ def init_process_group(timeout=None):
     launcher, raises mc2.Error saying how to start the program."""
     if dist.is_initialized():
         return
-    if not all(os.environ.get(v) for v in _world.TORCHRUN_VARIABLES):
+    # Under mpirun env:// needs only Open MPI's variables (mc2._mpirun).
+    if not _C.launched_by_mpi() and not all(os.environ.get(v)
+                                            for v in _world.TORCHRUN_VARIABLES):
         raise _world.no_launcher_error("init_process_group")
     kwargs = {}
     if timeout is not None:

@@ -84,11 +84,29 @@ def _done(work, async_op):
     return None
 
 
+_TOPOS = {"auto": "auto", "flat": "direct", "hierarchical": "hierarchical"}
+
+
+def _topo_algorithm(topo, algorithm, group):
+    """The algorithm that `topo` asks for on `group`'s process group."""
+    if topo not in _TOPOS:
+        raise invalid_argument("all_reduce", f"unknown topo '{topo}' (auto, flat, hierarchical)")
+    if topo == "auto" or _pg(group).group.num_hosts() == 1:
+        return algorithm  # within one host there is one level
+    if algorithm not in ("auto", _TOPOS[topo]):
+        raise invalid_argument("all_reduce", f"topo '{topo}' and algorithm '{algorithm}' "
+                               "disagree: give one of them")
+    return _TOPOS[topo]
+
+
 def all_reduce(tensor, op="sum", async_op=False, algorithm="auto", group=None,
-               compression="none", threshold=1e-6, topk_ratio=0.01, residual=None):
+               compression="none", threshold=1e-6, topk_ratio=0.01, residual=None, topo="auto"):
     """tensor = the reduction of every rank's tensor (op: sum, avg, prod, min,
     max, band, bor, bxor); algorithm: auto, ring, recursive_doubling,
     rabenseifner, tree, direct; across hosts hierarchical or direct (flat).
+    topo (a group across hosts): flat (every rank exchanges with every
+    other), hierarchical (inside each host first, then between hosts) or
+    auto (the selector's choice); within one host it changes nothing.
 
     compression: none, f16, bf16, threshold (|x| >= threshold travels),
     topk (the topk_ratio largest |x| travel); float32 tensors, op sum or avg,
@@ -96,6 +114,7 @@ def all_reduce(tensor, op="sum", async_op=False, algorithm="auto", group=None,
     mc2.compression; mc2.Compressor keeps residuals for you)."""
     if not isinstance(op, str):
         op = next((k for k, v in _OPS.items() if v == op), str(op))
+    algorithm = _topo_algorithm(topo, algorithm, group)
     if compression != "none" or residual is not None:
         if algorithm != "auto":
             raise invalid_argument("all_reduce", "a compressed all_reduce chooses its own "

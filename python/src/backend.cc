@@ -35,7 +35,7 @@ mc2::Group::AllGatherStrings StoreAllGather(c10::intrusive_ptr<c10d::Store> stor
 
 // The creator's work for one process group (torch calls it on the group's
 // members only). The default group joins this process's mc2 world (`mc2
-// run`'s, or one made now through the store) and takes a group of its own
+// run`'s, mpirun's across hosts, or one made now through the store) and takes a group of its own
 // split from it, so that its calls never contend with calls on
 // mc2.world(). A group of new_group() is a world of its own, made by its
 // members through the group's store: torch does not call the creator on
@@ -55,7 +55,7 @@ c10::intrusive_ptr<ProcessGroupMC2> CreateProcessGroup(
   PyGroup group;
   if (is_default) {
     std::optional<PyGroup> world = ExistingWorld();
-    if (!world && !mc2::Group::LaunchedByMc2()) {
+    if (!world && !mc2::Group::LaunchedByMc2() && !mc2::Group::LaunchedByMpi()) {
       SetWorld(PyGroup(mc2::Group::FromRendezvous(rank, size, StoreAllGather(store, rank, size),
                                                   options)));
     }
@@ -63,8 +63,8 @@ c10::intrusive_ptr<ProcessGroupMC2> CreateProcessGroup(
     if (w.group.rank() != rank || w.group.size() != size) {
       throw mc2::Error(mc2::ErrorCode::kInvalidArgument,
                        fmt::format("torch.distributed says rank {} of {}, but this process is "
-                                   "rank {} of {} in its mc2 world (mc2 run): start the job with "
-                                   "either launcher, not both with different sizes",
+                                   "rank {} of {} in its mc2 world (mc2 run or mpirun): start "
+                                   "the job with either launcher, not both with different sizes",
                                    rank, size, w.group.rank(), w.group.size()),
                        rank, "init_process_group");
     }

@@ -16,13 +16,15 @@ std::optional<PyGroup> g_world;
 PyGroup World(const mc2::WorldOptions& options) {
   std::lock_guard<std::mutex> lock(g_world_mu);
   if (g_world) return *g_world;
-  if (!mc2::Group::LaunchedByMc2()) {
+  if (!mc2::Group::LaunchedByMc2() && !mc2::Group::LaunchedByMpi()) {
     throw mc2::Error(mc2::ErrorCode::kInvalidArgument,
                      "no mc2 world: start the program with `mc2 run -n N /usr/bin/python3 "
-                     "prog.py` or torchrun, or call torch.distributed.init_process_group(\"mc2\") "
-                     "first (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set)",
+                     "prog.py`, mpirun or torchrun, or call "
+                     "torch.distributed.init_process_group(\"mc2\") first (RANK, WORLD_SIZE, "
+                     "MASTER_ADDR and MASTER_PORT set)",
                      -1, "world");
   }
+  // `mc2 run`'s segments, or (mpirun) a world over the job's hosts.
   g_world = PyGroup(mc2::Group::FromEnv(options));
   return *g_world;
 }
@@ -45,6 +47,9 @@ void BindGroup(py::module_& m) {
       .def("rank", [](const PyGroup& g) { return g.Checked("rank").rank(); })
       .def("size", [](const PyGroup& g) { return g.Checked("size").size(); })
       .def("world_rank", [](const PyGroup& g) { return g.Checked("world_rank").world_rank(); })
+      .def(
+          "num_hosts", [](const PyGroup& g) { return g.Checked("num_hosts").num_hosts(); },
+          "The number of hosts the group's ranks live on (1 within one host).")
       .def(
           "split",
           [](const PyGroup& g, int color, int key) -> std::optional<PyGroup> {
@@ -87,7 +92,7 @@ void BindGroup(py::module_& m) {
         return World(o);
       },
       py::arg("timeout") = py::none(),
-      "Joins the world of `mc2 run` (idempotent) and returns it. timeout: seconds per "
+      "Joins the world of `mc2 run` or mpirun (idempotent) and returns it. timeout: seconds per "
       "operation (default MC2_TIMEOUT, else 300).");
   m.def(
       "world",
@@ -98,6 +103,8 @@ void BindGroup(py::module_& m) {
       "The world group (made on first use, as by init()).");
   m.def("launched_by_mc2", &mc2::Group::LaunchedByMc2,
         "True when this process was started by `mc2 run`.");
+  m.def("launched_by_mpi", &mc2::Group::LaunchedByMpi,
+        "True when this process was started by mpirun (and not by `mc2 run`).");
 }
 
 }  // namespace mc2py

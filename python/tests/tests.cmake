@@ -144,3 +144,40 @@ set_tests_properties(python.example_tp_dp/4 PROPERTIES
   LABELS python TIMEOUT 300
   ENVIRONMENT "MC2_TIMEOUT=60s;OMP_NUM_THREADS=1"
   RESOURCE_LOCK mc2_jobs)
+
+# Under mpirun, without `mc2 run`: 4 ranks that claim 2 hosts of 2 ranks
+# (MC2_HOSTNAME), so the world spans hosts over the net transport; an
+# unchanged torch.distributed.init_process_group("mc2") (test_mpirun.py).
+find_program(MC2_MPIRUN mpirun)
+if(MC2_MPIRUN)
+  add_test(NAME python.mpirun/2x2
+           COMMAND ${MC2_MPIRUN} --allow-run-as-root --oversubscribe -np 4
+                   --mca btl self,tcp --mca btl_tcp_if_include lo
+                   --mca oob_tcp_if_include lo
+                   -x PYTHONPATH -x MC2_TIMEOUT -x OMP_NUM_THREADS -x MC2_HEAP_BYTES
+                   /bin/sh -c "MC2_HOSTNAME=h$((OMPI_COMM_WORLD_RANK / 2)) exec \"$0\" \"$@\""
+                   ${MC2_PYTHON} -m pytest -x -q -p no:cacheprovider
+                   ${CMAKE_CURRENT_SOURCE_DIR}/tests/test_mpirun.py)
+  set_tests_properties(python.mpirun/2x2 PROPERTIES
+    LABELS python TIMEOUT 300
+    ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;MC2_TIMEOUT=60s;OMP_NUM_THREADS=1;MC2_HEAP_BYTES=64M"
+    RESOURCE_LOCK mc2_jobs)
+endif()
+if(MC2_MPIRUN)
+  add_test(NAME python.mpirun_fault/2x2
+           COMMAND bash -c [=[
+out=$("$@" 2>&1)
+n=$(grep -c "1 passed" <<<"$out")
+[ "$n" = 4 ] || { echo "$out"; echo "$n of 4 ranks passed"; exit 1; }
+]=] mpirun-fault ${MC2_MPIRUN} --allow-run-as-root --oversubscribe -np 4
+                   --mca btl self,tcp --mca btl_tcp_if_include lo
+                   --mca oob_tcp_if_include lo
+                   -x PYTHONPATH -x MC2_TIMEOUT -x OMP_NUM_THREADS -x MC2_HEAP_BYTES
+                   /bin/sh -c "MC2_HOSTNAME=h$((OMPI_COMM_WORLD_RANK / 2)) exec \"$0\" \"$@\""
+                   ${MC2_PYTHON} -m pytest -q -p no:cacheprovider
+                   ${CMAKE_CURRENT_SOURCE_DIR}/tests/test_mpirun_fault.py)
+  set_tests_properties(python.mpirun_fault/2x2 PROPERTIES
+    LABELS python TIMEOUT 300
+    ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;MC2_TIMEOUT=60s;OMP_NUM_THREADS=1;MC2_HEAP_BYTES=64M"
+    RESOURCE_LOCK mc2_jobs)
+endif()

@@ -224,6 +224,9 @@ void Group::RunInProcess(int size, const std::function<void(Group&)>& body,
 int Group::rank() const { return impl_->rank(); }
 int Group::size() const { return impl_->size(); }
 int Group::world_rank() const { return impl_->world_rank(impl_->rank()); }
+int Group::num_hosts() const {
+  return impl_->net_group ? static_cast<int>(impl_->net_group->hosts.size()) : 1;
+}
 std::chrono::nanoseconds Group::timeout() const { return impl_->world().timeout; }
 bool Group::deterministic() const { return impl_->world().deterministic; }
 
