@@ -277,6 +277,22 @@ fault "$("${cluster[@]}" hosts 1)" "$work/fault41.log"
 # fused_fault_probe.cc); every other rank must raise an mc2 error (the
 # death, a death that followed it -- a rank exits once it raised its error
 # -- or the launcher's termination), and none may finish.
+# Python under mpirun on 2 hosts x 2 ranks: an unchanged
+# init_process_group, collectives, a fused operator and DDP across the
+# box's hosts against references (python/tests/test_mpirun.py), when the
+# package was built.
+if [[ -f $build/python/mc2/__init__.py ]] && /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  timeout 180 mpirun "${margs[@]}" -x PYTHONPATH=$build/python -x MC2_TIMEOUT=60s \
+      -x OMP_NUM_THREADS=1 -x MC2_HEAP_BYTES=64M -np 4 -H ${name}h0:2,${name}h1:2 \
+      /usr/bin/python3 -m pytest -x -q -p no:cacheprovider "$src/python/tests/test_mpirun.py" \
+      >"$work/python.log" 2>&1 || { cat "$work/python.log"; fail "Python under mpirun failed on 2x2"; }
+  [[ $(grep -c " passed" "$work/python.log") == 4 ]] ||
+    { cat "$work/python.log"; fail "not every rank's Python tests passed"; }
+  echo "python 2x2: test_mpirun.py passed on every rank"
+else
+  echo "python 2x2: skipped (the Python package was not built)"
+fi
+
 fprog=$build/tests/test_prog_fused_fault_probe
 [[ -x $fprog ]] || fail "$fprog was not built"
 start=$(date +%s%N)
@@ -300,7 +316,7 @@ echo "fused fault: mpirun exited $status in ${elapsed_ms} ms; ranks 0, 2, 3 rais
 "${cluster[@]}" down >/dev/null
 sleep 1
 # The programs themselves (their path), not e.g. a build naming them.
-left="/tests/test_prog_(net_suite|net_ops|fused_fault_probe)( |$)"
+left="/tests/test_prog_(net_suite|net_ops|fused_fault_probe)( |$)|test_mpirun.py"
 if pgrep -f "$left" >/dev/null; then fail "processes left behind: $(pgrep -af "$left")"; fi
 if pgrep -f "orted.*${name}h" >/dev/null; then fail "orted left behind"; fi
 if ip netns list | grep -q "^${name}h"; then fail "namespaces left behind"; fi
