@@ -42,14 +42,14 @@ class ProgressEngine {
 
   using Task = std::function<void()>;
   void Submit(std::shared_ptr<internal::WorkState> work, Task task);
-  // Runs `task` on the calling thread if no task is queued or running;
-  // returns false (and does nothing) otherwise. `work` must not be
-  // reachable from another thread yet (it completes without the wake-up
-  // check, WorkState::CompleteUnshared).
   // Whether no task is queued or running (a hint: racy by nature, exact
   // when only the calling thread submits).
   bool Idle() const { return outstanding_.load(std::memory_order_acquire) == 0; }
 
+  // Runs `task` on the calling thread if no task is queued or running;
+  // returns false (and does nothing) otherwise. `work` must not be
+  // reachable from another thread yet (it completes without the wake-up
+  // check, WorkState::CompleteUnshared).
   template <typename F>
   bool TryRunInline(const std::shared_ptr<internal::WorkState>& work, F&& task) {
     if (outstanding_.load(std::memory_order_acquire) != 0) return false;
@@ -69,7 +69,7 @@ class ProgressEngine {
 
   static constexpr std::chrono::microseconds kGrace{30};
 
-  // Total CPU time consumed by the progress thread (for tests of idleness).
+  // The progress thread's id (tests of idleness read its CPU time).
   std::thread::id thread_id() const { return thread_.get_id(); }
 
   // Binds the progress thread to `cpus` (OS CPU numbers, core/placement.h);
