@@ -222,6 +222,43 @@ ProcessGroupMC2::WorkPtr ProcessGroupMC2::allgather(std::vector<std::vector<at::
   });
 }
 
+ProcessGroupMC2::WorkPtr ProcessGroupMC2::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const char* op = "all_gather_coalesced";
+  if (outputs.size() != static_cast<size_t>(size_))
+    InvalidArgument(op, fmt::format("{} output lists for a group of {} ranks (one per rank)",
+                                    outputs.size(), size_));
+  // Per input i, the list of every rank's block: outputs[r][i].
+  std::vector<std::vector<at::Tensor>> per_input(inputs.size());
+  std::vector<at::Tensor> all;
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    if (outputs[r].size() != inputs.size())
+      InvalidArgument(op, fmt::format("output list {} holds {} tensors for {} inputs", r,
+                                      outputs[r].size(), inputs.size()));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      per_input[i].push_back(outputs[r][i]);
+      all.push_back(outputs[r][i]);
+    }
+  }
+  return Run(OpType::ALLGATHER_COALESCED, op, all, [&](AsyncWork& w) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      CheckCpu(inputs[i], fmt::format("{}: inputs[{}]", op, i));
+      CheckList(per_input[i], inputs[i], size_, fmt::format("outputs[*][{}]", i), op);
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const void* src = In(w, inputs[i], fmt::format("{}: inputs[{}]", op, i));
+      at::Tensor packed = Packed(inputs[i], size_);
+      w.Keep(packed);
+      for (int r = 0; r < size_; ++r)
+        w.Watch(per_input[i][r], fmt::format("{}: outputs[{}][{}]", op, r, i));
+      Unpack(w, packed, per_input[i]);
+      w.Add(mc2::AllGather(group_.group, src, packed.data_ptr(), Bytes(inputs[i]),
+                           mc2::DType::kU8, Co(opts.timeout)));
+    }
+  });
+}
+
 ProcessGroupMC2::WorkPtr ProcessGroupMC2::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                           const c10d::AllgatherOptions& opts) {
   return Run(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, [&](AsyncWork& w) {

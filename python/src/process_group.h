@@ -48,6 +48,11 @@ class ProcessGroupMC2 : public c10d::ProcessGroup {
                     std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) override;
   WorkPtr _allgather_base(at::Tensor& output, at::Tensor& input,
                           const c10d::AllgatherOptions& opts) override;
+  // outputs[r][i] receives rank r's inputs[i]: one all_gather per input,
+  // one Work for all of them.
+  WorkPtr allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                              std::vector<at::Tensor>& inputs,
+                              const c10d::AllgatherOptions& opts) override;
   WorkPtr gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                  const c10d::GatherOptions& opts) override;
   WorkPtr scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,

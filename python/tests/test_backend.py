@@ -110,6 +110,18 @@ def test_all_gather_and_base():
     assert torch.equal(out, torch.cat([data(r, dtype=torch.int32) for r in range(N)]))
 
 
+def test_all_gather_coalesced():
+    # torch asks one dtype of every tensor; sizes may differ.
+    ins = [data(R, 5), data(R, 3) * 10]
+    outs = [[torch.empty(5), torch.empty(3)] for _ in range(N)]
+    dist.all_gather_coalesced(outs, ins)
+    for r in range(N):
+        assert torch.equal(outs[r][0], data(r, 5))
+        assert torch.equal(outs[r][1], data(r, 3) * 10)
+    with pytest.raises(mc2.Error, match="output list"):
+        dist.all_gather_coalesced([[torch.empty(5)] for _ in range(N)], ins)
+
+
 def test_reduce_scatter_and_base():
     ins = [data(R, dtype=torch.float64) * (i + 1) for i in range(N)]
     out = torch.empty(6, dtype=torch.float64)
