@@ -57,7 +57,8 @@ class Completion {
   using OnDone = std::function<void(std::exception_ptr)>;
   // `peer` and `send` name the message in errors; `on_done` (may be empty)
   // is called once, on the transport's thread, when the request completes
-  // (null) or fails (the error); it must not block.
+  // (null) or fails (the error), right after done() turned true (a waiter
+  // may return before it ran); it must not block.
   Completion(int peer, bool send, OnDone on_done)
       : on_done_(std::move(on_done)), peer_(peer), send_(send) {}
 

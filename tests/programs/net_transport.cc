@@ -94,7 +94,7 @@ void Messages(NetTransport& tx) {
         Check(me, in[m][i] == Pattern(p, me, k, i),
               fmt::format("byte {} of the {}-byte message from rank {}", i, sizes[k], p));
   }
-  // Callbacks run on the transport's thread right before done() is seen.
+  // Callbacks run on the transport's thread right after done() is seen.
   const auto until = Clock::now() + std::chrono::seconds(5);
   while (callbacks.load() != static_cast<int>(pending.size()) && Clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -204,6 +204,10 @@ void Standing(NetTransport& tx) {
     threw = e.code() == ErrorCode::kAborted;
   }
   Check(me, threw, "a cancelled standing receive fails with kAborted");
+  // The callback runs on the transport's thread right after done() is seen.
+  const auto until = Clock::now() + std::chrono::seconds(5);
+  while (aborted.load() == 0 && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   Check(me, aborted.load() == 1, "its callback saw kAborted once");
   Check(me, never == -1, "a cancelled receive wrote nothing");
 }
