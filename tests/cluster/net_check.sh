@@ -286,7 +286,7 @@ if [[ -f $build/python/mc2/__init__.py ]] && /usr/bin/python3 -c "import torch" 
       -x OMP_NUM_THREADS=1 -x MC2_HEAP_BYTES=64M -np 4 -H ${name}h0:2,${name}h1:2 \
       /usr/bin/python3 -m pytest -x -q -p no:cacheprovider "$src/python/tests/test_mpirun.py" \
       >"$work/python.log" 2>&1 || { cat "$work/python.log"; fail "Python under mpirun failed on 2x2"; }
-  [[ $(grep -c " passed" "$work/python.log") == 4 ]] ||
+  [[ $(grep -o "[0-9]* passed" "$work/python.log" | wc -l) == 4 ]] ||
     { cat "$work/python.log"; fail "not every rank's Python tests passed"; }
   echo "python 2x2: test_mpirun.py passed on every rank"
 else
