@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -79,6 +80,12 @@ bool WaitUntilGone(const std::vector<pid_t>& pids, double seconds) {
 
 Launch Spawn(const std::vector<std::string>& args, EnvOverrides env) {
   return SpawnProgram(kMc2, args, std::move(env));
+}
+
+EnvOverrides MpiRankEnv(EnvOverrides env) {
+  if (const char* asan = std::getenv("ASAN_OPTIONS"))
+    env["ASAN_OPTIONS"] = std::string(asan) + ":detect_leaks=0";
+  return env;
 }
 
 Launch SpawnProgram(const std::string& program, const std::vector<std::string>& args,

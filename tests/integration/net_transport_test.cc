@@ -24,6 +24,7 @@ using namespace ::mc2::testing;
 
 constexpr char kMpirun[] = "/usr/bin/mpirun";
 
+
 class NetTransportTest : public TempDirTest {
  protected:
   // Runs CASE on `ranks` processes of this host; returns mpirun's result.
@@ -45,7 +46,7 @@ class NetTransportTest : public TempDirTest {
                                      "NET_TRANSPORT_DIR",
                                      TestProgram("net_transport"),
                                      name};
-    Launch l = SpawnProgram(kMpirun, args, {{"NET_TRANSPORT_DIR", dir_.string()}});
+    Launch l = SpawnProgram(kMpirun, args, MpiRankEnv({{"NET_TRANSPORT_DIR", dir_.string()}}));
     return Wait(l, 120);
   }
 

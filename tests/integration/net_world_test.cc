@@ -25,6 +25,7 @@ using ::testing::HasSubstr;
 using namespace ::mc2::testing;
 
 constexpr char kMpirun[] = "/usr/bin/mpirun";
+
 constexpr int64_t kSkewNs = 5'000'000'000;  // rank r's clock runs r * 5 s ahead
 
 class NetWorldTest : public TempDirTest {
@@ -48,7 +49,7 @@ TEST_F(NetWorldTest, TracesOfSkewedClocksAreAligned) {
                           {"--allow-run-as-root", "--oversubscribe", "-np", std::to_string(kRanks),
                            "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo", "--mca",
                            "oob_tcp_if_include", "lo", "-x", "MC2_TRACE", "/bin/sh", "-c", script},
-                          {{"MC2_TRACE", trace_dir}, {"MC2_HEAP_BYTES", "32M"}});
+                          MpiRankEnv({{"MC2_TRACE", trace_dir}, {"MC2_HEAP_BYTES", "32M"}}));
   Result r = Wait(l, 120);
   ASSERT_FALSE(r.timed_out) << r.out << r.err;
   ASSERT_EQ(r.status, 0) << r.out << r.err;
