@@ -62,7 +62,7 @@ using EnvOverrides = std::map<std::string, std::optional<std::string>>;
 // Starts `mc2 ARGS...` with MC2_HEAP_BYTES=kTestHeapBytes, no MC2_* variable
 // from the caller's environment, and `env` applied on top.
 Launch Spawn(const std::vector<std::string>& args, EnvOverrides env = {});
-// `env` plus, under the ASan stage, leak detection off for MPI ranks:
+// `env` plus leak detection off for MPI ranks built with ASan:
 // Open MPI 4.1 leaves allocations of its plug-ins (unloaded at
 // MPI_Finalize, so their stacks name no module) at exit, which
 // LeakSanitizer cannot tell from a leak of ours. Every other check of
