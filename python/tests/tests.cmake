@@ -150,12 +150,13 @@ set_tests_properties(python.example_tp_dp/4 PROPERTIES
 # unchanged torch.distributed.init_process_group("mc2") (test_mpirun.py).
 find_program(MC2_MPIRUN mpirun)
 if(MC2_MPIRUN)
+  # 4 ranks on this host over loopback, ranks 0-1 claiming host h0, 2-3 h1.
+  set(mc2_mpirun_2x2 ${MC2_MPIRUN} --allow-run-as-root --oversubscribe -np 4
+      --mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo
+      -x PYTHONPATH -x MC2_TIMEOUT -x OMP_NUM_THREADS -x MC2_HEAP_BYTES
+      /bin/sh -c "MC2_HOSTNAME=h$((OMPI_COMM_WORLD_RANK / 2)) exec \"$0\" \"$@\"")
   add_test(NAME python.mpirun/2x2
-           COMMAND ${MC2_MPIRUN} --allow-run-as-root --oversubscribe -np 4
-                   --mca btl self,tcp --mca btl_tcp_if_include lo
-                   --mca oob_tcp_if_include lo
-                   -x PYTHONPATH -x MC2_TIMEOUT -x OMP_NUM_THREADS -x MC2_HEAP_BYTES
-                   /bin/sh -c "MC2_HOSTNAME=h$((OMPI_COMM_WORLD_RANK / 2)) exec \"$0\" \"$@\""
+           COMMAND ${mc2_mpirun_2x2}
                    ${MC2_PYTHON} -m pytest -x -q -p no:cacheprovider
                    ${CMAKE_CURRENT_SOURCE_DIR}/tests/test_mpirun.py)
   set_tests_properties(python.mpirun/2x2 PROPERTIES
@@ -169,11 +170,7 @@ if(MC2_MPIRUN)
 out=$("$@" 2>&1)
 n=$(grep -o "1 passed" <<<"$out" | wc -l)  # ranks' lines may interleave
 [ "$n" = 4 ] || { echo "$out"; echo "$n of 4 ranks passed"; exit 1; }
-]=] mpirun-fault ${MC2_MPIRUN} --allow-run-as-root --oversubscribe -np 4
-                   --mca btl self,tcp --mca btl_tcp_if_include lo
-                   --mca oob_tcp_if_include lo
-                   -x PYTHONPATH -x MC2_TIMEOUT -x OMP_NUM_THREADS -x MC2_HEAP_BYTES
-                   /bin/sh -c "MC2_HOSTNAME=h$((OMPI_COMM_WORLD_RANK / 2)) exec \"$0\" \"$@\""
+]=] mpirun-fault ${mc2_mpirun_2x2}
                    ${MC2_PYTHON} -m pytest -q -p no:cacheprovider
                    ${CMAKE_CURRENT_SOURCE_DIR}/tests/test_mpirun_fault.py)
   set_tests_properties(python.mpirun_fault/2x2 PROPERTIES

@@ -88,6 +88,14 @@ EnvOverrides MpiRankEnv(EnvOverrides env) {
   return env;
 }
 
+std::vector<std::string> MpirunOnThisHost(int ranks, std::vector<std::string> program) {
+  std::vector<std::string> args = {"--allow-run-as-root", "--oversubscribe", "-np",
+                                   std::to_string(ranks), "--mca", "btl", "self,tcp", "--mca",
+                                   "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"};
+  args.insert(args.end(), program.begin(), program.end());
+  return args;
+}
+
 Launch SpawnProgram(const std::string& program, const std::vector<std::string>& args,
                     EnvOverrides env) {
   // Cheap jobs by default, and no MC2_* from the caller's environment.

@@ -68,6 +68,11 @@ Launch Spawn(const std::vector<std::string>& args, EnvOverrides env = {});
 // LeakSanitizer cannot tell from a leak of ours. Every other check of
 // ASan stays on.
 EnvOverrides MpiRankEnv(EnvOverrides env);
+// mpirun's path, and its options for `ranks` processes on this host over
+// loopback TCP (root allowed, more ranks than cores allowed), followed by
+// `program` and its arguments.
+inline constexpr char kMpirun[] = "/usr/bin/mpirun";
+std::vector<std::string> MpirunOnThisHost(int ranks, std::vector<std::string> program);
 // The same for another program (an absolute path), e.g. mpirun.
 Launch SpawnProgram(const std::string& program, const std::vector<std::string>& args,
                     EnvOverrides env = {});

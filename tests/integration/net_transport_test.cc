@@ -22,30 +22,14 @@ namespace {
 using ::testing::HasSubstr;
 using namespace ::mc2::testing;
 
-constexpr char kMpirun[] = "/usr/bin/mpirun";
 
 
 class NetTransportTest : public TempDirTest {
  protected:
   // Runs CASE on `ranks` processes of this host; returns mpirun's result.
   Result RunCase(const std::string& name, int ranks) {
-    std::vector<std::string> args = {"--allow-run-as-root",
-                                     "--oversubscribe",
-                                     "-np",
-                                     std::to_string(ranks),
-                                     "--mca",
-                                     "btl",
-                                     "self,tcp",
-                                     "--mca",
-                                     "btl_tcp_if_include",
-                                     "lo",
-                                     "--mca",
-                                     "oob_tcp_if_include",
-                                     "lo",
-                                     "-x",
-                                     "NET_TRANSPORT_DIR",
-                                     TestProgram("net_transport"),
-                                     name};
+    std::vector<std::string> args = MpirunOnThisHost(
+        ranks, {"-x", "NET_TRANSPORT_DIR", TestProgram("net_transport"), name});
     Launch l = SpawnProgram(kMpirun, args, MpiRankEnv({{"NET_TRANSPORT_DIR", dir_.string()}}));
     return Wait(l, 120);
   }

@@ -24,7 +24,6 @@ namespace {
 using ::testing::HasSubstr;
 using namespace ::mc2::testing;
 
-constexpr char kMpirun[] = "/usr/bin/mpirun";
 
 constexpr int64_t kSkewNs = 5'000'000'000;  // rank r's clock runs r * 5 s ahead
 
@@ -46,9 +45,7 @@ TEST_F(NetWorldTest, TracesOfSkewedClocksAreAligned) {
       std::to_string(kSkewNs) + ")); exec " + TestProgram("net_trace") + " " +
       std::to_string(kRounds);
   Launch l = SpawnProgram(kMpirun,
-                          {"--allow-run-as-root", "--oversubscribe", "-np", std::to_string(kRanks),
-                           "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo", "--mca",
-                           "oob_tcp_if_include", "lo", "-x", "MC2_TRACE", "/bin/sh", "-c", script},
+                          MpirunOnThisHost(kRanks, {"-x", "MC2_TRACE", "/bin/sh", "-c", script}),
                           MpiRankEnv({{"MC2_TRACE", trace_dir}, {"MC2_HEAP_BYTES", "32M"}}));
   Result r = Wait(l, 120);
   ASSERT_FALSE(r.timed_out) << r.out << r.err;
